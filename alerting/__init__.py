@@ -1,0 +1,4 @@
+"""gpuhealth alerting package."""
+
+from __future__ import annotations
+

@@ -1,0 +1,4 @@
+"""gpuhealth analytics package."""
+
+from __future__ import annotations
+

@@ -1,0 +1,283 @@
+"""Observation bookkeeping, the rule runner and the merging of findings."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeAlias
+
+from core.records import (
+    Action,
+    Anomaly,
+    EntityId,
+    Event,
+    Evidence,
+    FeatureVector,
+    Finding,
+    NodeName,
+    Record,
+    Sample,
+    Severity,
+)
+
+MAX_EVIDENCE = 12
+"""Evidence lines kept per event group and per finding: the first ones and the last ones."""
+
+MAX_EVENTS = 16
+"""Events kept per group (first ones) for rules that look at details; the count is exact."""
+
+MAX_ATTR_VALUES = 32
+"""Distinct values kept per attribute per group (process names, links...)."""
+
+RULE_MODULES = (
+    "analytics.fault_model.xid",
+    "analytics.fault_model.host",
+    "analytics.fault_model.gpu",
+    "analytics.fault_model.network",
+)
+"""Modules whose ``RULES`` tuples make up the fault model."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """Machine facts that are not in the records, and the clock.
+
+    Attributes:
+        facts: ``--context KEY=VALUE`` pairs or the inventory of ``run``
+            (``nvlink=expected|absent``, ``node=...``, ``ib_unused=mlx5_1:1,...``).
+        now: Epoch seconds of the evaluation.
+    """
+
+    facts: Mapping[str, str] = field(default_factory=dict)
+    now: float = 0.0
+
+    def fact(self, key: str) -> str | None:
+        """Return the fact ``key`` lower-cased, or ``None``."""
+        value = self.facts.get(key)
+        return value.strip().lower() if value is not None else None
+
+
+@dataclass(slots=True)
+class EventGroup:
+    """All events of one ``(node, entity, kind, code)``: one ongoing thing.
+
+    Attributes:
+        first: The first event seen.
+        count: Exact number of events.
+        first_seen_at: Earliest ``observed_at``, or ``None``.
+        last_seen_at: Latest ``observed_at``, or ``None``.
+        events: The first :data:`MAX_EVENTS` events.
+        evidence: Up to :data:`MAX_EVIDENCE` lines: the first ones, then the latest.
+        attr_values: Distinct values seen per attribute (capped).
+    """
+
+    first: Event
+    count: int = 0
+    first_seen_at: float | None = None
+    last_seen_at: float | None = None
+    events: list[Event] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    attr_values: dict[str, set[str]] = field(default_factory=dict)
+
+    @property
+    def node(self) -> NodeName:
+        """Node of the group."""
+        return self.first.node
+
+    @property
+    def entity(self) -> EntityId:
+        """Entity of the group."""
+        return self.first.entity
+
+    @property
+    def kind(self) -> str:
+        """Event kind of the group."""
+        return self.first.kind
+
+    @property
+    def code(self) -> str:
+        """Event code of the group."""
+        return self.first.code
+
+    def add(self, event: Event) -> None:
+        """Account for one more event."""
+        self.count += 1
+        at = event.observed_at
+        if at is not None:
+            if self.first_seen_at is None or at < self.first_seen_at:
+                self.first_seen_at = at
+            if self.last_seen_at is None or at > self.last_seen_at:
+                self.last_seen_at = at
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+        for key, value in event.attrs.items():
+            values = self.attr_values.setdefault(key, set())
+            if len(values) < MAX_ATTR_VALUES:
+                values.add(value)
+        _keep_evidence(self.evidence, event.evidence)
+
+
+def _keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
+    """Append ``new`` to ``kept``, keeping the first half and the latest lines."""
+    head = MAX_EVIDENCE // 2
+    for item in new:
+        if item in kept:
+            continue
+        if len(kept) >= MAX_EVIDENCE:
+            del kept[head]
+        kept.append(item)
+
+
+SeriesKey: TypeAlias = tuple[str, str, str, tuple[tuple[str, str], ...]]
+
+
+class Observations:
+    """Bounded-memory summary of the records seen so far."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[str, str, str, str], EventGroup] = {}
+        self.samples: dict[SeriesKey, Sample] = {}
+        self.records = 0
+
+    def add(self, record: Record) -> None:
+        """Account for one record."""
+        self.records += 1
+        if isinstance(record, Event):
+            key = (record.node, record.entity, record.kind, record.code)
+            group = self.groups.get(key)
+            if group is None:
+                group = self.groups[key] = EventGroup(first=record)
+            group.add(record)
+        else:
+            labels = tuple(sorted(record.labels.items()))
+            self.samples[(record.node, record.entity, record.metric, labels)] = record
+
+    def extend(self, records: Iterable[Record]) -> None:
+        """Account for many records."""
+        for record in records:
+            self.add(record)
+
+    def events(
+        self,
+        kind: str | None = None,
+        code: str | None = None,
+        *,
+        node: str | None = None,
+        entity: str | None = None,
+    ) -> list[EventGroup]:
+        """Return the event groups that match every given field, in first-seen order."""
+        return [
+            g
+            for g in self.groups.values()
+            if (kind is None or g.kind == kind)
+            and (code is None or g.code == code)
+            and (node is None or g.node == node)
+            and (entity is None or g.entity == entity)
+        ]
+
+    def samples_of(self, metric: str, *, node: str | None = None) -> list[Sample]:
+        """Return the latest sample of every series of ``metric``."""
+        return [
+            s
+            for (n, _e, m, _l), s in self.samples.items()
+            if m == metric and (node is None or n == node)
+        ]
+
+
+Rule: TypeAlias = Callable[[Observations, Context], Iterable[Finding]]
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """Return every rule of the modules in :data:`RULE_MODULES`, in order."""
+    rules: list[Rule] = []
+    for name in RULE_MODULES:
+        module = importlib.import_module(name)
+        rules.extend(module.RULES)
+    return tuple(rules)
+
+
+def worst(findings: Sequence[Finding]) -> tuple[Severity, list[Action]]:
+    """Return the worst severity and the sorted unique actions of the findings that carry it.
+
+    ``(info, [none])`` when there are no findings (fault-model.md, diagnose contract).
+
+    Examples:
+        >>> worst([])
+        (<Severity.INFO: 'info'>, [<Action.NONE: 'none'>])
+    """
+    if not findings:
+        return Severity.INFO, [Action.NONE]
+    top = max(findings, key=lambda f: f.severity.rank).severity
+    actions = sorted({f.action for f in findings if f.severity == top})
+    return top, actions
+
+
+def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """Merge findings about the same ongoing fault and sort them worst first.
+
+    Findings with the same ``(node, entity, kind, code)`` become one: the worse
+    severity (and its action) wins, evidence is joined (capped), times span both,
+    occurrences add up. The order is severity, then first time seen, then entity.
+    """
+    merged: dict[tuple[str, str, str, str], Finding] = {}
+    for finding in findings:
+        old = merged.get(finding.key)
+        if old is None:
+            merged[finding.key] = finding
+            continue
+        top = finding if finding.severity.rank > old.severity.rank else old
+        evidence = list(old.evidence)
+        _keep_evidence(evidence, finding.evidence)
+        merged[finding.key] = replace(
+            top,
+            evidence=tuple(evidence),
+            first_seen_at=_min(old.first_seen_at, finding.first_seen_at),
+            last_seen_at=_max(old.last_seen_at, finding.last_seen_at),
+            occurrences=old.occurrences + finding.occurrences,
+        )
+    return sorted(
+        merged.values(),
+        key=lambda f: (
+            -f.severity.rank,
+            f.first_seen_at if f.first_seen_at is not None else float("inf"),
+            f.node,
+            f.entity,
+            f.kind,
+            f.code,
+        ),
+    )
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def evaluate(
+    observations: Observations, context: Context, rules: Sequence[Rule] | None = None
+) -> list[Finding]:
+    """Run the rules over the observations; return merged findings, worst first."""
+    found: list[Finding] = []
+    for rule in rules if rules is not None else all_rules():
+        found.extend(rule(observations, context))
+    return merge_findings(found)
+
+
+class FaultRuleDetector:
+    """The rule-based fault model behind the ``gpuhealth.detectors`` Protocol.
+
+    It turns no feature vector into an anomaly (rules act on events and states,
+    see :func:`evaluate`); it is registered so that ``plugins list`` shows the
+    fault model beside the statistical detectors.
+    """
+
+    name = "fault_rules"
+
+    def observe(self, x: FeatureVector) -> Anomaly | None:
+        """Return ``None``: rules do not score numeric feature vectors."""
+        del x
+        return None

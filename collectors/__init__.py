@@ -1,0 +1,4 @@
+"""gpuhealth collectors package."""
+
+from __future__ import annotations
+

@@ -1,0 +1,293 @@
+"""Reading pasted artifacts: split a file into sections and parse each by its detected kind.
+
+Operators paste the output of several commands into one file (shell prompts,
+headers, elisions such as ``[...]``). :func:`read_artifact` streams the file line by
+line, cuts it into blocks at shell prompts and blank lines, asks every registered
+:class:`ArtifactParser` how sure it is that a block is its kind (content, not the
+file name, decides), and feeds consecutive blocks of one kind to one parser
+session so that multi-line messages and documents stay whole. Memory stays
+bounded: a block holds at most :data:`MAX_BLOCK_LINES` lines.
+
+Every problem is reported as a :class:`ParseIssue` naming the file and line;
+nothing raises for bad input.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from core.records import NodeName, Record
+
+MAX_BLOCK_LINES = 2000
+"""Blocks are cut at this many lines so that a 1 GB log is parsed in bounded memory."""
+
+MIN_SCORE = 20
+"""A block whose best detection score is below this is not recognised."""
+
+_BINARY_PROBE_BYTES = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One input line: 1-based ``number`` and ``text`` without the newline."""
+
+    number: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParseIssue:
+    """A part of an input that could not be parsed (the ``errors`` of diagnose --json)."""
+
+    file: str
+    line: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParseContext:
+    """What a parser knows besides the lines.
+
+    Attributes:
+        file: Input path as given (used in evidence and issues).
+        node: Node the records belong to unless a line names its host.
+        default_year: Year assumed for time stamps without one (syslog,
+            journal); ``None`` lets the parser infer it from the file.
+        command: The shell command that produced the section, if it was pasted.
+    """
+
+    file: str
+    node: NodeName
+    default_year: int | None = None
+    command: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Block:
+    """Consecutive lines between shell prompts or blank lines."""
+
+    lines: list[Line]
+    command: str | None = None
+    new_command: bool = False
+
+
+@runtime_checkable
+class ParserSession(Protocol):
+    """One parse of one section; fed block by block, closed at the section's end."""
+
+    issues: list[ParseIssue]
+
+    def feed(self, lines: Sequence[Line]) -> Iterable[Record]:
+        """Parse more lines of the section; return the records completed so far."""
+        ...
+
+    def close(self) -> Iterable[Record]:
+        """Finish the section; return the records still held back (joined messages)."""
+        ...
+
+
+@runtime_checkable
+class ArtifactParser(Protocol):
+    """Parses one artifact kind (a kernel log, ``nvidia-smi -q``, ``ibstat``...)."""
+
+    kind: str
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 0-100: how sure the parser is that ``lines`` are its kind.
+
+        Args:
+            lines: The first block of a candidate section (at most
+                :data:`MAX_BLOCK_LINES` lines, elision markers removed).
+            command: The shell command pasted before the block, if any.
+        """
+        ...
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        ...
+
+
+# A prompt: "$ cmd", "root@host:~# cmd", "user@host:/path$ cmd", "[root@host ~]# cmd".
+_PROMPT = re.compile(
+    r"^\s*(?:\$|[\w.-]+@[\w.-]+:[^\s#$]*\s*[#$]|\[[\w.-]+@[\w.-]+ [^\]]*\][#$])(?:\s+(?P<cmd>\S.*?))?\s*$"
+)
+# A bare command line pasted without a prompt ("nvidia-smi nvlink -s").
+_BARE_COMMAND = re.compile(
+    r"^\s*(?:sudo\s+)?(?:nvidia-smi|dcgmi|ibstat|ibstatus|perfquery|ibqueryerrors|ethtool|dmesg|"
+    r"journalctl|lspci|kubectl|nvidia-bug-report\.sh)(?:\s+[-\w=,./|'\" ]*)?\s*$"
+)
+_ELISION = re.compile(r"^\s*(?:\[\s*\.\.\.\s*\]|\.{3,}|…)\s*$")
+
+
+def command_of(text: str) -> tuple[bool, str | None]:
+    """Return ``(is_prompt_line, command)`` for one line.
+
+    Examples:
+        >>> command_of("root@node-a:~# dmesg -T | grep NVRM")
+        (True, 'dmesg -T | grep NVRM')
+        >>> command_of("$ nvidia-smi")
+        (True, 'nvidia-smi')
+        >>> command_of("nvidia-smi nvlink -s")
+        (True, 'nvidia-smi nvlink -s')
+        >>> command_of("root@node-a:~# ")
+        (True, None)
+        >>> command_of("[ 12.3] NVRM: Xid")
+        (False, None)
+    """
+    match = _PROMPT.match(text)
+    if match:
+        return True, match["cmd"]
+    if _BARE_COMMAND.match(text):
+        return True, text.strip()
+    return False, None
+
+
+def iter_blocks(lines: Iterable[Line]) -> Iterator[Block]:
+    """Cut lines into blocks at prompts and blank lines; drop elision markers.
+
+    A block carries the last command seen; ``new_command`` is true for the first
+    block after a prompt line.
+    """
+    command: str | None = None
+    new_command = False
+    current: list[Line] = []
+    for line in lines:
+        text = line.text
+        is_prompt, cmd = command_of(text)
+        if is_prompt:
+            if current:
+                yield Block(lines=current, command=command, new_command=new_command)
+                current = []
+            command, new_command = cmd, True
+            continue
+        if not text.strip():
+            if current:
+                yield Block(lines=current, command=command, new_command=new_command)
+                current, new_command = [], False
+            continue
+        if _ELISION.match(text):
+            continue
+        current.append(line)
+        if len(current) >= MAX_BLOCK_LINES:
+            yield Block(lines=current, command=command, new_command=new_command)
+            current, new_command = [], False
+    if current:
+        yield Block(lines=current, command=command, new_command=new_command)
+
+
+@dataclass(slots=True, kw_only=True)
+class ArtifactResult:
+    """Issues found while reading one file, and the kinds of sections recognised."""
+
+    issues: list[ParseIssue] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    parsed_lines: int = 0
+
+
+def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_BINARY_PROBE_BYTES)
+            if not head:
+                result.issues.append(ParseIssue(file=path, line=None, reason="empty file"))
+                return
+            if b"\x00" in head:
+                result.issues.append(
+                    ParseIssue(file=path, line=None, reason="binary file (NUL bytes), not text")
+                )
+                return
+            handle.seek(0)
+            for number, raw in enumerate(handle, start=1):
+                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                yield Line(number, text)
+    except OSError as exc:
+        result.issues.append(ParseIssue(file=path, line=None, reason=f"cannot read: {exc.strerror}"))
+
+
+def parse_lines(
+    lines: Iterable[Line],
+    ctx: ParseContext,
+    parsers: Sequence[ArtifactParser],
+    result: ArtifactResult,
+) -> Iterator[Record]:
+    """Parse an iterable of lines into records, detecting each section's kind.
+
+    Issues (unrecognised sections, malformed lines) go to ``result.issues``.
+    """
+    session: ParserSession | None = None
+    session_kind: str | None = None
+    session_command: str | None = None
+
+    def finish() -> Iterator[Record]:
+        nonlocal session
+        if session is not None:
+            yield from session.close()
+            result.issues.extend(session.issues)
+            session = None
+
+    for block in iter_blocks(lines):
+        same_section = session is not None and not block.new_command
+        if same_section and session_kind is not None:
+            keep = next(p for p in parsers if p.kind == session_kind)
+            if keep.detect(block.lines, block.command) >= MIN_SCORE or not _recognised(
+                parsers, block, exclude=session_kind
+            ):
+                assert session is not None
+                yield from session.feed(block.lines)
+                result.parsed_lines += len(block.lines)
+                continue
+        best, score = _best(parsers, block)
+        if best is None or score < MIN_SCORE:
+            yield from finish()
+            session_kind = None
+            first = block.lines[0]
+            result.issues.append(
+                ParseIssue(
+                    file=ctx.file,
+                    line=first.number,
+                    reason=f"unrecognised section ({len(block.lines)} lines, "
+                    f"command {block.command or 'unknown'}): {first.text.strip()[:80]!r}",
+                )
+            )
+            continue
+        if session is not None and best.kind == session_kind and block.command == session_command:
+            yield from session.feed(block.lines)
+            result.parsed_lines += len(block.lines)
+            continue
+        yield from finish()
+        session_kind, session_command = best.kind, block.command
+        session = best.open(
+            ParseContext(
+                file=ctx.file, node=ctx.node, default_year=ctx.default_year, command=block.command
+            )
+        )
+        result.kinds.append(best.kind)
+        yield from session.feed(block.lines)
+        result.parsed_lines += len(block.lines)
+    yield from finish()
+
+
+def _best(parsers: Sequence[ArtifactParser], block: Block) -> tuple[ArtifactParser | None, int]:
+    best: ArtifactParser | None = None
+    score = 0
+    for parser in parsers:
+        s = parser.detect(block.lines, block.command)
+        if s > score:
+            best, score = parser, s
+    return best, score
+
+
+def _recognised(parsers: Sequence[ArtifactParser], block: Block, *, exclude: str) -> bool:
+    return any(
+        p.detect(block.lines, block.command) >= MIN_SCORE for p in parsers if p.kind != exclude
+    )
+
+
+def read_artifact(
+    path: str, ctx: ParseContext, parsers: Sequence[ArtifactParser], result: ArtifactResult
+) -> Iterator[Record]:
+    """Stream the records of the file at ``path``; issues go to ``result.issues``."""
+    yield from parse_lines(_read_lines(path, result), ctx, parsers, result)

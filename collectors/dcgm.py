@@ -1,0 +1,7 @@
+"""Artifact parsers: dcgm (filled in by its owner)."""
+
+from __future__ import annotations
+
+from collectors.artifact import ArtifactParser
+
+PARSERS: tuple[ArtifactParser, ...] = ()

@@ -1,0 +1,4 @@
+"""gpuhealth core package."""
+
+from __future__ import annotations
+

@@ -1,0 +1,64 @@
+"""Plugin discovery through entry points and selection by name (style.md C.3.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+from core.errors import PluginError
+
+T = TypeVar("T")
+
+GROUPS = (
+    "gpuhealth.collectors",
+    "gpuhealth.stores",
+    "gpuhealth.detectors",
+    "gpuhealth.notifiers",
+    "gpuhealth.schedulers",
+)
+"""Every entry-point group gpuhealth loads plugins from."""
+
+
+def available(group: str) -> dict[str, str]:
+    """Return ``{name: "module:attr"}`` of the plugins installed in ``group``, sorted by name."""
+    return {ep.name: ep.value for ep in sorted(entry_points(group=group), key=lambda e: e.name)}
+
+
+def load(group: str, name: str) -> Any:
+    """Return the object registered as ``name`` in ``group`` (usually a class).
+
+    Raises:
+        PluginError: No such plugin, or importing it failed.
+    """
+    found = entry_points(group=group, name=name)
+    if not found:
+        known = sorted(ep.name for ep in entry_points(group=group))
+        raise PluginError(f"no plugin {name!r} in {group}; installed: {known}")
+    (entry_point,) = tuple(found)[:1]
+    try:
+        return entry_point.load()
+    except Exception as exc:
+        raise PluginError(f"cannot load plugin {name!r} ({entry_point.value}): {exc}") from exc
+
+
+def build(group: str, name: str, options: Mapping[str, Any], *, expect: type[T]) -> T:
+    """Instantiate the plugin registered as ``name`` in ``group`` with ``options``.
+
+    Args:
+        group: Entry-point group, e.g. ``"gpuhealth.collectors"``.
+        name: Entry-point name, the ``type`` key of the settings table.
+        options: Keyword arguments for the plugin's constructor.
+        expect: The Protocol the instance must satisfy.
+
+    Raises:
+        PluginError: No such plugin, bad options, or it does not satisfy ``expect``.
+    """
+    factory = load(group, name)
+    try:
+        instance = factory(**options)
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"plugin {name!r} in {group} rejected its options: {exc}") from exc
+    if not isinstance(instance, expect):
+        raise PluginError(f"plugin {name!r} in {group} does not implement {expect.__name__}")
+    return instance

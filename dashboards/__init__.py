@@ -1,0 +1,4 @@
+"""gpuhealth dashboards package."""
+
+from __future__ import annotations
+

@@ -1,0 +1,4 @@
+"""gpuhealth gpuhealth package."""
+
+from __future__ import annotations
+

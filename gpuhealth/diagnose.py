@@ -1,0 +1,133 @@
+"""Offline triage: parse pasted artifacts and judge them with the fault model.
+
+The output follows the ``gpuhealth diagnose --json`` contract of
+``docs/fault-model.md`` (schema in ``gpuhealth/diagnose.schema.json``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analytics.fault_model import Context, Observations, evaluate, worst
+from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
+from collectors.parsers import artifact_parsers
+from core.records import Action, Finding, NodeName, Severity
+
+SCHEMA_VERSION = 1
+
+EXIT_FOR_SEVERITY = {Severity.INFO: 0, Severity.WARNING: 1, Severity.MAJOR: 2, Severity.CRITICAL: 3}
+"""Exit status of ``diagnose`` for the worst severity (fault-model.md)."""
+
+EXIT_UNPARSEABLE = 4
+"""Exit status when nothing in the input could be parsed."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Diagnosis:
+    """The result of one ``diagnose`` call over all its paths."""
+
+    findings: list[Finding]
+    issues: list[ParseIssue]
+    parsed_anything: bool
+    kinds: list[str] = field(default_factory=list)
+
+    @property
+    def worst_severity(self) -> Severity:
+        """The highest severity among the findings, ``info`` when there are none."""
+        return worst(self.findings)[0]
+
+    @property
+    def worst_actions(self) -> list[Action]:
+        """Sorted unique actions of the findings that carry the worst severity."""
+        return worst(self.findings)[1]
+
+    @property
+    def exit_status(self) -> int:
+        """0-3 by worst severity, 4 when nothing could be parsed."""
+        if not self.parsed_anything:
+            return EXIT_UNPARSEABLE
+        return EXIT_FOR_SEVERITY[self.worst_severity]
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the contract's JSON object."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "worst_severity": self.worst_severity.value,
+            "worst_actions": [a.value for a in self.worst_actions],
+            "findings": [finding_to_json(f) for f in self.findings],
+            "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in self.issues],
+        }
+
+
+def finding_to_json(finding: Finding) -> dict[str, Any]:
+    """Return one finding as the contract's JSON object."""
+    return {
+        "node": finding.node,
+        "entity": finding.entity,
+        "kind": finding.kind,
+        "code": finding.code,
+        "severity": finding.severity.value,
+        "action": finding.action.value,
+        "summary": finding.summary,
+        "evidence": [{"file": e.file, "line": e.line, "text": e.text} for e in finding.evidence],
+        "source": finding.source,
+        "first_seen_at": finding.first_seen_at,
+        "last_seen_at": finding.last_seen_at,
+        "occurrences": finding.occurrences,
+        "confidence": finding.confidence,
+    }
+
+
+def expand_paths(paths: Sequence[str]) -> Iterator[str]:
+    """Yield the files named by ``paths``; folders are walked in sorted order.
+
+    ``README.md`` and ``*.json`` files inside folders are skipped: they are the
+    case collection's notes and expectations, not artifacts.
+    """
+    for path in paths:
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                for name in sorted(files):
+                    if name.startswith(".") or name == "README.md" or name.endswith(".json"):
+                        continue
+                    yield os.path.join(root, name)
+        else:
+            yield path
+
+
+def diagnose(
+    paths: Sequence[str],
+    facts: Mapping[str, str] | None = None,
+    *,
+    now: float = 0.0,
+    default_year: int | None = None,
+) -> Diagnosis:
+    """Parse ``paths`` and return the diagnosis.
+
+    Args:
+        paths: Files or folders of artifacts.
+        facts: Machine facts (``nvlink=absent``, ``node=gpu-017``).
+        now: Epoch seconds used as "now" by rules.
+        default_year: Year for time stamps that carry none; ``None`` lets each
+            parser infer it from the file, else the year of ``now``.
+    """
+    facts = dict(facts or {})
+    node = NodeName(facts.get("node", "localhost"))
+    parsers = artifact_parsers()
+    observations = Observations()
+    issues: list[ParseIssue] = []
+    kinds: list[str] = []
+    parsed_anything = False
+    for path in expand_paths(paths):
+        result = ArtifactResult()
+        ctx = ParseContext(file=path, node=node, default_year=default_year)
+        observations.extend(read_artifact(path, ctx, parsers, result))
+        issues.extend(result.issues)
+        kinds.extend(result.kinds)
+        parsed_anything = parsed_anything or result.parsed_lines > 0
+    findings = evaluate(observations, Context(facts=facts, now=now))
+    return Diagnosis(findings=findings, issues=issues, parsed_anything=parsed_anything, kinds=kinds)

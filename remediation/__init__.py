@@ -1,0 +1,4 @@
+"""gpuhealth remediation package."""
+
+from __future__ import annotations
+

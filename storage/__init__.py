@@ -1,0 +1,4 @@
+"""gpuhealth storage package."""
+
+from __future__ import annotations
+
