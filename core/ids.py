@@ -40,3 +40,15 @@ def normalize_pci_bus_id(text: str) -> str | None:
         return None
     domain = match["domain"][-4:].lower()
     return f"{domain}:{match['bus'].lower()}:{match['dev'].lower()}.{match['fn'] or '0'}"
+
+
+def gpu_index_entity(index: int | str) -> str:
+    """Return the entity id of a GPU known only by its index (``nvidia-smi``/DCGM GPU id).
+
+    Used where neither a UUID nor a PCI bus id appears in the input.
+
+    Examples:
+        >>> gpu_index_entity(1)
+        'gpu:1'
+    """
+    return f"gpu:{int(index)}"
