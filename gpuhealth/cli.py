@@ -1,4 +1,8 @@
-"""The ``gpuhealth`` console script: a thin click group over library functions."""
+"""The ``gpuhealth`` console script: a thin click group over library functions.
+
+Commands only parse arguments, load settings and call a library function
+(style.md C.3.18); every behaviour is reachable, and tested, without the CLI.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,15 @@ import time
 
 import click
 
+from core import logs
+from core.errors import ConfigError
+from core.plugins import GROUPS, available
 from gpuhealth.diagnose import diagnose as run_diagnose
 
 logger = logging.getLogger(__name__)
+
+EXIT_USAGE = 64
+"""Exit status for usage errors (BSD sysexits EX_USAGE, as fault-model.md asks)."""
 
 
 def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
@@ -24,36 +34,138 @@ def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
     return facts
 
 
-@click.group()
-@click.option("-v", "--verbose", count=True, help="More log output (repeatable).")
+class _Group(click.Group):
+    """A click group whose usage errors exit with 64 instead of click's 2."""
+
+    def main(self, *args: object, **kwargs: object) -> object:
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)  # type: ignore[arg-type]
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+            sys.exit(EXIT_USAGE)
+        except click.UsageError as exc:
+            exc.show()
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Group)
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors on standard error.")
-def main(verbose: int, quiet: bool) -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Log line format on standard error.")
+def main(verbose: int, quiet: bool, log_format: str) -> None:
     """Gpuhealth: GPU fleet health, diagnosis and remediation."""
-    level = logging.ERROR if quiet else logging.DEBUG if verbose > 1 else (
-        logging.INFO if verbose else logging.WARNING
-    )
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    if quiet:
+        level = logging.ERROR
+    elif verbose:
+        level = logging.DEBUG if verbose > 1 else logging.INFO
+    else:
+        level = logging.WARNING
+    logs.configure(level, log_format)
 
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract of fault-model.md.")
 @click.option("--context", "context", multiple=True, metavar="KEY=VALUE",
-              help="Machine facts not in the files, e.g. nvlink=absent.")
+              help="Machine facts not in the files, e.g. nvlink=absent (repeatable).")
 def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) -> None:
-    """Diagnose pasted artifacts: kernel logs, nvidia-smi, DCGM, NCCL, InfiniBand output."""
+    """Diagnose pasted artifacts: kernel logs, nvidia-smi, DCGM, NCCL, InfiniBand output.
+
+    Exit status: 0 worst is info, 1 warning, 2 major, 3 critical, 4 nothing could
+    be parsed, 64 usage error.
+    """
     result = run_diagnose(list(paths), _parse_context(context), now=time.time())
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         for f in result.findings:
-            click.echo(f"{f.severity.value.upper():8} {f.action.value:16} {f.node}/{f.entity} "
+            click.echo(f"{f.severity.value.upper():8} {f.action.value:16} {f.node} {f.entity} "
                        f"[{f.kind} {f.code}] {f.summary}")
-            for e in f.evidence[:4]:
-                click.echo(f"           {e.file}:{e.line}: {e.text.strip()[:160]}")
+            for e in f.evidence[:6]:
+                click.echo(f"    {e.file}:{e.line}: {e.text.strip()[:160]}")
         if not result.findings:
-            click.echo("no findings: worst severity info")
+            click.echo("no findings: worst severity info, action none")
+        else:
+            actions = ", ".join(a.value for a in result.worst_actions)
+            click.echo(f"worst: {result.worst_severity.value}; action: {actions}")
         for issue in result.issues:
             where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
             click.echo(f"error: {where}: {issue.reason}", err=True)
     sys.exit(result.exit_status)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings file (default: embedded defaults).")
+def run(config_path: str | None) -> None:
+    """Run the service: collect, store, analyse, alert and plan remediation (dry-run)."""
+    from gpuhealth.config import load_settings
+    from gpuhealth.service import run as run_service
+
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    sys.exit(run_service(settings))
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option("--context", "context", multiple=True, metavar="KEY=VALUE",
+              help="Machine facts, as for diagnose (repeatable).")
+@click.option("--audit-log", type=click.Path(dir_okay=False), default=None,
+              help="Also write the dry-run decisions to this JSONL audit log.")
+def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
+           audit_log: str | None) -> None:
+    """Feed recorded files through the run pipeline; print findings, alerts and dry-run actions."""
+    from gpuhealth.replay import render_text
+    from gpuhealth.replay import replay as run_replay
+
+    report = run_replay(list(paths), facts=_parse_context(context), audit_log_path=audit_log)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(render_text(report))
+
+
+@main.group()
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command("check")
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+def config_check(path: str | None) -> None:
+    """Validate a settings file (and GPUHEALTH_* overrides); exit 0 when valid."""
+    from gpuhealth.config import load_settings
+
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"{path or 'embedded defaults'}: valid")
+    click.echo(json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True))
+
+
+@main.group()
+def plugins() -> None:
+    """Inspect installed plugins."""
+
+
+@plugins.command("list")
+def plugins_list() -> None:
+    """List installed collectors, stores, detectors, notifiers and scheduler adapters."""
+    for group in GROUPS:
+        click.echo(f"{group}:")
+        for name, target in available(group).items():
+            click.echo(f"  {name:16} {target}")

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from collectors.artifact import (
+    MAX_BLOCK_LINES,
+    ArtifactResult,
+    Line,
+    ParseContext,
+    ParseIssue,
+    iter_blocks,
+    parse_lines,
+    read_artifact,
+)
+from core.records import Event, NodeName, Record
+
+
+def lines(text: str) -> list[Line]:
+    return [Line(i, t) for i, t in enumerate(text.splitlines(), start=1)]
+
+
+class _Session:
+    def __init__(self, kind: str, ctx: ParseContext, log: list[tuple[str, list[int]]]) -> None:
+        self.kind, self.ctx, self.log = kind, ctx, log
+        self.issues: list[ParseIssue] = []
+
+    def feed(self, block: Sequence[Line]) -> Iterable[Record]:
+        self.log.append((self.kind, [ln.number for ln in block]))
+        return []
+
+    def close(self) -> Iterable[Record]:
+        return [Event(kind=self.kind, code="closed", node=self.ctx.node, entity="node",  # type: ignore[arg-type]
+                      observed_at=None)]
+
+
+class _Parser:
+    def __init__(self, kind: str, marker: str, log: list[tuple[str, list[int]]]) -> None:
+        self.kind, self.marker, self.log = kind, marker, log
+
+    def detect(self, block: Sequence[Line], command: str | None) -> int:
+        return 90 if any(self.marker in ln.text for ln in block) else 0
+
+    def open(self, ctx: ParseContext) -> _Session:
+        return _Session(self.kind, ctx, self.log)
+
+
+def test_blocks_split_at_prompts_and_blank_lines_and_drop_elisions() -> None:
+    text = "root@node-a:~# nvidia-smi\nA\n[...]\nB\n\nC\n$ dmesg -T\nD\nroot@node-a:~# \n"
+    blocks = list(iter_blocks(lines(text)))
+    assert [[ln.text for ln in b.lines] for b in blocks] == [["A", "B"], ["C"], ["D"]]
+    assert [b.command for b in blocks] == ["nvidia-smi", "nvidia-smi", "dmesg -T"]
+    assert [b.new_command for b in blocks] == [True, False, True]
+
+
+def test_long_blocks_are_cut_to_bound_memory() -> None:
+    blocks = list(iter_blocks(Line(i, "x") for i in range(1, 2 * MAX_BLOCK_LINES + 2)))
+    assert [len(b.lines) for b in blocks] == [MAX_BLOCK_LINES, MAX_BLOCK_LINES, 1]
+
+
+def test_sections_of_one_kind_share_a_session_and_kinds_change_by_content() -> None:
+    log: list[tuple[str, list[int]]] = []
+    parsers = [_Parser("alpha", "AAA", log), _Parser("beta", "BBB", log)]
+    text = "AAA 1\n\nAAA 2\nplain\n\nBBB 3\n\nnothing known here\n"
+    result = ArtifactResult()
+    ctx = ParseContext(file="f.txt", node=NodeName("n1"))
+    records = list(parse_lines(lines(text), ctx, parsers, result))
+    assert log == [("alpha", [1]), ("alpha", [3, 4]), ("beta", [6]), ("beta", [8])]
+    assert [r.kind for r in records if isinstance(r, Event)] == ["alpha", "beta"]
+    assert result.kinds == ["alpha", "beta"]
+
+
+def test_unrecognised_section_is_an_issue_naming_file_and_line() -> None:
+    log: list[tuple[str, list[int]]] = []
+    result = ArtifactResult()
+    ctx = ParseContext(file="f.txt", node=NodeName("n1"))
+    list(parse_lines(lines("hello\nworld\n\nAAA\n"), ctx, [_Parser("alpha", "AAA", log)], result))
+    assert result.issues[0].file == "f.txt"
+    assert result.issues[0].line == 1
+    assert "unrecognised" in result.issues[0].reason
+
+
+def test_binary_empty_and_missing_files_are_issues(tmp_path: Path) -> None:
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(b"\x7fELF\x00\x01\x02")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    for path, reason in ((binary, "binary"), (empty, "empty"), (tmp_path / "gone", "cannot read")):
+        result = ArtifactResult()
+        ctx = ParseContext(file=str(path), node=NodeName("n"))
+        assert list(read_artifact(str(path), ctx, [], result)) == []
+        assert reason in result.issues[0].reason
+        assert result.issues[0].file == str(path)
