@@ -112,7 +112,8 @@ class ArtifactParser(Protocol):
 
 # A prompt: "$ cmd", "root@host:~# cmd", "user@host:/path$ cmd", "[root@host ~]# cmd".
 _PROMPT = re.compile(
-    r"^\s*(?:\$|[\w.-]+@[\w.-]+:[^\s#$]*\s*[#$]|\[[\w.-]+@[\w.-]+ [^\]]*\][#$])(?:\s+(?P<cmd>\S.*?))?\s*$"
+    r"^\s*(?:\$|[\w.-]+@[\w.-]+:[^\s#$]*\s*[#$]|\[[\w.-]+@[\w.-]+ [^\]]*\][#$])"
+    r"(?:\s+(?P<cmd>\S.*?))?\s*$"
 )
 # A bare command line pasted without a prompt ("nvidia-smi nvlink -s").
 _BARE_COMMAND = re.compile(
@@ -178,13 +179,45 @@ def iter_blocks(lines: Iterable[Line]) -> Iterator[Block]:
         yield Block(lines=current, command=command, new_command=new_command)
 
 
+MAX_ISSUES = 200
+"""Issues kept per file; past it they are counted and summarised in one last issue."""
+
+
 @dataclass(slots=True, kw_only=True)
 class ArtifactResult:
-    """Issues found while reading one file, and the kinds of sections recognised."""
+    """Issues found while reading one file, and the kinds of sections recognised.
+
+    Attributes:
+        issues: Up to :data:`MAX_ISSUES` problems, in input order.
+        kinds: Kinds of the sections recognised, in order.
+        parsed_lines: Lines handed to a parser.
+        suppressed_issues: Problems past :data:`MAX_ISSUES`, counted only.
+    """
 
     issues: list[ParseIssue] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     parsed_lines: int = 0
+    suppressed_issues: int = 0
+
+    def add_issues(self, issues: Iterable[ParseIssue]) -> None:
+        """Keep ``issues`` up to :data:`MAX_ISSUES`; count the rest."""
+        for issue in issues:
+            if len(self.issues) < MAX_ISSUES:
+                self.issues.append(issue)
+            else:
+                self.suppressed_issues += 1
+
+    def summarise(self, file: str) -> None:
+        """Append one issue saying how many were left out, if any."""
+        if self.suppressed_issues:
+            self.issues.append(
+                ParseIssue(
+                    file=file,
+                    line=None,
+                    reason=f"{self.suppressed_issues} more problems in this file not listed",
+                )
+            )
+            self.suppressed_issues = 0
 
 
 def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
@@ -204,7 +237,9 @@ def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 yield Line(number, text)
     except OSError as exc:
-        result.issues.append(ParseIssue(file=path, line=None, reason=f"cannot read: {exc.strerror}"))
+        result.issues.append(
+            ParseIssue(file=path, line=None, reason=f"cannot read: {exc.strerror}")
+        )
 
 
 def parse_lines(
@@ -225,7 +260,8 @@ def parse_lines(
         nonlocal session
         if session is not None:
             yield from session.close()
-            result.issues.extend(session.issues)
+            result.add_issues(session.issues)
+            session.issues.clear()
             session = None
 
     for block in iter_blocks(lines):
@@ -244,13 +280,15 @@ def parse_lines(
             yield from finish()
             session_kind = None
             first = block.lines[0]
-            result.issues.append(
-                ParseIssue(
-                    file=ctx.file,
-                    line=first.number,
-                    reason=f"unrecognised section ({len(block.lines)} lines, "
-                    f"command {block.command or 'unknown'}): {first.text.strip()[:80]!r}",
-                )
+            result.add_issues(
+                [
+                    ParseIssue(
+                        file=ctx.file,
+                        line=first.number,
+                        reason=f"unrecognised section ({len(block.lines)} lines, "
+                        f"command {block.command or 'unknown'}): {first.text.strip()[:80]!r}",
+                    )
+                ]
             )
             continue
         if session is not None and best.kind == session_kind and block.command == session_command:
@@ -291,3 +329,4 @@ def read_artifact(
 ) -> Iterator[Record]:
     """Stream the records of the file at ``path``; issues go to ``result.issues``."""
     yield from parse_lines(_read_lines(path, result), ctx, parsers, result)
+    result.summarise(path)

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 
 class JsonFormatter(logging.Formatter):
-    """Format a record as one JSON object: ``ts`` (epoch seconds), ``level``, ``logger``, ``msg``."""
+    """Format a record as one JSON object: ``ts`` (epoch s), ``level``, ``logger``, ``msg``."""
 
     _SKIP: ClassVar[frozenset[str]] = frozenset(vars(logging.makeLogRecord({})))
 

@@ -35,7 +35,9 @@ def test_every_case_output_matches_the_schema_and_exit_status(name: str) -> None
 
 
 def test_human_output_names_severity_action_and_evidence() -> None:
-    code, out, _ = invoke("diagnose", str(CASES / "001-xid79-fallen-off-bus-dmesg-T-nvidia-smi-unknown-error.log"))
+    code, out, _ = invoke(
+        "diagnose", str(CASES / "001-xid79-fallen-off-bus-dmesg-T-nvidia-smi-unknown-error.log")
+    )
     assert code == 3
     assert "CRITICAL" in out
     assert "reboot_node" in out
