@@ -123,8 +123,30 @@ _BARE_COMMAND = re.compile(
 _ELISION = re.compile(r"^\s*(?:\[\s*\.\.\.\s*\]|\.{3,}|…)\s*$")
 
 
+_COMMAND_NAMES = frozenset(
+    [
+        "nvidia-smi",
+        "dcgmi",
+        "ibstat",
+        "ibstatus",
+        "perfquery",
+        "ibqueryerrors",
+        "ethtool",
+        "dmesg",
+        "journalctl",
+        "lspci",
+        "kubectl",
+        "nvidia-bug-report.sh",
+        "sudo",
+    ]
+)
+
+
 def command_of(text: str) -> tuple[bool, str | None]:
     """Return ``(is_prompt_line, command)`` for one line.
+
+    Cheap checks come first: most lines of a large log are neither prompts nor
+    commands, and this runs on every line.
 
     Examples:
         >>> command_of("root@node-a:~# dmesg -T | grep NVRM")
@@ -138,11 +160,16 @@ def command_of(text: str) -> tuple[bool, str | None]:
         >>> command_of("[ 12.3] NVRM: Xid")
         (False, None)
     """
-    match = _PROMPT.match(text)
-    if match:
-        return True, match["cmd"]
-    if _BARE_COMMAND.match(text):
-        return True, text.strip()
+    stripped = text.lstrip()
+    if not stripped:
+        return False, None
+    first = stripped[0]
+    if first == "$" or ("@" in stripped and ("#" in stripped or "$" in stripped)):
+        match = _PROMPT.match(text)
+        if match:
+            return True, match["cmd"]
+    if stripped.split(" ", 1)[0] in _COMMAND_NAMES and _BARE_COMMAND.match(text):
+        return True, stripped.rstrip()
     return False, None
 
 
@@ -169,7 +196,7 @@ def iter_blocks(lines: Iterable[Line]) -> Iterator[Block]:
                 yield Block(lines=current, command=command, new_command=new_command)
                 current, new_command = [], False
             continue
-        if _ELISION.match(text):
+        if ("..." in text or "…" in text) and _ELISION.match(text):
             continue
         current.append(line)
         if len(current) >= MAX_BLOCK_LINES:
@@ -222,24 +249,21 @@ class ArtifactResult:
 
 def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(_BINARY_PROBE_BYTES)
-            if not head:
-                result.issues.append(ParseIssue(file=path, line=None, reason="empty file"))
-                return
-            if b"\x00" in head:
-                result.issues.append(
-                    ParseIssue(file=path, line=None, reason="binary file (NUL bytes), not text")
-                )
-                return
-            handle.seek(0)
-            for number, raw in enumerate(handle, start=1):
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                yield Line(number, text)
+        with open(path, "rb") as probe:
+            head = probe.read(_BINARY_PROBE_BYTES)
+        if not head:
+            result.issues.append(ParseIssue(file=path, line=None, reason="empty file"))
+            return
+        if b"\x00" in head:
+            reason = "binary file (NUL bytes), not text"
+            result.issues.append(ParseIssue(file=path, line=None, reason=reason))
+            return
+        with open(path, encoding="utf-8", errors="replace", newline=None) as handle:
+            for number, text in enumerate(handle, start=1):
+                yield Line(number, text.rstrip("\n"))
     except OSError as exc:
-        result.issues.append(
-            ParseIssue(file=path, line=None, reason=f"cannot read: {exc.strerror}")
-        )
+        reason = f"cannot read: {exc.strerror}"
+        result.issues.append(ParseIssue(file=path, line=None, reason=reason))
 
 
 def parse_lines(
