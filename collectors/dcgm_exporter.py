@@ -1,7 +1,308 @@
-"""Artifact parsers: dcgm_exporter (filled in by its owner)."""
+"""dcgm-exporter ``/metrics``: an artifact parser and a live collector.
+
+Both read the Prometheus text exposition format with ``prometheus_client``'s
+parser and map ``DCGM_FI_*`` series to catalogued names through
+:data:`core.catalog.BY_DCGM` and ``dcgm_scale`` (ecosystem-reference §2, §11),
+plus :data:`EXTRA_SERIES` for series that share a catalogued metric with another
+(``DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS`` beside the uncorrectable one...).
+
+* The GPU entity comes from the ``pci_bus_id`` label, else ``UUID``/``uuid``,
+  else ``gpu`` (``gpu:<index>``); the node from ``Hostname``/``hostname``.
+* ``DCGM_FI_DEV_XID_ERRORS`` is the *last* Xid (a pointer, not a count): it becomes
+  ``gpu_last_xid``, never an Xid count.
+* DCGM blank sentinels (int64 ``0x7ffffffffffffff0`` and up, int32
+  ``0x7ffffff0`` and up, FP64 ``2**47`` and up, ~1e38 float blanks), NaN and
+  infinities are omitted.
+* Series that are not catalogued are skipped (counted at debug level).
+"""
 
 from __future__ import annotations
 
-from collectors.artifact import ArtifactParser
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
-PARSERS: tuple[ArtifactParser, ...] = ()
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue
+from collectors.dcgm import is_blank
+from collectors.nvidia_smi import gpu_entity
+from core.catalog import BY_DCGM, BY_NAME
+from core.errors import CollectorUnavailable
+from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
+
+logger = logging.getLogger(__name__)
+
+EXTRA_SERIES: dict[str, tuple[str, float, dict[str, str]]] = {
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (
+        "gpu_remapped_rows",
+        1.0,
+        {"type": "uncorrectable"},
+    ),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("gpu_remapped_rows", 1.0, {"type": "correctable"}),
+    "DCGM_FI_DEV_RETIRED_SBE": ("gpu_retired_pages", 1.0, {"cause": "multiple_sbe"}),
+    "DCGM_FI_DEV_RETIRED_DBE": ("gpu_retired_pages", 1.0, {"cause": "dbe"}),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "corrected", "scope": "volatile", "location": "total"},
+    ),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "uncorrected", "scope": "volatile", "location": "total"},
+    ),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "corrected", "scope": "aggregate", "location": "total"},
+    ),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "uncorrected", "scope": "aggregate", "location": "total"},
+    ),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": (
+        "gpu_nvlink_errors_total",
+        1.0,
+        {"link": "total", "type": "crc_flit"},
+    ),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": (
+        "gpu_nvlink_errors_total",
+        1.0,
+        {"link": "total", "type": "crc_data"},
+    ),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": (
+        "gpu_nvlink_errors_total",
+        1.0,
+        {"link": "total", "type": "replay"},
+    ),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": (
+        "gpu_nvlink_errors_total",
+        1.0,
+        {"link": "total", "type": "recovery"},
+    ),
+}
+"""DCGM series mapped to a catalogued metric with fixed labels: ``(metric, scale, labels)``."""
+
+_HEADER_PREFIXES = ("# HELP ", "# TYPE ", "# UNIT ", "# EOF")
+
+
+def _mapping(name: str) -> tuple[str, float, dict[str, str]] | None:
+    extra = EXTRA_SERIES.get(name)
+    if extra is not None:
+        return extra
+    spec = BY_DCGM.get(name)
+    if spec is None:
+        return None
+    return spec.name, spec.dcgm_scale, {}
+
+
+@dataclass(slots=True)
+class ScrapeResult:
+    """What one exposition text held: records, malformed lines, skipped series."""
+
+    records: list[Record] = field(default_factory=list)
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    skipped: int = 0
+
+
+def parse_exposition(
+    lines: Iterable[Line],
+    *,
+    file: str,
+    node: NodeName,
+    observed_at: float | None,
+    with_line_numbers: bool = True,
+) -> ScrapeResult:
+    """Parse dcgm-exporter exposition lines into catalogued samples.
+
+    Each sample line is parsed on its own with ``prometheus_client``'s text
+    parser, so that a malformed line names its line number and the rest still
+    parses.
+
+    Args:
+        lines: The exposition, one :class:`Line` per text line.
+        file: Evidence file name (a path, or the scrape URL for live scrapes).
+        node: Node used when a series has no ``Hostname``/``hostname`` label.
+        observed_at: Epoch seconds of the scrape, ``None`` for a pasted file.
+        with_line_numbers: Put line numbers in evidence (``False`` for live scrapes).
+
+    Returns:
+        Samples (base units), malformed lines ``(line number, reason)`` and the
+        count of series skipped because they are not catalogued.
+    """
+    result = ScrapeResult()
+    for line in lines:
+        text = line.text.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            families = list(text_string_to_metric_families(text + "\n"))
+        except Exception as exc:
+            result.bad_lines.append((line.number, f"malformed exposition line: {exc}"))
+            continue
+        for family in families:
+            for sample in family.samples:
+                record = _record(
+                    sample.name,
+                    dict(sample.labels),
+                    float(sample.value),
+                    line,
+                    file=file,
+                    node=node,
+                    observed_at=observed_at,
+                    with_line_numbers=with_line_numbers,
+                )
+                if record is None:
+                    result.skipped += 1
+                else:
+                    result.records.append(record)
+    return result
+
+
+def _record(
+    name: str,
+    labels: dict[str, str],
+    value: float,
+    line: Line,
+    *,
+    file: str,
+    node: NodeName,
+    observed_at: float | None,
+    with_line_numbers: bool,
+) -> Record | None:
+    mapping = _mapping(name)
+    if mapping is None:
+        return None
+    if not math.isfinite(value) or is_blank(value):
+        return None
+    metric, scale, fixed = mapping
+    if metric not in BY_NAME:
+        return None
+    entity = gpu_entity(
+        bus_id=labels.get("pci_bus_id") or None,
+        uuid=labels.get("UUID") or labels.get("uuid"),
+        index=labels.get("gpu"),
+    )
+    if entity is None:
+        return None
+    host = labels.get("Hostname") or labels.get("hostname")
+    return Sample(
+        metric=metric,
+        value=value * scale,
+        observed_at=observed_at,
+        node=NodeName(host) if host else node,
+        entity=EntityId(entity),
+        labels=dict(fixed),
+        evidence=Evidence(
+            file=file, line=line.number if with_line_numbers else None, text=line.text
+        ),
+    )
+
+
+class DcgmExporterParser:
+    """A pasted dcgm-exporter ``/metrics`` scrape (kind ``dcgm_exporter``)."""
+
+    kind = "dcgm_exporter"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Score ``DCGM_FI_*`` series lines and their HELP/TYPE comments."""
+        series = 0
+        for line in lines[:200]:
+            text = line.text.lstrip()
+            if text.startswith(("DCGM_FI_", "DCGM_EXP_", "# HELP DCGM_", "# TYPE DCGM_")):
+                series += 1
+        if series == 0:
+            return 0
+        return min(95, 50 + 10 * series)
+
+    def open(self, ctx: ParseContext) -> _ExporterSession:
+        """Start parsing a scrape."""
+        return _ExporterSession(ctx)
+
+
+class _ExporterSession:
+    def __init__(self, ctx: ParseContext) -> None:
+        self.ctx = ctx
+        self.issues: list[ParseIssue] = []
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        result = parse_exposition(lines, file=self.ctx.file, node=self.ctx.node, observed_at=None)
+        for number, reason in result.bad_lines:
+            self.issues.append(ParseIssue(file=self.ctx.file, line=number, reason=reason))
+        if result.skipped:
+            logger.debug("%s: %d uncatalogued series skipped", self.ctx.file, result.skipped)
+        return result.records
+
+    def close(self) -> list[Record]:
+        return []
+
+
+class DcgmExporterCollector:
+    """Scrape a dcgm-exporter endpoint (default ``http://localhost:9400/metrics``).
+
+    Args:
+        node: Node name for series without a hostname label.
+        url: The ``/metrics`` URL.
+        timeout_seconds: HTTP timeout, seconds (> 0).
+
+    Raises:
+        ValueError: ``timeout_seconds`` is not positive or ``url`` is empty.
+    """
+
+    name = "dcgm_exporter"
+
+    def __init__(self, *, node: str, url: str, timeout_seconds: float = 5.0) -> None:
+        if timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds}")
+        if not url:
+            raise ValueError("url must not be empty")
+        self.node = node
+        self.url = url
+        self.timeout_seconds = timeout_seconds
+        self._clock: Callable[[], float] = time.time
+        self.malformed_lines = 0
+
+    def collect(self) -> list[Sample | Event]:
+        """Fetch and parse one scrape.
+
+        Returns:
+            Catalogued samples in base units; malformed lines are logged and counted
+            in :attr:`malformed_lines`, never raised.
+
+        Raises:
+            CollectorUnavailable: The endpoint cannot be fetched (connection, timeout,
+                HTTP status >= 400).
+        """
+        try:
+            response = httpx.get(self.url, timeout=self.timeout_seconds)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise CollectorUnavailable(f"dcgm-exporter {self.url}: {exc}") from exc
+        now = self._clock()
+        lines = [Line(i, text) for i, text in enumerate(response.text.splitlines(), start=1)]
+        result = parse_exposition(
+            lines,
+            file=self.url,
+            node=NodeName(self.node),
+            observed_at=now,
+            with_line_numbers=True,
+        )
+        if result.bad_lines:
+            self.malformed_lines += len(result.bad_lines)
+            logger.warning(
+                "dcgm-exporter %s: %d malformed line(s), first at line %d: %s",
+                self.url,
+                len(result.bad_lines),
+                result.bad_lines[0][0],
+                result.bad_lines[0][1],
+            )
+        return [r for r in result.records if isinstance(r, Sample | Event)]
+
+
+PARSERS: tuple[ArtifactParser, ...] = (DcgmExporterParser(),)
+"""The dcgm-exporter artifact parser."""

@@ -1,7 +1,927 @@
-"""Artifact parsers: infiniband (filled in by its owner)."""
+"""Artifact parsers for InfiniBand and RoCE tools.
+
+Covers ibstat, ibstatus, perfquery, ibqueryerrors, ``ethtool -S`` and
+``grep "" /sys/class/infiniband/...`` dumps.
+
+Sources followed:
+
+* ``ibstat``/``ibstatus`` (infiniband-diags): per CA and port ``State``,
+  ``Physical state``, ``Rate`` (Gb/s), ``Link layer`` (``Ethernet`` means RoCE).
+* ``perfquery`` (infiniband-diags man page): ``# Port counters: Lid L port P
+  (CapMask: ...)`` or ``# Port extended counters: ...`` (the header may wrap onto
+  a second line), then ``Name:.....value`` lines. ``PortXmitData``/``PortRcvData``
+  count 4-octet words (multiplied by 4 here).
+* ``ibqueryerrors`` (man page): ``GUID 0x... port N|ALL: [Counter == value
+  (pretty)] ...``, with ``-c``/``-s`` variants.
+* The IBA PortCounters attribute (and ``Documentation/ABI/stable/sysfs-class-infiniband``,
+  ecosystem-reference §10.2): legacy error counters are 4, 8 or 16 bits wide and
+  stop at all-ones; a value at that maximum is recorded as an
+  ``ib_counter_saturated`` event beside its sample.
+* ``ethtool -S`` of mlx5 (kernel ``Documentation/networking/device_drivers/ethernet/
+  mellanox/mlx5/counters.rst``): ``rx_prioN_bytes``/``packets``/``pause``; other
+  non-queue counters go to ``net_nic_counter_total``.
+* RDMA ``hw_counters`` (mlx5 counters doc): ``<path>:<value>`` lines as printed by
+  ``grep ""``; the device and port come from the path, ``lifespan`` is skipped.
+"""
 
 from __future__ import annotations
 
-from collectors.artifact import ArtifactParser
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-PARSERS: tuple[ArtifactParser, ...] = ()
+from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue, ParserSession
+from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
+
+logger = logging.getLogger(__name__)
+
+PMA_COUNTERS: dict[str, tuple[str, int]] = {
+    "SymbolErrorCounter": ("ib_symbol_errors_total", 16),
+    "LinkErrorRecoveryCounter": ("ib_link_error_recovery_total", 8),
+    "LinkDownedCounter": ("ib_link_downed_total", 8),
+    "PortRcvErrors": ("ib_port_rcv_errors_total", 16),
+    "PortRcvRemotePhysicalErrors": ("ib_port_rcv_remote_physical_errors_total", 16),
+    "PortRcvSwitchRelayErrors": ("ib_port_rcv_switch_relay_errors_total", 16),
+    "PortXmitDiscards": ("ib_port_xmit_discards_total", 16),
+    "PortXmitConstraintErrors": ("ib_port_xmit_constraint_errors_total", 8),
+    "PortRcvConstraintErrors": ("ib_port_rcv_constraint_errors_total", 8),
+    "LocalLinkIntegrityErrors": ("ib_local_link_integrity_errors_total", 4),
+    "ExcessiveBufferOverrunErrors": ("ib_excessive_buffer_overrun_errors_total", 4),
+    "VL15Dropped": ("ib_vl15_dropped_total", 16),
+    "PortXmitWait": ("ib_port_xmit_wait_total", 32),
+    "PortXmitData": ("ib_port_xmit_bytes_total", 32),
+    "PortRcvData": ("ib_port_rcv_bytes_total", 32),
+    "PortXmitPkts": ("ib_port_xmit_packets_total", 32),
+    "PortRcvPkts": ("ib_port_rcv_packets_total", 32),
+}
+"""IBA PortCounters field name to (catalog metric, legacy bit width)."""
+
+PMA_ALIASES: dict[str, str] = {
+    "SymbolErrors": "SymbolErrorCounter",
+    "LinkRecovers": "LinkErrorRecoveryCounter",
+    "LinkDowned": "LinkDownedCounter",
+    "RcvErrors": "PortRcvErrors",
+    "RcvRemotePhysErrors": "PortRcvRemotePhysicalErrors",
+    "RcvSwRelayErrors": "PortRcvSwitchRelayErrors",
+    "XmtDiscards": "PortXmitDiscards",
+    "XmtConstraintErrors": "PortXmitConstraintErrors",
+    "RcvConstraintErrors": "PortRcvConstraintErrors",
+    "LinkIntegrityErrors": "LocalLinkIntegrityErrors",
+    "ExcBufOverrunErrors": "ExcessiveBufferOverrunErrors",
+    "XmtWait": "PortXmitWait",
+    "XmtData": "PortXmitData",
+    "RcvData": "PortRcvData",
+    "XmtPkts": "PortXmitPkts",
+    "RcvPkts": "PortRcvPkts",
+    "PortXmitPackets": "PortXmitPkts",
+    "PortRcvPackets": "PortRcvPkts",
+}
+"""Short names (ibqueryerrors ``-s`` lists, old ibcheckerrors) to PortCounters names."""
+
+SYSFS_COUNTERS: dict[str, str] = {
+    "symbol_error": "SymbolErrorCounter",
+    "link_error_recovery": "LinkErrorRecoveryCounter",
+    "link_downed": "LinkDownedCounter",
+    "port_rcv_errors": "PortRcvErrors",
+    "port_rcv_remote_physical_errors": "PortRcvRemotePhysicalErrors",
+    "port_rcv_switch_relay_errors": "PortRcvSwitchRelayErrors",
+    "port_xmit_discards": "PortXmitDiscards",
+    "port_xmit_constraint_errors": "PortXmitConstraintErrors",
+    "port_rcv_constraint_errors": "PortRcvConstraintErrors",
+    "port_rcv_contraint_errors": "PortRcvConstraintErrors",
+    "local_link_integrity_errors": "LocalLinkIntegrityErrors",
+    "excessive_buffer_overrun_errors": "ExcessiveBufferOverrunErrors",
+    "VL15_dropped": "VL15Dropped",
+    "port_xmit_wait": "PortXmitWait",
+    "port_xmit_data": "PortXmitData",
+    "port_rcv_data": "PortRcvData",
+    "port_xmit_packets": "PortXmitPkts",
+    "port_rcv_packets": "PortRcvPkts",
+}
+"""``/sys/class/infiniband/<dev>/ports/<n>/counters/`` file to PortCounters name
+(sysfs-class-infiniband ABI; the ABI text misspells ``port_rcv_contraint_errors``)."""
+
+ERROR_COUNTERS = frozenset(
+    name
+    for name in PMA_COUNTERS
+    if name not in {"PortXmitWait", "PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts"}
+)
+"""PortCounters fields that count errors (their legacy widths are 4-16 bits)."""
+
+PORT_STATES: dict[str, tuple[str, int]] = {
+    "down": ("down", 1),
+    "init": ("init", 2),
+    "initializing": ("init", 2),
+    "initialize": ("init", 2),
+    "armed": ("armed", 3),
+    "active": ("active", 4),
+    "active_defer": ("active_defer", 5),
+    "activedefer": ("active_defer", 5),
+}
+"""Logical port state spellings (ibstat, ibstatus, sysfs) to (code, IBA value)."""
+
+PHYS_STATES: dict[str, int] = {
+    "sleep": 1,
+    "polling": 2,
+    "disabled": 3,
+    "portconfigurationtraining": 4,
+    "linkup": 5,
+    "linkerrorrecovery": 6,
+    "phytest": 7,
+}
+"""Physical port state names to IBA PortPhysicalState values."""
+
+
+def port_entity(device: str, port: str | int) -> EntityId:
+    """Return the entity of an HCA port (``mlx5_0:1``) or a GUID port (``0x...:ALL``).
+
+    Examples:
+        >>> port_entity("mlx5_0", 1)
+        'mlx5_0:1'
+    """
+    return EntityId(f"{device}:{port}")
+
+
+def parse_port_state(text: str) -> tuple[str, int] | None:
+    """Return ``(code, value)`` for a logical state written by ibstat, ibstatus or sysfs.
+
+    Examples:
+        >>> parse_port_state("4: ACTIVE")
+        ('active', 4)
+        >>> parse_port_state("Initializing")
+        ('init', 2)
+        >>> parse_port_state("bogus") is None
+        True
+    """
+    word = re.sub(r"^\s*\d+\s*:\s*", "", text).strip().lower().replace(" ", "")
+    return PORT_STATES.get(word)
+
+
+def parse_phys_state(text: str) -> tuple[str, int] | None:
+    """Return ``(name, value)`` for a physical state (``Polling``, ``5: LinkUp``).
+
+    Examples:
+        >>> parse_phys_state("5: LinkUp")
+        ('linkup', 5)
+    """
+    word = re.sub(r"^\s*\d+\s*:\s*", "", text).strip().lower().replace(" ", "")
+    value = PHYS_STATES.get(word)
+    return None if value is None else (word, value)
+
+
+def parse_rate_bits(text: str) -> float | None:
+    """Return a port rate in bits per second from ``400``, ``100 Gb/sec (4X EDR)``.
+
+    Examples:
+        >>> parse_rate_bits("100 Gb/sec (4X EDR)")
+        100000000000.0
+        >>> parse_rate_bits("2.5")
+        2500000000.0
+    """
+    match = re.match(r"\s*(\d+(?:\.\d+)?)", text)
+    return float(match.group(1)) * 1e9 if match else None
+
+
+def counter_samples(
+    *,
+    name: str,
+    value: int,
+    node: NodeName,
+    device: str,
+    port: str,
+    evidence: Evidence | None,
+    observed_at: float | None,
+    legacy: bool,
+    source: str,
+) -> list[Record]:
+    """Return the sample of one PortCounters field, plus a saturation event if pinned.
+
+    Args:
+        name: PortCounters field name (``LinkDownedCounter``); unknown names give nothing.
+        value: Raw counter value (4-octet words for data counters).
+        node: Node of the port.
+        device: HCA name or port GUID.
+        port: Port number or ``ALL``.
+        evidence: Raw line the value was read from.
+        observed_at: Epoch seconds or ``None``.
+        legacy: True when every field is the 32-bit-or-narrower PortCounters
+            layout (``perfquery`` without ``-x``); error counters are always
+            checked at their legacy width.
+        source: Source name for the event.
+    """
+    name = PMA_ALIASES.get(name, name)
+    known = PMA_COUNTERS.get(name)
+    if known is None:
+        return []
+    metric, width = known
+    entity = port_entity(device, port)
+    labels = {"device": device, "port": str(port)}
+    scaled = value * 4 if name in {"PortXmitData", "PortRcvData"} else value
+    out: list[Record] = [
+        Sample(
+            metric=metric,
+            value=float(scaled),
+            observed_at=observed_at,
+            node=node,
+            entity=entity,
+            labels=labels,
+            evidence=evidence,
+        )
+    ]
+    if (name in ERROR_COUNTERS or legacy) and value == (1 << width) - 1:
+        out.append(
+            Event(
+                kind="ib_counter_saturated",
+                code=name,
+                node=node,
+                entity=entity,
+                observed_at=observed_at,
+                message=f"{name} is at its {width}-bit maximum {value}",
+                attrs={"width_bits": str(width), "value": str(value), "metric": metric},
+                evidence=(evidence,) if evidence else (),
+                source=source,
+            )
+        )
+    return out
+
+
+def _ev(ctx: ParseContext, line: Line) -> Evidence:
+    return Evidence(file=ctx.file, line=line.number, text=line.text)
+
+
+def _issue(ctx: ParseContext, line: Line, reason: str) -> ParseIssue:
+    return ParseIssue(file=ctx.file, line=line.number, reason=reason)
+
+
+def _int(text: str) -> int | None:
+    text = text.strip()
+    try:
+        return int(text, 16) if text.lower().startswith("0x") else int(text)
+    except ValueError:
+        return None
+
+
+# --- ibstat / ibstatus -----------------------------------------------------------
+
+_CA = re.compile(r"^CA '(?P<ca>[^']+)'\s*$")
+_IBSTAT_PORT = re.compile(r"^\s+Port (?P<port>\d+):\s*$")
+_IBSTATUS_PORT = re.compile(r"^Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:\s*$")
+_KEYVAL = re.compile(r"^\s+(?P<key>[A-Za-z][\w /]*?):\s*(?P<value>.*?)\s*$")
+
+
+@dataclass(slots=True)
+class _Port:
+    device: str
+    port: str
+    fields: dict[str, str] = field(default_factory=dict)
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+class IbstatSession:
+    """Parse ``ibstat`` or ``ibstatus`` output: one record set per port."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        self._ca: str | None = None
+        self._ca_ev: Evidence | None = None
+        self._port: _Port | None = None
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; records of a port are returned when the port ends."""
+        out: list[Record] = []
+        for line in lines:
+            text = line.text
+            ca = _CA.match(text)
+            if ca:
+                self._finish(out)
+                self._ca, self._ca_ev = ca["ca"], _ev(self._ctx, line)
+                continue
+            status = _IBSTATUS_PORT.match(text)
+            if status:
+                self._finish(out)
+                self._ca, self._ca_ev = status["ca"], None
+                self._port = _Port(device=status["ca"], port=status["port"])
+                self._port.evidence.append(_ev(self._ctx, line))
+                continue
+            port = _IBSTAT_PORT.match(text)
+            if port:
+                self._finish(out)
+                if self._ca is None:
+                    self.issues.append(_issue(self._ctx, line, "ibstat port before any CA line"))
+                    continue
+                self._port = _Port(device=self._ca, port=port["port"])
+                if self._ca_ev:
+                    self._port.evidence.append(self._ca_ev)
+                self._port.evidence.append(_ev(self._ctx, line))
+                continue
+            kv = _KEYVAL.match(text)
+            if kv and self._port is not None:
+                key = kv["key"].strip().lower().replace("_", " ")
+                self._port.fields[key] = kv["value"]
+                if key in {"state", "physical state", "phys state", "rate", "link layer"}:
+                    self._port.evidence.append(_ev(self._ctx, line))
+                continue
+            if kv or not text.strip():
+                continue  # CA-level fields (CA type, Firmware version...)
+            self.issues.append(
+                _issue(self._ctx, line, f"unexpected ibstat line: {text.strip()[:80]!r}")
+            )
+        return out
+
+    def close(self) -> list[Record]:
+        """Return the records of the last port."""
+        out: list[Record] = []
+        self._finish(out)
+        return out
+
+    def _finish(self, out: list[Record]) -> None:
+        port, self._port = self._port, None
+        if port is None:
+            return
+        node = self._ctx.node
+        entity = port_entity(port.device, port.port)
+        labels = {"device": port.device, "port": port.port}
+        state_text = port.fields.get("state")
+        phys_text = port.fields.get("physical state") or port.fields.get("phys state")
+        rate_text = port.fields.get("rate")
+        link_layer = port.fields.get("link layer", "")
+        state = parse_port_state(state_text) if state_text else None
+        phys = parse_phys_state(phys_text) if phys_text else None
+        rate = parse_rate_bits(rate_text) if rate_text else None
+        ev = port.evidence[-1] if port.evidence else None
+        if state is not None:
+            out.append(
+                Sample(
+                    metric="ib_port_state",
+                    value=float(state[1]),
+                    observed_at=None,
+                    node=node,
+                    entity=entity,
+                    labels=labels,
+                    evidence=ev,
+                )
+            )
+        if phys is not None:
+            out.append(
+                Sample(
+                    metric="ib_port_physical_state",
+                    value=float(phys[1]),
+                    observed_at=None,
+                    node=node,
+                    entity=entity,
+                    labels=labels,
+                    evidence=ev,
+                )
+            )
+        if rate is not None:
+            out.append(
+                Sample(
+                    metric="ib_port_rate_bits_per_second",
+                    value=rate,
+                    observed_at=None,
+                    node=node,
+                    entity=entity,
+                    labels=labels,
+                    evidence=ev,
+                )
+            )
+        if state is None:
+            self.issues.append(
+                ParseIssue(
+                    file=self._ctx.file,
+                    line=ev.line if ev else None,
+                    reason=f"port {entity}: no readable State ({state_text!r})",
+                )
+            )
+            return
+        attrs = {"device": port.device, "port": port.port, "state": state[0]}
+        if phys is not None:
+            attrs["phys_state"] = phys[0]
+        if rate is not None:
+            attrs["rate_bits_per_second"] = f"{rate:g}"
+        if link_layer:
+            attrs["link_layer"] = link_layer.lower()
+        out.append(
+            Event(
+                kind="ib_port_state",
+                code=state[0],
+                node=node,
+                entity=entity,
+                observed_at=None,
+                message=f"{entity} state {state_text}, physical state {phys_text or '?'}",
+                attrs=attrs,
+                evidence=tuple(port.evidence),
+                source="ibstat",
+            )
+        )
+
+
+class IbstatParser:
+    """``ibstat`` (and ``ibstatus``) output."""
+
+    kind = "ibstat"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 when CA/port headers and ``State:`` lines are present."""
+        del command
+        heads = states = 0
+        for line in lines[:400]:
+            text = line.text
+            if _CA.match(text) or _IBSTATUS_PORT.match(text) or _IBSTAT_PORT.match(text):
+                heads += 1
+            elif re.match(r"^\s+(?:State|Physical state|state|phys state):", text):
+                states += 1
+        if heads and states:
+            return 90
+        return 30 if heads else 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return IbstatSession(ctx)
+
+
+# --- perfquery ---------------------------------------------------------------------
+
+_PQ_HEADER = re.compile(
+    r"^#\s*Port (?P<ext>extended )?counters:\s*Lid (?P<lid>\d+) port (?P<port>\d+)", re.IGNORECASE
+)
+_PQ_FIELD = re.compile(r"^(?P<name>[A-Za-z][\w]*):\.*\s*(?P<value>\S+)\s*$")
+_PQ_WRAP = re.compile(r"^\s*(?:0x[0-9a-fA-F]+\s*)?\)\s*$")
+_PQ_CMD = re.compile(r"-C\s+(?P<ca>\S+)|-P\s+(?P<port>\d+)")
+
+
+class PerfquerySession:
+    """Parse ``perfquery`` (legacy or ``-x`` extended) output."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        self._device: str | None = None
+        self._port: str | None = None
+        self._legacy = True
+        self._cmd_ca, self._cmd_port = self._from_command(ctx.command)
+
+    @staticmethod
+    def _from_command(command: str | None) -> tuple[str | None, str | None]:
+        ca = port = None
+        for m in _PQ_CMD.finditer(command or ""):
+            ca = m["ca"] or ca
+            port = m["port"] or port
+        return ca, port
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each counter line gives its sample at once."""
+        out: list[Record] = []
+        for line in lines:
+            text = line.text.strip()
+            header = _PQ_HEADER.match(text)
+            if header:
+                self._legacy = header["ext"] is None
+                self._device = self._cmd_ca or f"lid-{header['lid']}"
+                self._port = self._cmd_port or header["port"]
+                continue
+            if _PQ_WRAP.match(text) or text.startswith("#") or not text:
+                continue
+            m = _PQ_FIELD.match(text)
+            if m is None:
+                self.issues.append(_issue(self._ctx, line, f"not a perfquery line: {text[:80]!r}"))
+                continue
+            name = m["name"]
+            value = _int(m["value"])
+            if value is None:
+                self.issues.append(_issue(self._ctx, line, f"{name}: not a number"))
+                continue
+            if name == "PortSelect" and self._port is None:
+                self._port = str(value)
+                continue
+            if name not in PMA_COUNTERS:
+                continue
+            device = self._device or self._cmd_ca or "unknown"
+            port = self._port or self._cmd_port or "ALL"
+            out.extend(
+                counter_samples(
+                    name=name,
+                    value=value,
+                    node=self._ctx.node,
+                    device=device,
+                    port="ALL" if port == "255" else port,
+                    evidence=_ev(self._ctx, line),
+                    observed_at=None,
+                    legacy=self._legacy,
+                    source="perfquery",
+                )
+            )
+        return out
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class PerfqueryParser:
+    """``perfquery`` output (dotted ``Name:....value`` lines)."""
+
+    kind = "perfquery"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 95 on the ``# Port counters`` header, 70 for mostly dotted PMA lines."""
+        sample = lines[:200]
+        if any(_PQ_HEADER.match(line.text.strip()) for line in sample[:5]):
+            return 95
+        dotted = sum(
+            1
+            for line in sample
+            if (m := _PQ_FIELD.match(line.text.strip()))
+            and ":.." in line.text
+            and (m["name"] in PMA_COUNTERS or m["name"].startswith(("Port", "Counter")))
+        )
+        if dotted and dotted * 2 >= len(sample):
+            return 70 if not command or "perfquery" in command else 60
+        return 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return PerfquerySession(ctx)
+
+
+# --- ibqueryerrors -------------------------------------------------------------------
+
+_IQE_PORT = re.compile(r"^\s*GUID (?P<guid>0x[0-9a-fA-F]+) port (?P<port>\d+|ALL):\s*(?P<rest>.*)$")
+_IQE_COUNTER = re.compile(r"\[(?P<name>\w+) == (?P<value>\d+)(?:\s*\([^)]*\))?\]")
+_IQE_ERRORS_FOR = re.compile(r'^\s*Errors for (?P<guid>0x[0-9a-fA-F]+)\s*"(?P<desc>[^"]*)"')
+_IQE_OK = re.compile(
+    r"^\s*(?:#|(?:Summary|Suppressing|Link info|Errors for|\d+ (?:nodes|ports)|"
+    r"Node|Switch|CA|Router)\b)",
+    re.IGNORECASE,
+)
+
+
+class IbqueryerrorsSession:
+    """Parse ``ibqueryerrors`` port lines."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        self._desc: dict[str, str] = {}
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each port line gives its samples at once."""
+        out: list[Record] = []
+        for line in lines:
+            text = line.text
+            errors_for = _IQE_ERRORS_FOR.match(text)
+            if errors_for:
+                self._desc[errors_for["guid"].lower()] = errors_for["desc"]
+                continue
+            m = _IQE_PORT.match(text)
+            if m is None:
+                if text.strip() and not _IQE_OK.match(text):
+                    self.issues.append(
+                        _issue(self._ctx, line, f"not an ibqueryerrors line: {text.strip()[:80]!r}")
+                    )
+                continue
+            counters = list(_IQE_COUNTER.finditer(m["rest"]))
+            if not counters and m["rest"].strip():
+                self.issues.append(
+                    _issue(self._ctx, line, "ibqueryerrors port line without counters")
+                )
+                continue
+            guid = m["guid"].lower()
+            for c in counters:
+                out.extend(
+                    counter_samples(
+                        name=c["name"],
+                        value=int(c["value"]),
+                        node=self._ctx.node,
+                        device=guid,
+                        port=m["port"],
+                        evidence=_ev(self._ctx, line),
+                        observed_at=None,
+                        legacy=False,
+                        source="ibqueryerrors",
+                    )
+                )
+        return out
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class IbqueryerrorsParser:
+    """``ibqueryerrors`` output."""
+
+    kind = "ibqueryerrors"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 when ``GUID 0x... port N: [Counter == value]`` lines are present."""
+        del command
+        for line in lines[:200]:
+            m = _IQE_PORT.match(line.text)
+            if m and (_IQE_COUNTER.search(m["rest"]) or not m["rest"].strip()):
+                return 90
+            if _IQE_ERRORS_FOR.match(line.text):
+                return 60
+        return 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return IbqueryerrorsSession(ctx)
+
+
+# --- ethtool -S ------------------------------------------------------------------------
+
+_ETH_LINE = re.compile(r"^\s*(?P<name>[A-Za-z0-9_.\-\[\]]+):\s*(?P<value>-?\d+)\s*$")
+_ETH_PRIO = re.compile(r"^(?P<dir>rx|tx)_prio(?P<prio>\d)_(?P<what>bytes|packets|pause)$")
+_ETH_QUEUE = re.compile(r"^(?:(?:rx|tx|ch|ptp|xdp|rq|sq)\d+_|(?:rx|tx)_queue_\d+|queue_\d+)")
+_ETH_CMD = re.compile(r"ethtool\s+(?:-S|--statistics)\s+(?:--\S+\s+)*(?P<if>[\w.:@-]+)")
+_ETH_TITLE = re.compile(r"^\s*NIC statistics:\s*$")
+
+
+class EthtoolStatsSession:
+    """Parse ``ethtool -S <if>`` output."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        m = _ETH_CMD.search(ctx.command or "")
+        self._interface = m["if"] if m else "unknown"
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each counter line gives its sample at once."""
+        out: list[Record] = []
+        for line in lines:
+            if _ETH_TITLE.match(line.text) or not line.text.strip():
+                continue
+            m = _ETH_LINE.match(line.text)
+            if m is None:
+                self.issues.append(
+                    _issue(self._ctx, line, f"not an ethtool -S line: {line.text.strip()[:80]!r}")
+                )
+                continue
+            name, value = m["name"], int(m["value"])
+            if value < 0:
+                self.issues.append(_issue(self._ctx, line, f"{name}: negative counter"))
+                continue
+            record = self._sample(name, value, _ev(self._ctx, line))
+            if record is not None:
+                out.append(record)
+        return out
+
+    def _sample(self, name: str, value: int, evidence: Evidence) -> Sample | None:
+        iface = self._interface
+        prio = _ETH_PRIO.match(name)
+        if prio:
+            metric = {
+                "bytes": "net_prio_bytes_total",
+                "packets": "net_prio_packets_total",
+                "pause": "net_prio_pause_frames_total",
+            }[prio["what"]]
+            labels = {"interface": iface, "direction": prio["dir"], "priority": prio["prio"]}
+        elif _ETH_QUEUE.match(name):
+            return None
+        else:
+            metric = "net_nic_counter_total"
+            labels = {"interface": iface, "counter": name}
+        return Sample(
+            metric=metric,
+            value=float(value),
+            observed_at=None,
+            node=self._ctx.node,
+            entity=EntityId(iface),
+            labels=labels,
+            evidence=evidence,
+        )
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class EthtoolStatsParser:
+    """``ethtool -S <interface>`` output."""
+
+    kind = "ethtool_stats"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 with the title or the command, 60 for mostly ``rx_/tx_`` counter lines."""
+        sample = lines[:200]
+        if any(_ETH_TITLE.match(line.text) for line in sample[:3]):
+            return 90
+        matches = [m for line in sample if (m := _ETH_LINE.match(line.text))]
+        if not matches or len(matches) * 10 < len(sample) * 9:
+            return 0
+        if command and _ETH_CMD.search(command):
+            return 90
+        nic = sum(1 for m in matches if m["name"].startswith(("rx_", "tx_")))
+        return 60 if nic * 2 >= len(matches) else 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return EthtoolStatsSession(ctx)
+
+
+# --- sysfs dumps (grep "" /sys/class/infiniband/...) --------------------------------------
+
+_SYSFS_IB = re.compile(
+    r"^/sys/class/infiniband/(?P<dev>[^/\s]+)/(?:ports/(?P<port>\d+)/)?"
+    r"(?:(?P<dir>hw_counters|counters)/)?(?P<name>[\w.-]+):(?P<value>.*)$"
+)
+_SYSFS_NET = re.compile(
+    r"^/sys/class/net/(?P<if>[^/\s]+)/(?:statistics/)?(?P<name>[\w.-]+):(?P<value>.*)$"
+)
+NETDEV_STATS: dict[str, str] = {
+    "rx_bytes": "net_rx_bytes_total",
+    "tx_bytes": "net_tx_bytes_total",
+    "rx_packets": "net_rx_packets_total",
+    "tx_packets": "net_tx_packets_total",
+    "rx_errors": "net_rx_errors_total",
+    "tx_errors": "net_tx_errors_total",
+    "rx_dropped": "net_rx_dropped_total",
+    "tx_dropped": "net_tx_dropped_total",
+    "carrier_changes": "net_carrier_changes_total",
+}
+"""``/sys/class/net/<if>/statistics`` file (and ``carrier_changes``) to catalog metric."""
+
+
+class SysfsDumpSession:
+    """Parse ``path:value`` lines of InfiniBand and netdev sysfs files."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each line gives its record at once."""
+        out: list[Record] = []
+        for line in lines:
+            ev = _ev(self._ctx, line)
+            ib = _SYSFS_IB.match(line.text.strip())
+            if ib:
+                out.extend(self._ib(ib, ev, line))
+                continue
+            net = _SYSFS_NET.match(line.text.strip())
+            if net:
+                metric = NETDEV_STATS.get(net["name"])
+                value = _int(net["value"])
+                if metric and value is not None:
+                    out.append(
+                        Sample(
+                            metric=metric,
+                            value=float(value),
+                            observed_at=None,
+                            node=self._ctx.node,
+                            entity=EntityId(net["if"]),
+                            labels={"interface": net["if"]},
+                            evidence=ev,
+                        )
+                    )
+                continue
+            if line.text.strip():
+                self.issues.append(
+                    _issue(
+                        self._ctx, line, f"not a sysfs path:value line: {line.text.strip()[:80]!r}"
+                    )
+                )
+        return out
+
+    def _ib(self, m: re.Match[str], ev: Evidence, line: Line) -> list[Record]:
+        dev, port, folder, name, raw = m["dev"], m["port"], m["dir"], m["name"], m["value"]
+        node = self._ctx.node
+        if folder == "hw_counters":
+            if name == "lifespan":
+                return []
+            value = _int(raw)
+            if value is None:
+                self.issues.append(_issue(self._ctx, line, f"{name}: not a number"))
+                return []
+            entity = port_entity(dev, port) if port else EntityId(dev)
+            return [
+                Sample(
+                    metric="rdma_hw_counter_total",
+                    value=float(value),
+                    observed_at=None,
+                    node=node,
+                    entity=entity,
+                    labels={"device": dev, "port": port or "", "counter": name},
+                    evidence=ev,
+                )
+            ]
+        if folder == "counters" and port:
+            value = _int(raw)
+            pma = SYSFS_COUNTERS.get(name)
+            if value is None or pma is None:
+                if value is None:
+                    self.issues.append(_issue(self._ctx, line, f"{name}: not a number"))
+                return []
+            return counter_samples(
+                name=pma,
+                value=value,
+                node=node,
+                device=dev,
+                port=port,
+                evidence=ev,
+                observed_at=None,
+                legacy=False,
+                source="sysfs",
+            )
+        if port and name in {"state", "phys_state", "rate"}:
+            return self._port_attr(dev, port, name, raw, ev)
+        return []
+
+    def _port_attr(self, dev: str, port: str, name: str, raw: str, ev: Evidence) -> list[Record]:
+        node = self._ctx.node
+        entity = port_entity(dev, port)
+        labels = {"device": dev, "port": port}
+        if name == "rate":
+            rate = parse_rate_bits(raw)
+            if rate is None:
+                return []
+            return [
+                Sample(
+                    metric="ib_port_rate_bits_per_second",
+                    value=rate,
+                    observed_at=None,
+                    node=node,
+                    entity=entity,
+                    labels=labels,
+                    evidence=ev,
+                )
+            ]
+        if name == "phys_state":
+            phys = parse_phys_state(raw)
+            if phys is None:
+                return []
+            return [
+                Sample(
+                    metric="ib_port_physical_state",
+                    value=float(phys[1]),
+                    observed_at=None,
+                    node=node,
+                    entity=entity,
+                    labels=labels,
+                    evidence=ev,
+                )
+            ]
+        state = parse_port_state(raw)
+        if state is None:
+            return []
+        return [
+            Sample(
+                metric="ib_port_state",
+                value=float(state[1]),
+                observed_at=None,
+                node=node,
+                entity=entity,
+                labels=labels,
+                evidence=ev,
+            ),
+            Event(
+                kind="ib_port_state",
+                code=state[0],
+                node=node,
+                entity=entity,
+                observed_at=None,
+                message=f"{entity} state {raw.strip()}",
+                attrs={"device": dev, "port": port, "state": state[0]},
+                evidence=(ev,),
+                source="sysfs",
+            ),
+        ]
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class SysfsDumpParser:
+    """``grep "" /sys/class/infiniband/<dev>/ports/<n>/...`` style dumps."""
+
+    kind = "sysfs_dump"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 when most lines are ``/sys/class/{infiniband,net}/...:value``."""
+        del command
+        sample = lines[:200]
+        hits = sum(
+            1
+            for line in sample
+            if _SYSFS_IB.match(line.text.strip()) or _SYSFS_NET.match(line.text.strip())
+        )
+        return 90 if hits and hits * 2 >= len(sample) else 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return SysfsDumpSession(ctx)
+
+
+PARSERS: tuple[ArtifactParser, ...] = (
+    IbstatParser(),
+    PerfqueryParser(),
+    IbqueryerrorsParser(),
+    EthtoolStatsParser(),
+    SysfsDumpParser(),
+)
+"""The artifact parsers of this module (read by ``collectors.parsers``)."""

@@ -1,7 +1,1333 @@
-"""Artifact parsers: kernel_log (filled in by its owner)."""
+"""Kernel logs: NVIDIA driver (NVRM) messages, Xids, SXids, PCIe AER, APEI, EDAC.
+
+Two artifact parsers and one live collector share one line parser
+(:class:`KernelLogSession`):
+
+* :class:`KernelLogParser` (kind ``kernel_log``) reads ``dmesg`` (uptime stamps,
+  ``-T``/``--ctime``), journal and syslog lines (``Mon DD HH:MM:SS [host] kernel:``,
+  with or without the uptime stamp after ``kernel:``), ``journalctl -o short-iso``,
+  remote syslog with RFC 3339 stamps (``IP: kern: warning: [2026-...Z]: NVRM: ...``),
+  container logs with an RFC 3339 prefix (the k8s-device-plugin's
+  ``XidCriticalError: Xid=94 on Device=GPU-...``) and bare lines (``NVRM: Xid ...``).
+* :class:`NvidiaSmiErrorParser` (kind ``nvidia_smi_error``) reads the NVML and CUDA
+  error text tools print when a GPU is gone (``Unable to determine the device handle
+  for GPU0000:B1:00.0: Unknown Error``, ``No devices were found``, ``CUDA-capable
+  device(s) is/are busy or unavailable``).
+* :class:`KernelLogCollector` follows ``journalctl -k -f``, ``/dev/kmsg`` or a file.
+
+Event kinds emitted (``Event.kind`` / ``Event.code``):
+
+* ``xid`` / Xid number: attrs ``pid``, ``process``, ``message``; Xid 154 adds
+  ``recovery_action`` (``GPU Reset Required``...), ``recovery_action_code``; NVLink5
+  Xids 144-150 add ``unit``, ``fatal`` (``yes``/``no``), ``link``, ``intrinfo``,
+  ``status``; Xid 45 adds ``caused_by`` when its message names the Xid behind it.
+* ``gpu_lost`` / ``fallen_off_bus`` | ``nvml_gpu_is_lost``.
+* ``gpu_init_failure`` / ``rm_init_adapter`` | ``probe_failed`` | ``gsp_init_failure``.
+* ``gsp_error`` / ``heartbeat_timeout`` | ``memsys_error`` | ``pmu_halted`` (attr ``at_boot``).
+* ``gsp_rpc_timeout`` / ``back_to_back`` | ``rpc_recv_poll`` | ``rpc_timeout`` (RPC
+  history tables joined into the event).
+* ``reset_required`` / ``NV_ERR_RESET_REQUIRED``.
+* ``sxid`` / SXid number (attr ``fatal``), from the kernel or the Fabric Manager log.
+* ``fabric_manager`` / ``start_failed`` | ``no_nvswitch``.
+* ``pcie_aer`` / ``corrected`` | ``uncorrected_nonfatal`` | ``uncorrected_fatal`` (attrs
+  ``vendor_id``, ``device_id``, ``driver``, ``source`` = ``aer`` or ``apei``).
+* ``host_memory`` / ``UE`` | ``CE`` (attr ``count``), from EDAC, MCE and APEI.
+* ``pcie_bandwidth_limited`` / ``limited``; ``driver_load`` / driver version;
+  ``gpu_identity`` / ``uuid`` (attr ``uuid``); ``peermem`` / ``note``;
+  ``kernel_boot`` / ``boot``.
+* ``nvml_error`` / ``unknown_error`` | ``no_devices`` | ``driver_not_loaded`` |
+  ``init_failed`` | other; ``cuda_error`` / ``busy_or_unavailable``.
+
+Every event carries attr ``boot`` (how many reboots the input showed before it,
+``"0"`` first) so that rules can tell a fault that recurs after a reboot. Times:
+``observed_at`` is epoch seconds read as UTC (kernel wall-clock stamps carry no zone),
+``None`` for uptime stamps and unstamped lines. Year-less stamps take the year of
+``ParseContext.default_year``, else of another stamp in the file, else the current
+year; then the event has attr ``year_assumed``.
+
+Sources: NVIDIA Xid catalog (message formats, Xid 154 recovery actions), NVIDIA
+Fabric Manager user guide (SXid), Linux ``Documentation/PCI/pcieaer-howto.rst`` (AER),
+Linux EDAC and APEI/GHES (``drivers/acpi/apei/ghes.c``, ``drivers/firmware/efi/cper.c``).
+"""
 
 from __future__ import annotations
 
-from collectors.artifact import ArtifactParser
+import calendar
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 
-PARSERS: tuple[ArtifactParser, ...] = ()
+from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue, ParserSession
+from core.clock import Clock, system_clock
+from core.errors import CollectorUnavailable
+from core.ids import gpu_index_entity, normalize_pci_bus_id
+from core.records import NODE_ENTITY, EntityId, Event, Evidence, NodeName, Record
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "kernel_log"
+"""``Event.source`` of every event this module emits."""
+
+MAX_EVENT_LINES = 64
+"""Raw lines kept per joined multi-line event (RPC history tables can be long)."""
+
+MAX_YEAR_PENDING = 10_000
+"""Year-less events held back while the year is unknown; past this the current year is assumed."""
+
+_DETECT_LINES = 64
+
+# Cheap pre-filter: a line without any of these words cannot yield an event.
+_KEYWORDS = re.compile(
+    r"NVRM|Xid|nvidia|NVIDIA|NVSwitch|nvswitch|EDAC|AER|Hardware Error|PCIe Bus Error|"
+    r"error status/mask|limited by|mce:|Memory failure|Unable to determine|GPU is lost|"
+    r"No devices were found|busy or unavailable|NVML|Linux version|fabricmanager|FabricManager|"
+    r"Fabric Manager|fabric manager|marked unhealthy"
+)
+
+_MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_ISO = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+_UP = r"\[\s*(?P<{0}>\d+\.\d+)\]"
+
+_PREFIX = re.compile(
+    r"^(?:<\d+>)?(?:"
+    # Talos / remote syslog: "192.0.2.119: kern: warning: [2026-04-22T21:30:51.5Z]: msg"
+    r"(?P<rhost>[\w.:-]+):\s+kern:\s+\w+\s*:\s+\[(?P<riso>" + _ISO + r")\]:?\s*"
+    # dmesg -T / --ctime
+    r"|\[(?P<ctime>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
+    # dmesg (uptime)
+    r"|" + _UP.format("up") + r"\s?"
+    # journalctl -o short-iso / RFC 3339 container prefix
+    r"|(?P<iso>" + _ISO + r")\s+(?:(?:stdout|stderr) [FP] )?(?:(?P<ihost>[\w.-]+)\s+(?=kernel))?"
+    r"(?:kernel(?:\[\d+\])?:\s*(?:" + _UP.format("up2") + r"\s?)?)?"
+    # syslog / journal without year
+    r"|(?P<bsd>" + _MON + r" [ \d]\d \d\d:\d\d:\d\d)\s+(?:(?P<bhost>[\w.-]+)\s+(?=kernel))?"
+    r"(?:kernel(?:\[\d+\])?:\s*(?:" + _UP.format("up3") + r"\s?)?)?"
+    # dmesg -x facility prefix
+    r"|kern\s*:\s*\w+\s*:\s*(?:" + _UP.format("up4") + r"\s?)?"
+    r")?"
+)
+_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+
+# --- message patterns (bodies, continuation lines joined) ---
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+),\s*(?P<rest>.*)", re.S
+)
+_PIDNAME = re.compile(r"pid=(?P<pid>'[^']*'|[^,\s]+),\s*name=(?P<name>[^,]*),\s*(?P<msg>.*)", re.S)
+_PIDONLY = re.compile(r"pid=(?P<pid>'[^']*'|[^,\s]+),\s*(?P<msg>.*)", re.S)
+_KLOG_XID = re.compile(
+    r"Xid\s*=\s*(?P<code>\d+)\s+on\s+Device\s*=\s*(?P<dev>GPU-[0-9a-fA-F-]+|\S+?)[;,\s]"
+)
+_RECOVERY = re.compile(
+    r"recovery action changed from 0x(?P<f>[0-9a-fA-F]+) \((?P<fname>[^)]*)\) to "
+    r"0x(?P<t>[0-9a-fA-F]+) \((?P<tname>[^)]*)\)"
+)
+_NVLINK5 = re.compile(
+    r"(?P<unit>[A-Z][A-Z0-9_]+)\s+(?P<fatal>Fatal|Non-?fatal)\s+XC\d+\s+i\d+\s+Link\s+(?P<link>-?\d+)"
+    r"\s*\((?P<intr>0x[0-9a-fA-F]+)\s+(?P<status>0x[0-9a-fA-F]+)",
+    re.I,
+)
+_CAUSED_BY = re.compile(r"caused by (?:previous |prior )?Xid\s*(\d+)", re.I)
+_PCI_ANY = re.compile(r"(?:PCI:)?\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
+_GPU_N = re.compile(r"^GPU(\d+) ")
+_GPU_AT = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+_DRIVER = re.compile(
+    r"NVRM: loading NVIDIA UNIX.*?Kernel Module(?: for \S+)?\s+(?P<ver>\d+(?:\.\d+)+)"
+)
+_SXID = re.compile(
+    r"(?P<dev>nvidia-nvswitch\d*):\s*SXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\):\s*(?P<code>\d+),"
+    r"\s*(?:(?P<sev>Fatal|Non-?fatal)\s*,?)?\s*(?P<msg>.*)",
+    re.I,
+)
+_FM_SXID = re.compile(
+    r"NVSwitch (?P<sev>fatal|non-?fatal) error (?P<code>\d+)\b.*?"
+    r"pci bus id (?P<pci>[0-9a-fA-F:.]+)",
+    re.I,
+)
+_FM_FAIL = re.compile(
+    r"(?:fabric ?manager|nv-fabricmanager).*?(?:fail|error)|"
+    r"(?:no|not find any|zero) NVSwitch|NVSwitch.*not (?:found|present)",
+    re.I,
+)
+_AER = re.compile(
+    r"(?:(?P<port>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): )?AER: (?:Multiple )?"
+    r"(?P<sev>Corrected|Uncorrected(?: \((?:Non-Fatal|Fatal)\))?) error (?:message )?received"
+    r"(?::| from)?\s*(?:id=\w+|(?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]))?",
+    re.I,
+)
+_DEV_PREFIX = re.compile(
+    r"(?P<drv>[\w-]+) (?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):"
+)
+_VENDOR_DEV = re.compile(r"device \[(?P<v>[0-9a-fA-F]{4}):(?P<d>[0-9a-fA-F]{4})\]")
+_PCIE_SEV = re.compile(r"severity=(?P<sev>Corrected|Uncorrected \((?:Non-Fatal|Fatal)\)|\w+)", re.I)
+_APEI = re.compile(r"^\{(?P<n>\d+)\}\[Hardware Error\]:\s*(?P<msg>.*)")
+_EDAC = re.compile(r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<count>\d+) (?P<kind>UE|CE) (?P<msg>.*)")
+_MCE_UE = re.compile(
+    r"Uncorrected hardware memory error|Memory failure: .*(?:recovery action|Recovered)", re.I
+)
+_LIMITED = re.compile(
+    r"(?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?P<avail>[\d.]+ Gb/s) "
+    r"available PCIe "
+    r"bandwidth, limited by (?P<by>[^,]+?)(?: at (?P<at>[0-9a-fA-F:.]+))?"
+    r" \(capable of (?P<cap>[\d.]+ Gb/s)"
+)
+_NVML_HANDLE = re.compile(
+    r"Unable to determine the device handle for (?:GPU)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<err>.*)"
+)
+
+
+@dataclass(slots=True)
+class _Stamp:
+    observed_at: float | None = None
+    uptime: float | None = None
+    bsd: tuple[int, int, int, int, int] | None = None  # month, day, h, m, s (year-less)
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A message being assembled from one or more lines."""
+
+    stamp: _Stamp
+    parts: list[str]
+    evidence: list[Evidence]
+    first_body: str
+    channel: str  # "nvrm", "apei", "aer"
+    key: str = ""
+    boot: int = 0
+
+    def add(self, body: str, ev: Evidence) -> None:
+        if len(self.evidence) < MAX_EVENT_LINES:
+            self.parts.append(body)
+            self.evidence.append(ev)
+
+
+@dataclass(slots=True)
+class _Pending:
+    event: Event
+    bsd: tuple[int, int, int, int, int]
+
+
+@dataclass(slots=True)
+class KernelLogSession:
+    """Parses kernel-log lines into events; keeps state across :meth:`feed` calls.
+
+    Attributes:
+        ctx: File, node and default year.
+        issues: Malformed lines, as ``ParseIssue`` (never raised).
+    """
+
+    ctx: ParseContext
+    issues: list[ParseIssue] = field(default_factory=list)
+    _nvrm: _Draft | None = None
+    _apei: _Draft | None = None
+    _aer: _Draft | None = None
+    _year: int | None = None
+    _year_from_file: bool = False
+    _pending: list[_Pending] = field(default_factory=list)
+    _last_month: int = 0
+    _boot: int = 0
+    _last_uptime: float | None = None
+    _seen_stamp: bool = False
+    _bumped: bool = False
+    _driver_loaded_up: float | None = None
+    _ctime_cache: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._year = self.ctx.default_year
+
+    # ------------------------------------------------------------------ API
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; return the events completed so far."""
+        out: list[Record] = []
+        search = _KEYWORDS.search
+        for line in lines:
+            text = line.text
+            if search(text) is None:
+                if self._nvrm is not None and not text[:1].isspace():
+                    self._flush_nvrm(out)
+                continue
+            try:
+                self._line(line, out)
+            except (ValueError, OverflowError, IndexError) as exc:  # never raise on bad input
+                self.issues.append(
+                    ParseIssue(
+                        file=self.ctx.file, line=line.number, reason=f"malformed line: {exc}"
+                    )
+                )
+        return out
+
+    def close(self) -> list[Record]:
+        """Flush joined messages and year-less events held back."""
+        out: list[Record] = []
+        self._flush_nvrm(out)
+        self._flush_apei(out)
+        self._flush_aer(out)
+        if self._pending:
+            if self._year is None:
+                self._year = _assumed_year(self._pending[0].bsd)
+            self._release_pending(out)
+        return out
+
+    # ------------------------------------------------------------ stamps
+    def _split(self, text: str) -> tuple[_Stamp, str]:
+        m = _PREFIX.match(text)
+        stamp = _Stamp()
+        if m is None or m.end() == 0:
+            return stamp, text.strip()
+        body = text[m.end() :].strip()
+        g = m.groupdict()
+        up = g["up"] or g["up2"] or g["up3"] or g["up4"]
+        if up is not None:
+            stamp.uptime = float(up)
+        if g["ctime"]:
+            stamp.observed_at = self._ctime(g["ctime"])
+        elif g["riso"] or g["iso"]:
+            stamp.observed_at = _iso(g["riso"] or g["iso"])
+        elif g["bsd"]:
+            b = g["bsd"]
+            month = _MONTHS[b[:3]]
+            day = int(b[4:6])
+            hh, mm, ss = (int(x) for x in b[7:].split(":"))
+            stamp.bsd = (month, day, hh, mm, ss)
+        if stamp.observed_at is not None and not self._year_from_file:
+            self._learn_year(datetime.fromtimestamp(stamp.observed_at, UTC).year)
+        self._bumped = False
+        if stamp.uptime is not None:
+            if self._last_uptime is not None and stamp.uptime + 1.0 < self._last_uptime:
+                self._boot += 1  # uptime went back: the machine rebooted
+                self._bumped = True
+            self._last_uptime = stamp.uptime
+        return stamp, body
+
+    def _ctime(self, text: str) -> float:
+        cached = self._ctime_cache.get(text)
+        if cached is None:
+            dt = datetime.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y")
+            cached = dt.replace(tzinfo=UTC).timestamp()
+            if len(self._ctime_cache) > 4096:
+                self._ctime_cache.clear()
+            self._ctime_cache[text] = cached
+        return cached
+
+    def _learn_year(self, year: int) -> None:
+        self._year_from_file = True
+        if self._year is None:
+            self._year = year
+
+    def _bsd_time(self, bsd: tuple[int, int, int, int, int], year: int) -> float:
+        month, day, hh, mm, ss = bsd
+        return float(calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)))
+
+    # ------------------------------------------------------------- lines
+    def _line(self, line: Line, out: list[Record]) -> None:
+        text = line.text
+        ev = Evidence(file=self.ctx.file, line=line.number, text=text)
+        continuation = text[:1].isspace()
+        stamp, body = self._split(text)
+        if not body:
+            return
+        if body.startswith("Linux version") and self._seen_stamp:
+            if not self._bumped:
+                self._boot += 1
+            self._emit(out, "kernel_boot", "boot", NODE_ENTITY, stamp, body, [ev], {})
+            return
+        if stamp.observed_at is not None or stamp.uptime is not None or stamp.bsd is not None:
+            self._seen_stamp = True
+
+        apei = _APEI.match(body)
+        if apei is not None:
+            self._apei_line(apei, stamp, body, ev, out)
+            return
+
+        if body.startswith("NVRM:"):
+            rest = body[5:]
+            draft = self._nvrm
+            if draft is not None and (
+                continuation
+                or rest.startswith("  ")
+                or (draft.key == "rpc_timeout" and _is_rpc_history(rest))
+                or _continues(draft, stamp, rest)
+            ):
+                draft.add(rest.strip(), ev)
+                return
+            self._flush_nvrm(out)
+            self._nvrm = _Draft(
+                stamp=stamp,
+                parts=[rest.strip()],
+                evidence=[ev],
+                first_body=body,
+                channel="nvrm",
+                boot=self._boot,
+                key="rpc_timeout" if "GSP Timeout" in rest or "RPC history" in rest else "",
+            )
+            return
+
+        if self._nvrm is not None:
+            self._flush_nvrm(out)
+
+        if self._aer is not None and ("PCIe Bus Error" in body or "error status/mask" in body):
+            self._aer.add(body, ev)
+            return
+        aer = _AER.search(body)
+        if aer is not None:
+            self._flush_aer(out)
+            self._aer = _Draft(
+                stamp=stamp,
+                parts=[body],
+                evidence=[ev],
+                first_body=body,
+                channel="aer",
+                boot=self._boot,
+            )
+            return
+        self._single(stamp, body, ev, out)
+
+    def _single(self, stamp: _Stamp, body: str, ev: Evidence, out: list[Record]) -> None:
+        m = _KLOG_XID.search(body + " ")
+        if m is not None:
+            entity = _gpu_entity(m["dev"])
+            self._emit(
+                out,
+                "xid",
+                m["code"],
+                entity,
+                stamp,
+                body,
+                [ev],
+                {"source": "device_plugin", "message": body},
+            )
+            return
+        if "marked unhealthy" in body or "Processing event" in body:
+            return  # the device plugin's echo of the same NVML event
+        m = _SXID.search(body)
+        if m is not None:
+            fatal = (
+                "no" if (m["sev"] or "").lower().startswith("non") else "yes" if m["sev"] else ""
+            )
+            attrs = {"message": m["msg"].strip(), "switch": m["dev"]}
+            if fatal:
+                attrs["fatal"] = fatal
+            lm = re.search(r"Link (\d+)", m["msg"])
+            if lm:
+                attrs["link"] = lm[1]
+            self._emit(out, "sxid", m["code"], _pci_entity(m["pci"]), stamp, body, [ev], attrs)
+            return
+        m = _FM_SXID.search(body)
+        if m is not None:
+            fatal = "no" if m["sev"].lower().startswith("non") else "yes"
+            self._emit(
+                out,
+                "sxid",
+                m["code"],
+                _pci_entity(m["pci"]),
+                stamp,
+                body,
+                [ev],
+                {"fatal": fatal, "message": body, "switch": "fabric_manager"},
+            )
+            return
+        m = _EDAC.search(body)
+        if m is not None:
+            self._emit(
+                out,
+                "host_memory",
+                m["kind"],
+                NODE_ENTITY,
+                stamp,
+                body,
+                [ev],
+                {"count": m["count"], "mc": m["mc"], "location": m["msg"][:200]},
+            )
+            return
+        if _MCE_UE.search(body):
+            self._emit(
+                out,
+                "host_memory",
+                "UE",
+                NODE_ENTITY,
+                stamp,
+                body,
+                [ev],
+                {"count": "1", "location": body[:200]},
+            )
+            return
+        m = _LIMITED.search(body)
+        if m is not None:
+            attrs = {"available": m["avail"], "limited_by": m["by"].strip(), "capable": m["cap"]}
+            if m["at"]:
+                attrs["limited_at"] = m["at"]
+            self._emit(
+                out,
+                "pcie_bandwidth_limited",
+                "limited",
+                _pci_entity(m["dev"]),
+                stamp,
+                body,
+                [ev],
+                attrs,
+            )
+            return
+        if "nvidia-peermem" in body:
+            self._emit(out, "peermem", "note", NODE_ENTITY, stamp, body, [ev], {"message": body})
+            return
+        m = _NVML_HANDLE.search(body)
+        if m is not None:
+            err = m["err"].strip()
+            entity = _pci_entity(m["pci"])
+            if "GPU is lost" in err:
+                self._emit(
+                    out, "gpu_lost", "nvml_gpu_is_lost", entity, stamp, body, [ev], {"message": err}
+                )
+            else:
+                self._emit(
+                    out,
+                    "nvml_error",
+                    _slug(err.split(".")[0]),
+                    entity,
+                    stamp,
+                    body,
+                    [ev],
+                    {"message": err},
+                )
+            return
+        if "No devices were found" in body:
+            self._emit(out, "nvml_error", "no_devices", NODE_ENTITY, stamp, body, [ev], {})
+            return
+        if "NVIDIA-SMI has failed" in body:
+            self._emit(out, "nvml_error", "driver_not_loaded", NODE_ENTITY, stamp, body, [ev], {})
+            return
+        if "Failed to initialize NVML" in body:
+            self._emit(
+                out, "nvml_error", "init_failed", NODE_ENTITY, stamp, body, [ev], {"message": body}
+            )
+            return
+        if "busy or unavailable" in body:
+            self._emit(out, "cuda_error", "busy_or_unavailable", NODE_ENTITY, stamp, body, [ev], {})
+            return
+        if "GPU is lost" in body:
+            self._emit(out, "gpu_lost", "nvml_gpu_is_lost", _entity_of(body), stamp, body, [ev], {})
+            return
+        m = re.search(r"nvidia\S*: probe of (\S+) failed", body)
+        if m is not None:
+            self._emit(
+                out, "gpu_init_failure", "probe_failed", _pci_entity(m[1]), stamp, body, [ev], {}
+            )
+            return
+        if _FM_FAIL.search(body):
+            code = "no_nvswitch" if "nvswitch" in body.lower() else "start_failed"
+            self._emit(
+                out, "fabric_manager", code, NODE_ENTITY, stamp, body, [ev], {"message": body}
+            )
+            return
+
+    # ------------------------------------------------------------- NVRM
+    def _flush_nvrm(self, out: list[Record]) -> None:
+        draft = self._nvrm
+        self._nvrm = None
+        if draft is None:
+            return
+        msg = " ".join(p for p in draft.parts if p)
+        now_boot, self._boot = self._boot, draft.boot  # the boot the message was logged in
+        try:
+            self._classify_nvrm(draft, msg, out)
+        finally:
+            self._boot = now_boot
+
+    def _classify_nvrm(self, d: _Draft, msg: str, out: list[Record]) -> None:
+        body = d.first_body
+        stamp = d.stamp
+        evidence = d.evidence
+        m = _XID.match(body)
+        if m is not None:
+            rest = m["rest"] + ("" if len(d.parts) == 1 else " " + " ".join(d.parts[1:]))
+            self._xid(m["pci"], m["code"], rest, stamp, evidence, out)
+            return
+        if body.startswith("NVRM: Xid"):
+            first = evidence[0]
+            self.issues.append(
+                ParseIssue(file=first.file, line=first.line, reason="malformed Xid line")
+            )
+            return
+        m = _GPU_AT.search(body)
+        if m is not None:
+            self._emit(
+                out,
+                "gpu_identity",
+                "uuid",
+                _pci_entity(m["pci"]),
+                stamp,
+                msg,
+                evidence,
+                {"uuid": m["uuid"]},
+            )
+            return
+        m = _DRIVER.search(body)
+        if m is not None:
+            self._driver_loaded_up = stamp.uptime
+            self._emit(
+                out,
+                "driver_load",
+                m["ver"],
+                NODE_ENTITY,
+                stamp,
+                msg,
+                evidence,
+                {"driver_version": m["ver"]},
+            )
+            return
+        entity = _entity_of(msg)
+        low = msg.lower()
+        if "fallen off the bus" in low:
+            self._emit(
+                out, "gpu_lost", "fallen_off_bus", entity, stamp, msg, evidence, {"message": msg}
+            )
+        elif "rminitadapter failed" in low or "rm_init_adapter failed" in low:
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "rm_init_adapter",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "probe routine failed" in low or ("probe" in low and "failed" in low):
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "probe_failed",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "nv_err_reset_required" in low or (
+            "gsprmalloc failed" in low and "status=0x00000062" in low
+        ):
+            self._emit(
+                out,
+                "reset_required",
+                "NV_ERR_RESET_REQUIRED",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "back to back gsp rpc timeout" in low:
+            self._emit(
+                out,
+                "gsp_rpc_timeout",
+                "back_to_back",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "rpcrecvpoll timedout" in low or "rpcrecvpoll timed out" in low:
+            self._emit(
+                out,
+                "gsp_rpc_timeout",
+                "rpc_recv_poll",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "gsp timeout" in low or d.key == "rpc_timeout":
+            self._emit(
+                out,
+                "gsp_rpc_timeout",
+                "rpc_timeout",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg, "at_boot": self._at_boot(stamp)},
+            )
+        elif "heartbeat timed out" in low or "heartbeat timeout" in low:
+            self._emit(
+                out,
+                "gsp_error",
+                "heartbeat_timeout",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg, "at_boot": self._at_boot(stamp)},
+            )
+        elif "memory subsystem error" in low:
+            self._emit(
+                out,
+                "gsp_error",
+                "memsys_error",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg, "at_boot": self._at_boot(stamp)},
+            )
+        elif re.search(
+            r"kgspInitRm|GSP init|failed to (?:boot|load|initialize) GSP|"
+            r"GSP.{0,40}(?:boot|bootstrap|init)\w* failed|kgspWaitForRmInitDone",
+            msg,
+            re.I,
+        ):
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "gsp_init_failure",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "pmuhalted" in low or "pmu has halted" in low:
+            self._emit(
+                out, "gsp_error", "pmu_halted", entity, stamp, msg, evidence, {"message": msg}
+            )
+
+    def _at_boot(self, stamp: _Stamp) -> str:
+        """Whether a GSP failure happened while the driver was bringing the GPU up.
+
+        Judged from uptime stamps: within 600 s of boot, or within 300 s of a driver
+        load line in the same log.
+        """
+        if stamp.uptime is None:
+            return "unknown"
+        if stamp.uptime < 600.0:
+            return "yes"
+        loaded = self._driver_loaded_up
+        if loaded is not None and 0 <= stamp.uptime - loaded < 300.0:
+            return "yes"
+        return "no"
+
+    def _xid(
+        self,
+        pci: str,
+        code: str,
+        rest: str,
+        stamp: _Stamp,
+        evidence: list[Evidence],
+        out: list[Record],
+    ) -> None:
+        attrs: dict[str, str] = {}
+        m = _PIDNAME.match(rest)
+        if m is not None:
+            attrs["pid"] = m["pid"].strip("'")
+            attrs["process"] = m["name"].strip()
+            msg = m["msg"].strip()
+        else:
+            m2 = _PIDONLY.match(rest)
+            if m2 is not None:
+                attrs["pid"] = m2["pid"].strip("'")
+                msg = m2["msg"].strip()
+            else:
+                msg = rest.strip()
+        attrs["message"] = msg[:500]
+        n = int(code)
+        if n == 154:
+            r = _RECOVERY.search(msg)
+            if r is not None:
+                attrs["recovery_action"] = r["tname"].strip()
+                attrs["recovery_action_code"] = str(int(r["t"], 16))
+                attrs["recovery_action_from"] = r["fname"].strip()
+        elif 144 <= n <= 150:
+            r2 = _NVLINK5.search(msg)
+            if r2 is not None:
+                attrs["unit"] = r2["unit"]
+                attrs["fatal"] = "no" if r2["fatal"].lower().startswith("non") else "yes"
+                attrs["link"] = r2["link"]
+                attrs["intrinfo"] = r2["intr"].lower()
+                attrs["status"] = r2["status"].lower()
+        elif n == 45:
+            r3 = _CAUSED_BY.search(msg)
+            if r3 is not None:
+                attrs["caused_by"] = r3[1]
+        self._emit(out, "xid", str(n), _pci_entity(pci), stamp, msg, evidence, attrs)
+
+    # ------------------------------------------------------------- APEI / AER
+    def _apei_line(
+        self, m: re.Match[str], stamp: _Stamp, body: str, ev: Evidence, out: list[Record]
+    ) -> None:
+        draft = self._apei
+        if draft is not None and draft.key == m["n"] and "Hardware error from APEI" not in body:
+            draft.add(m["msg"], ev)
+            return
+        self._flush_apei(out)
+        self._apei = _Draft(
+            stamp=stamp,
+            parts=[m["msg"]],
+            evidence=[ev],
+            first_body=body,
+            channel="apei",
+            boot=self._boot,
+            key=m["n"],
+        )
+
+    def _flush_apei(self, out: list[Record]) -> None:
+        d = self._apei
+        self._apei = None
+        if d is None:
+            return
+        now_boot, self._boot = self._boot, d.boot
+        try:
+            self._flush_apei_draft(d, out)
+        finally:
+            self._boot = now_boot
+
+    def _flush_apei_draft(self, d: _Draft, out: list[Record]) -> None:
+        fields: dict[str, str] = {}
+        for part in d.parts:
+            for piece in part.split(", "):
+                k, sep, v = piece.partition(":")
+                if sep:
+                    key = k.strip().lower()
+                    if key == "device_id" and "device_id" in fields:
+                        key = "pci_device_id"
+                    fields.setdefault(key, v.strip())
+        section = fields.get("section_type", "").lower()
+        sev = fields.get("event severity", fields.get("severity", "")).lower()
+        msg = "; ".join(d.parts)
+        if "pcie" in section:
+            code = {"corrected": "corrected", "fatal": "uncorrected_fatal"}.get(
+                sev, "uncorrected_nonfatal"
+            )
+            dev = fields.get("device_id", "")
+            attrs = {"source": "apei", "severity": sev, "message": msg[:500]}
+            vendor = fields.get("vendor_id", "")
+            if vendor:
+                attrs["vendor_id"] = vendor.lower().removeprefix("0x").zfill(4)
+            if "pci_device_id" in fields:
+                attrs["device_id"] = fields["pci_device_id"].lower().removeprefix("0x")
+            if "slot" in fields:
+                attrs["slot"] = fields["slot"]
+            attrs["port_type"] = fields.get("port_type", "")
+            self._emit(out, "pcie_aer", code, _pci_entity(dev), d.stamp, msg, d.evidence, attrs)
+        elif "memory" in section:
+            code = "CE" if sev == "corrected" else "UE"
+            self._emit(
+                out,
+                "host_memory",
+                code,
+                NODE_ENTITY,
+                d.stamp,
+                msg,
+                d.evidence,
+                {"count": "1", "source": "apei", "location": msg[:200]},
+            )
+
+    def _flush_aer(self, out: list[Record]) -> None:
+        d = self._aer
+        self._aer = None
+        if d is None:
+            return
+        now_boot, self._boot = self._boot, d.boot
+        try:
+            self._flush_aer_draft(d, out)
+        finally:
+            self._boot = now_boot
+
+    def _flush_aer_draft(self, d: _Draft, out: list[Record]) -> None:
+        msg = " ".join(d.parts)
+        m = _AER.search(d.parts[0])
+        if m is None:  # pragma: no cover - drafts start on an AER match
+            return
+        sev = m["sev"].lower()
+        code = (
+            "corrected"
+            if sev.startswith("corrected")
+            else "uncorrected_fatal"
+            if "(fatal)" in sev
+            else "uncorrected_nonfatal"
+        )
+        dev = m["dev"]
+        attrs: dict[str, str] = {"source": "aer", "message": msg[:500]}
+        if m["port"]:
+            attrs["port"] = m["port"]
+        for part in d.parts[1:]:
+            p = _DEV_PREFIX.match(part)
+            if p is not None:
+                dev = dev or p["dev"]
+                if p["dev"].lower() == (dev or "").lower():
+                    attrs.setdefault("driver", p["drv"])
+            v = _VENDOR_DEV.search(part)
+            if v is not None:
+                attrs["vendor_id"] = v["v"].lower()
+                attrs["device_id"] = v["d"].lower()
+            s = _PCIE_SEV.search(part)
+            if s is not None:
+                attrs.setdefault(
+                    "type", part.split("type=")[-1].split(",")[0] if "type=" in part else ""
+                )
+        entity = _pci_entity(dev) if dev else NODE_ENTITY
+        self._emit(out, "pcie_aer", code, entity, d.stamp, msg, d.evidence, attrs)
+
+    # ------------------------------------------------------------- emit
+    def _emit(
+        self,
+        out: list[Record],
+        kind: str,
+        code: str,
+        entity: EntityId,
+        stamp: _Stamp,
+        message: str,
+        evidence: Sequence[Evidence],
+        attrs: dict[str, str],
+        boot: int | None = None,
+    ) -> None:
+        attrs["boot"] = str(self._boot if boot is None else boot)
+        if stamp.uptime is not None:
+            attrs.setdefault("uptime_seconds", f"{stamp.uptime:.6f}")
+        event = Event(
+            kind=kind,
+            code=code,
+            node=self.ctx.node,
+            entity=entity,
+            observed_at=stamp.observed_at,
+            message=message[:1000],
+            attrs=attrs,
+            evidence=tuple(evidence),
+            source=SOURCE,
+        )
+        if stamp.bsd is None:
+            out.append(event)
+            return
+        if self._year is not None and not self._pending:
+            out.append(self._dated(event, stamp.bsd))
+            return
+        self._pending.append(_Pending(event=event, bsd=stamp.bsd))
+        if self._year is not None:
+            self._release_pending(out)
+        elif len(self._pending) >= MAX_YEAR_PENDING:
+            self._year = _assumed_year(self._pending[0].bsd)
+            self._release_pending(out)
+
+    def _dated(self, event: Event, bsd: tuple[int, int, int, int, int]) -> Event:
+        year = self._year
+        assert year is not None
+        if self._last_month and bsd[0] + 6 < self._last_month:  # December -> January
+            year += 1
+            self._year = year
+        self._last_month = bsd[0]
+        attrs = dict(event.attrs)
+        if self.ctx.default_year is None and not self._year_from_file:
+            attrs["year_assumed"] = str(year)
+        try:
+            at = self._bsd_time(bsd, year)
+        except (ValueError, OverflowError):
+            at = None
+        return replace(event, observed_at=at, attrs=attrs)
+
+    def _release_pending(self, out: list[Record]) -> None:
+        pending, self._pending = self._pending, []
+        for p in pending:
+            out.append(self._dated(p.event, p.bsd))
+
+
+def _assumed_year(bsd: tuple[int, int, int, int, int]) -> int:
+    """The current year, or the one before when the stamp would lie in the future.
+
+    Examples:
+        >>> _assumed_year((1, 1, 0, 0, 0)) == datetime.now(UTC).year
+        True
+    """
+    now = datetime.now(UTC)
+    month, day = bsd[0], bsd[1]
+    if (month, day) > (now.month, now.day + 1):
+        return now.year - 1
+    return now.year
+
+
+def _continues(draft: _Draft, stamp: _Stamp, rest: str) -> bool:
+    """Whether an unindented NVRM line goes on the message before it (journald splits them).
+
+    True when both lines carry the same stamp, the previous part does not end a
+    sentence and this one starts in lower case or with ``(``.
+    """
+    if (stamp.observed_at, stamp.uptime, stamp.bsd) != (
+        draft.stamp.observed_at,
+        draft.stamp.uptime,
+        draft.stamp.bsd,
+    ):
+        return False
+    if stamp.observed_at is None and stamp.uptime is None and stamp.bsd is None:
+        return False
+    text = rest.lstrip()
+    last = draft.parts[-1].rstrip()
+    return bool(text) and (text[0].islower() or text[0] == "(") and last[-1:] not in (".", "!", ":")
+
+
+def _is_rpc_history(rest: str) -> bool:
+    return "RPC history" in rest or "RPC event history" in rest or "_kgspLogRpcTimeout" in rest
+
+
+def _iso(text: str) -> float | None:
+    t = text.replace(",", ".").replace(" ", "T", 1)
+    if t.endswith("Z"):
+        t = t[:-1] + "+00:00"
+    m = re.match(r"(.*?T\d\d:\d\d:\d\d)(\.\d+)?(.*)$", t)
+    if m is None:
+        return None
+    frac = (m[2] or "")[:7]
+    tz = m[3]
+    if re.fullmatch(r"[+-]\d{4}", tz):
+        tz = tz[:3] + ":" + tz[3:]
+    try:
+        dt = datetime.fromisoformat(m[1] + frac + tz)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _pci_entity(text: str) -> EntityId:
+    pci = normalize_pci_bus_id(text)
+    return EntityId(pci) if pci is not None else NODE_ENTITY
+
+
+def _gpu_entity(text: str) -> EntityId:
+    if text.startswith("GPU-"):
+        return EntityId(text)
+    return _pci_entity(text)
+
+
+def _entity_of(msg: str) -> EntityId:
+    """Return the GPU a driver message names: PCI id, else ``GPU<n>`` index, else the node."""
+    m = _PCI_ANY.search(msg)
+    if m is not None:
+        pci = normalize_pci_bus_id(m[1])
+        if pci is not None:
+            return EntityId(pci)
+    m2 = _GPU_N.match(msg)
+    if m2 is not None:
+        return EntityId(gpu_index_entity(m2[1]))
+    return NODE_ENTITY
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:40] or "error"
+
+
+# ---------------------------------------------------------------------- detect
+_STAMPED = re.compile(
+    r"^(?:<\d+>)?(?:\[\s*\d+\.\d+\]|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) "
+    + _MON
+    + r" |"
+    + _MON
+    + r" [ \d]\d \d\d:\d\d:\d\d \S+(?: kernel)?|"
+    + _ISO
+    + r"\s+\S+\s+kernel|"
+    r"[\w.:-]+:\s+kern:|kern\s*:)"
+)
+_DRIVER_WORDS = re.compile(r"NVRM:|\bXid\b|XidCriticalError|SXid|EDAC |AER: |\[Hardware Error\]")
+
+
+class KernelLogParser:
+    """Artifact parser for kernel logs in every common stamp format (kind ``kernel_log``)."""
+
+    kind = "kernel_log"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Score 0-100 from the first lines' stamps and driver messages; the command is a hint."""
+        head = lines[:_DETECT_LINES]
+        if not head:
+            return 0
+        stamped = driver = 0
+        for line in head:
+            text = line.text
+            if _STAMPED.match(text):
+                stamped += 1
+            if _DRIVER_WORDS.search(text):
+                driver += 1
+        if driver:
+            score = 90
+        elif stamped * 2 >= len(head):
+            score = 60
+        elif stamped:
+            score = 25
+        else:
+            score = 0
+        if score and command and ("dmesg" in command or "journalctl" in command):
+            score = min(100, score + 10)
+        return score
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start a session for one section."""
+        return KernelLogSession(ctx=ctx)
+
+
+_SMI_ERROR = re.compile(
+    r"Unable to determine the device handle|GPU is lost|No devices were found|"
+    r"NVIDIA-SMI has failed|Failed to initialize NVML|"
+    r"CUDA-capable device\(s\) is/are busy or unavailable"
+)
+
+
+class NvidiaSmiErrorParser:
+    """Artifact parser for NVML/CUDA error text printed when GPUs are gone.
+
+    Kind ``nvidia_smi_error``; it shares the kernel-log line parser.
+    """
+
+    kind = "nvidia_smi_error"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 70 when the block holds NVML or CUDA device-loss messages, else 0."""
+        del command
+        for line in lines[:_DETECT_LINES]:
+            if _SMI_ERROR.search(line.text):
+                return 70
+        return 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start a session (the same line parser as the kernel log)."""
+        return KernelLogSession(ctx=ctx)
+
+
+PARSERS: tuple[ArtifactParser, ...] = (KernelLogParser(), NvidiaSmiErrorParser())
+
+
+def parse_kernel_lines(texts: Iterable[str], ctx: ParseContext) -> Iterator[Event]:
+    """Parse raw kernel-log lines (numbered from 1) into events; for callers and tests."""
+    session = KernelLogSession(ctx=ctx)
+    for number, text in enumerate(texts, start=1):
+        for record in session.feed([Line(number, text)]):
+            if isinstance(record, Event):
+                yield record
+    for record in session.close():
+        if isinstance(record, Event):
+            yield record
+
+
+# ---------------------------------------------------------------------- live collector
+class KernelLogCollector:
+    """Live kernel-log collector: follows the journal, ``/dev/kmsg`` or a file.
+
+    Args:
+        node: Name of this node, put on every event.
+        path: File to follow (``source="file"``, or the fallback of ``"auto"``).
+        source: ``"auto"`` (journal, else ``/dev/kmsg``, else ``path``), ``"journal"``,
+            ``"kmsg"`` or ``"file"``.
+        clock: Returns epoch seconds; stamps events whose line carries no absolute time.
+        poll_interval_seconds: How long the file follower waits between reads when
+            there is nothing new, seconds.
+        sleep: The wait function (injectable so tests never sleep).
+        from_start: Read a followed file from its beginning instead of its end.
+
+    Raises:
+        ValueError: Unknown ``source`` or a non-positive poll interval.
+    """
+
+    name = "kernel_log"
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        path: str | None = None,
+        source: str = "auto",
+        clock: Clock = system_clock,
+        poll_interval_seconds: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+        from_start: bool = False,
+    ) -> None:
+        if source not in ("auto", "journal", "kmsg", "file"):
+            raise ValueError(f"unknown kernel log source {source!r}: auto, journal, kmsg or file")
+        if poll_interval_seconds <= 0:
+            raise ValueError("poll_interval_seconds must be positive")
+        self.node = node
+        self.path = path
+        self.source = source
+        self.clock = clock
+        self.poll_interval_seconds = poll_interval_seconds
+        self.sleep = sleep
+        self.from_start = from_start
+        self._closed = False
+        self._proc: subprocess.Popen[str] | None = None
+
+    def collect(self) -> list[Record]:
+        """Return nothing: this collector streams (see :meth:`stream`)."""
+        return []
+
+    def close(self) -> None:
+        """Ask :meth:`stream` to return soon."""
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+
+    def _choose(self) -> str:
+        if self.source != "auto":
+            if self.source == "file" and not self.path:
+                raise CollectorUnavailable("kernel_log source 'file' needs a path")
+            return self.source
+        if shutil.which("journalctl") is not None:
+            try:
+                probe = subprocess.run(
+                    ["journalctl", "-k", "-n", "0", "--no-pager"],
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )
+                if probe.returncode == 0:
+                    return "journal"
+            except (OSError, subprocess.SubprocessError):
+                logger.debug("journalctl probe failed", exc_info=True)
+        if os.access("/dev/kmsg", os.R_OK):
+            return "kmsg"
+        if self.path:
+            return "file"
+        raise CollectorUnavailable(
+            "no readable kernel log: journalctl -k failed, /dev/kmsg is not readable "
+            "and no path was given"
+        )
+
+    def stream(self) -> Iterator[Event]:
+        """Yield events as kernel-log lines arrive, until :meth:`close` is called.
+
+        Raises:
+            CollectorUnavailable: No source can be read.
+        """
+        kind = self._choose()
+        if kind == "journal":
+            lines: Iterator[str] = self._journal()
+            name = "journal"
+        elif kind == "kmsg":
+            lines = self._kmsg()
+            name = "/dev/kmsg"
+        else:
+            assert self.path is not None
+            lines = self._follow(self.path)
+            name = self.path
+        session = KernelLogSession(ctx=ParseContext(file=name, node=NodeName(self.node)))
+        for number, text in enumerate(lines, start=1):
+            records = session.feed([Line(number, text)])
+            yield from self._live(records)
+            if self._closed:
+                break
+        yield from self._live(session.close())
+
+    def _live(self, records: Iterable[Record]) -> Iterator[Event]:
+        for record in records:
+            if not isinstance(record, Event):
+                continue
+            ev = (
+                tuple(replace(e, line=None) for e in record.evidence)
+                if self.source != "file"
+                else record.evidence
+            )
+            at = record.observed_at if record.observed_at is not None else self.clock()
+            yield replace(record, observed_at=at, evidence=ev)
+
+    def _journal(self) -> Iterator[str]:
+        try:
+            self._proc = subprocess.Popen(
+                ["journalctl", "-k", "-f", "-n", "0", "-o", "short-iso", "--no-pager"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            raise CollectorUnavailable(f"cannot run journalctl: {exc}") from exc
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            if self._closed:
+                break
+            yield raw.rstrip("\n")
+        self.close()
+
+    def _kmsg(self) -> Iterator[str]:
+        try:
+            handle = open("/dev/kmsg", encoding="utf-8", errors="replace")  # noqa: SIM115
+        except OSError as exc:
+            raise CollectorUnavailable(f"cannot read /dev/kmsg: {exc.strerror}") from exc
+        with handle:
+            try:
+                handle.seek(0, os.SEEK_END)
+            except OSError:
+                logger.debug("cannot seek /dev/kmsg", exc_info=True)
+            for raw in handle:
+                if self._closed:
+                    break
+                text = kmsg_to_dmesg(raw.rstrip("\n"))
+                if text is not None:
+                    yield text
+
+    def _follow(self, path: str) -> Iterator[str]:
+        """Follow ``path`` like ``tail -F``: survive rotation and truncation; wait while gone."""
+        handle = None
+        inode: int | None = None
+        buffer = ""
+        first = True
+        while not self._closed:
+            if handle is None:
+                try:
+                    handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+                    inode = os.fstat(handle.fileno()).st_ino
+                    if first and not self.from_start:
+                        handle.seek(0, os.SEEK_END)
+                    first = False
+                    buffer = ""
+                except OSError:
+                    first = False
+                    self.sleep(self.poll_interval_seconds)
+                    continue
+            chunk = handle.read(65536)
+            if chunk:
+                buffer += chunk
+                *complete, buffer = buffer.split("\n")
+                yield from complete
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if st is None or st.st_ino != inode:  # rotated or removed: drained, reopen
+                handle.close()
+                handle = None
+                if buffer:
+                    yield buffer
+                    buffer = ""
+                continue_wait = st is None
+                if continue_wait:
+                    self.sleep(self.poll_interval_seconds)
+                continue
+            if st.st_size < handle.tell():  # truncated in place
+                handle.seek(0)
+                buffer = ""
+                continue
+            self.sleep(self.poll_interval_seconds)
+        if handle is not None:
+            handle.close()
+
+
+_KMSG = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
+
+
+def kmsg_to_dmesg(record: str) -> str | None:
+    """Turn one ``/dev/kmsg`` record into a ``dmesg`` line; ``None`` for its ``KEY=value`` lines.
+
+    Examples:
+        >>> kmsg_to_dmesg("4,1234,1843308145,-;NVRM: Xid (PCI:0000:b1:00): 79, pid=1")
+        '[ 1843.308145] NVRM: Xid (PCI:0000:b1:00): 79, pid=1'
+        >>> kmsg_to_dmesg(" SUBSYSTEM=pci") is None
+        True
+    """
+    m = _KMSG.match(record)
+    if m is None:
+        return None
+    usec = int(m["usec"])
+    return f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {m['msg']}"

@@ -1,7 +1,864 @@
-"""Artifact parsers: nccl (filled in by its owner)."""
+"""Artifact parsers for collective-communication logs: NCCL, UCX, PyTorch, nccl-tests.
+
+One session understands every line form below, so that a job log that mixes
+them (an MPI job printing UCX and NCCL lines, nccl-tests printing NCCL ``INFO``
+lines inside its result table) stays one section with its state:
+
+* NCCL debug lines ``host:pid:tid [dev] [file:line] NCCL WARN|INFO ...``
+  (NCCL ``debug.cc``). ``NET/IB : Got completion from peer P with status=N ...
+  vendor err V`` and the older ``Got completion [from peer P] with error N,
+  opcode O, len L, vendor err V`` become ``rdma_transport`` events whose code is
+  the rdma-core ``ibv_wc_status`` value (``libibverbs/verbs.h``: 5
+  ``IBV_WC_WR_FLUSH_ERR``, 12 ``IBV_WC_RETRY_EXC_ERR``...). The
+  ``file.cc:N -> R`` unwind lines that follow from the same thread are kept as
+  evidence of that event. NVLink SHARP (NVLS) and multicast set-up failures become
+  ``nvls`` events; ``ncclRemoteError``/``ncclSystemError``/``ncclInternalError``
+  summary lines and orphan unwind lines become ``nccl_result`` events.
+* UCX lines ``[host:pid:tid:x] ib_mlx5_log.c:N <reason> on mlx5_0:1/IB (synd S
+  vend V hw_synd A/B)`` (UCX ``uct/ib/mlx5/ib_mlx5_log.c``); the mlx5 CQE syndrome
+  maps to the ``ibv_wc_status`` the rdma-core mlx5 provider reports for it
+  (``providers/mlx5/cq.c``, ``mlx5_handle_error_cqe``). The following ``DCI QP``/
+  ``RC QP`` line naming ``rlid`` is evidence and names the peer.
+* PyTorch ``ProcessGroupNCCL`` watchdog lines: one ``collective_timeout`` event per
+  collective (SeqNum), with the ranks that reported it.
+* nccl-tests result tables (``all_reduce_perf``...; ``src/common.cu``): a
+  ``#wrong`` column above zero at any size, or ``# Out of bounds values : N
+  FAILED``, becomes one ``collective`` event ``wrong_results`` per node of the run
+  (nodes from the ``Init COMPLETE`` and ``#  Rank N ... on host`` lines). The
+  ``# Avg bus bandwidth`` line becomes a ``collective`` event ``avg_busbw``.
+"""
 
 from __future__ import annotations
 
-from collectors.artifact import ArtifactParser
+import calendar
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-PARSERS: tuple[ArtifactParser, ...] = ()
+from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue, ParserSession
+from core.records import NODE_ENTITY, EntityId, Event, Evidence, NodeName, Record
+
+logger = logging.getLogger(__name__)
+
+IBV_WC_STATUS: dict[int, str] = {
+    0: "IBV_WC_SUCCESS",
+    1: "IBV_WC_LOC_LEN_ERR",
+    2: "IBV_WC_LOC_QP_OP_ERR",
+    3: "IBV_WC_LOC_EEC_OP_ERR",
+    4: "IBV_WC_LOC_PROT_ERR",
+    5: "IBV_WC_WR_FLUSH_ERR",
+    6: "IBV_WC_MW_BIND_ERR",
+    7: "IBV_WC_BAD_RESP_ERR",
+    8: "IBV_WC_LOC_ACCESS_ERR",
+    9: "IBV_WC_REM_INV_REQ_ERR",
+    10: "IBV_WC_REM_ACCESS_ERR",
+    11: "IBV_WC_REM_OP_ERR",
+    12: "IBV_WC_RETRY_EXC_ERR",
+    13: "IBV_WC_RNR_RETRY_EXC_ERR",
+    14: "IBV_WC_LOC_RDD_VIOL_ERR",
+    15: "IBV_WC_REM_INV_RD_REQ_ERR",
+    16: "IBV_WC_REM_ABORT_ERR",
+    17: "IBV_WC_INV_EECN_ERR",
+    18: "IBV_WC_INV_EEC_STATE_ERR",
+    19: "IBV_WC_FATAL_ERR",
+    20: "IBV_WC_RESP_TIMEOUT_ERR",
+    21: "IBV_WC_GENERAL_ERR",
+    22: "IBV_WC_TM_ERR",
+    23: "IBV_WC_TM_RNDV_INCOMPLETE",
+}
+"""rdma-core ``enum ibv_wc_status`` (``libibverbs/verbs.h``): value to name."""
+
+MLX5_SYNDROME_TO_WC_STATUS: dict[int, int] = {
+    0x01: 1,
+    0x02: 2,
+    0x04: 4,
+    0x05: 5,
+    0x06: 6,
+    0x10: 7,
+    0x11: 8,
+    0x12: 9,
+    0x13: 10,
+    0x14: 11,
+    0x15: 12,
+    0x16: 13,
+    0x22: 16,
+}
+"""mlx5 CQE error syndrome to ``ibv_wc_status`` (rdma-core ``providers/mlx5/cq.c``)."""
+
+_UCX_REASON_TO_WC_STATUS: tuple[tuple[str, int], ...] = (
+    ("transport retry", 12),
+    ("receive-not-ready", 13),
+    ("rnr retry", 13),
+    ("flushed", 5),
+    ("remote access", 10),
+    ("remote qp", 11),
+    ("remote operation", 11),
+    ("invalid request", 9),
+    ("remote side aborted", 16),
+    ("local length", 1),
+    ("local qp", 2),
+    ("local protection", 4),
+    ("local access", 8),
+    ("memory window", 6),
+    ("bad response", 7),
+)
+"""UCX ``ib_mlx5_log.c`` reason texts, used when the syndrome is not printed."""
+
+NCCL_RESULT: dict[int, str] = {
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+}
+"""NCCL ``ncclResult_t`` values (``nccl.h``) that signal a failure; 7 (in progress) is not one."""
+
+MAX_PENDING_COLLECTIVES = 256
+"""Collectives held back at most while their ranks' watchdog lines are gathered."""
+
+MAX_WRONG_EVIDENCE = 8
+"""Result-table rows kept as evidence of a ``wrong_results`` event."""
+
+# Optional prefixes in front of a log line: ISO time stamps (kubectl --timestamps,
+# journald short-iso, NCCL_DEBUG_TIMESTAMP_FORMAT), torchrun "[default0]:", srun "0: ".
+_PREFIX = re.compile(
+    r"^\s*(?:\[?(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
+    r"(?:Z|[+-]\d{2}:?\d{2})?)\]?\s+)?"
+    r"(?:\[default\d+\]:\s*|\d+:\s+)?"
+)
+_NCCL = re.compile(
+    r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]\s]+)\]\s+"
+    r"(?:(?P<src>[\w./-]+:\d+)\s+)?NCCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b\s*(?P<msg>.*)$"
+)
+_UNWIND = re.compile(r"^(?P<src>[\w./-]+\.(?:cc|c|cu|h|cpp):\d+) -> (?P<code>\d+)\b")
+_COMPLETION = re.compile(
+    r"Got completion(?: from peer (?P<peer>\S+?))?,?\s+with\s+"
+    r"(?:status\s*=\s*|error\s+)(?P<status>\d+)",
+    re.IGNORECASE,
+)
+_OPCODE = re.compile(r"opcode[=\s]\s*(?P<v>\d+)")
+_VENDOR = re.compile(r"vendor err\s*(?P<v>\d+)")
+_DIRECTION = re.compile(r"\((?P<v>Recv|Send|Write|Read|Flush)\)")
+_HCA = re.compile(r"\b(?:hca|dev(?:ice)?)\s+(?P<v>[a-z][\w-]*\d+)(?::(?P<port>\d+))?")
+_LOCAL_GID = re.compile(r"localGid\s*(?P<v>[0-9a-fA-F:.]+)")
+_REMOTE_GID = re.compile(r"remoteGids?\s*(?P<v>[0-9a-fA-F:.]+)")
+_RESULT_NAME = re.compile(
+    r"\b(?P<name>ncclRemoteError|ncclSystemError|ncclInternalError|ncclUnhandledCudaError)\b"
+)
+_NVLS = re.compile(r"\bNVLS\b|NVLink SHARP|[Mm]ulticast|cuMulticast|nvls", re.IGNORECASE)
+_NVLS_FAIL = re.compile(
+    r"fail|error|unable|cannot|could not|not supported|invalid|not permitted", re.IGNORECASE
+)
+
+_UCX = re.compile(
+    r"^\[(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+)(?::(?P<x>\d+))?\]\s+"
+    r"(?P<src>[\w./-]+\.(?:c|cc|h|cpp|inl):\d+)\s+(?P<msg>.*)$"
+)
+_UCX_ERROR = re.compile(
+    r"^(?P<reason>[A-Za-z][\w \-]*?)(?: error)? on (?P<dev>[\w-]+):(?P<port>\d+)/(?P<ll>\w+)"
+    r"(?:\s*\((?:synd 0x(?P<synd>[0-9a-fA-F]+))?(?:\s*vend 0x(?P<vend>[0-9a-fA-F]+))?)?"
+)
+_UCX_QP = re.compile(r"\b(?:DCI|RC|DC|UD)?\s*QP 0x[0-9a-f]+ .*?\brlid (?P<rlid>\d+)")
+
+_TORCH_TIME = re.compile(
+    r"\[[IWEF](?P<mon>\d{1,2}?)(?P<day>\d{2}) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
+)
+_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    r"OpType=(?P<op>\w+)(?P<rest>.*?)\)\s*ran for (?P<ran>\d+) milliseconds"
+)
+_TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(?P<v>\d+)")
+_WORK = re.compile(
+    r"(?:detected by watchdog at work|Timeout at NCCL work): (?P<seq>\d+), "
+    r"last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)"
+)
+_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<r>\d+)\]|\[rank(?P<r2>\d+)\]")
+_PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)")
+
+_TESTS_HEADER = re.compile(r"^#\s+size\s+count\s+type\b.*#wrong")
+_TESTS_RANK = re.compile(
+    r"^#\s+Rank\s+(?P<rank>\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(?P<host>[\w.-]+)\s+device"
+)
+_INIT_COMPLETE = re.compile(r"\brank (?P<rank>\d+) nranks (?P<n>\d+)\b.*Init COMPLETE")
+_TESTS_ROW = re.compile(r"^\s*\d+\s+\d+\s+[a-z][\w]*\s+[a-z]+\s+-?\d+\s+[\d.]+\s")
+_TESTS_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<verdict>\w+)?")
+_TESTS_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<v>[\d.]+)")
+_TESTS_META = re.compile(r"^#\s*(?:nThread|Using devices|\s*Rank\s+\d+|Collective test)")
+_TESTS_STRONG = (_TESTS_HEADER, _TESTS_AVG, _TESTS_OOB, _TESTS_RANK)
+_PERF_BINARY = re.compile(r"\b(?P<op>[a-z_]+)_perf(?:_mpi)?\b")
+
+
+def _evidence(ctx: ParseContext, line: Line) -> Evidence:
+    return Evidence(file=ctx.file, line=line.number, text=line.text)
+
+
+def _iso_to_epoch(text: str) -> float | None:
+    stamp = text.replace(",", ".").replace(" ", "T", 1)
+    if stamp.endswith("Z"):
+        stamp = stamp[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def wc_status_name(status: int) -> str:
+    """Return the rdma-core name of an ``ibv_wc_status`` value.
+
+    Examples:
+        >>> wc_status_name(12)
+        'IBV_WC_RETRY_EXC_ERR'
+        >>> wc_status_name(99)
+        'ibv_wc_status 99'
+    """
+    return IBV_WC_STATUS.get(status, f"ibv_wc_status {status}")
+
+
+def link_entity(node: str, peer: str) -> EntityId:
+    """Return the entity of the link between ``node`` and ``peer``.
+
+    Examples:
+        >>> link_entity("node-a", "192.0.2.20")
+        'node-a<->192.0.2.20'
+    """
+    return EntityId(f"{node}<->{peer}")
+
+
+def _strip_peer(peer: str) -> str:
+    """Drop NCCL's ``<port>`` suffix (``192.0.2.20<54862>``) and brackets."""
+    peer = re.sub(r"<\d+>$", "", peer.rstrip(",;"))
+    return peer.strip("[]")
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An event whose continuation lines (unwind, QP) may still come."""
+
+    event: Event
+    thread: str
+    extra: list[Evidence] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Collective:
+    """Watchdog lines of one timed-out collective."""
+
+    node: NodeName
+    seq: str
+    op: str = ""
+    ranks: set[str] = field(default_factory=set)
+    pg: str = ""
+    timeout_ms: str = ""
+    ran_ms: int = 0
+    observed_at: float | None = None
+    year_assumed: bool = False
+    enqueued: str = ""
+    completed: str = ""
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _TestRun:
+    """State of one nccl-tests run."""
+
+    nodes: dict[str, set[str]] = field(default_factory=dict)
+    wrong_cols: list[int] = field(default_factory=list)
+    ncols: int = 0
+    header: Evidence | None = None
+    wrong_rows: int = 0
+    max_wrong: int = 0
+    sizes: list[str] = field(default_factory=list)
+    oob_failed: int = 0
+    evidence: list[Evidence] = field(default_factory=list)
+    node_evidence: list[Evidence] = field(default_factory=list)
+    rows: int = 0
+
+
+class CollectiveLogSession:
+    """Parse one section of NCCL, UCX, PyTorch or nccl-tests output (see module doc)."""
+
+    def __init__(self, ctx: ParseContext, *, source: str) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        self._source = source
+        self._pending: _Pending | None = None
+        self._collectives: dict[tuple[str, str], _Collective] = {}
+        self._run = _TestRun()
+        self._op = self._op_from_command(ctx.command)
+
+    @staticmethod
+    def _op_from_command(command: str | None) -> str:
+        if command:
+            match = _PERF_BINARY.search(command)
+            if match:
+                return match["op"]
+        return ""
+
+    # --- feeding -----------------------------------------------------------
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; return the records completed so far."""
+        out: list[Record] = []
+        for line in lines:
+            try:
+                self._line(line, out)
+            except (ValueError, IndexError) as exc:  # defensive: never raise on bad input
+                self.issues.append(
+                    ParseIssue(
+                        file=self._ctx.file, line=line.number, reason=f"unparsable line: {exc}"
+                    )
+                )
+        return out
+
+    def close(self) -> list[Record]:
+        """Flush held-back events, timed-out collectives and the nccl-tests verdict."""
+        out: list[Record] = []
+        self._flush_pending(out)
+        for coll in self._collectives.values():
+            out.append(self._collective_event(coll))
+        self._collectives.clear()
+        self._finish_run(out)
+        return out
+
+    def _line(self, line: Line, out: list[Record]) -> None:
+        text = line.text
+        prefix = _PREFIX.match(text)
+        at: float | None = None
+        body = text
+        if prefix:
+            if prefix["iso"]:
+                at = _iso_to_epoch(prefix["iso"])
+            body = text[prefix.end() :]
+        nccl = _NCCL.match(body)
+        if nccl:
+            self._nccl_line(line, nccl, at, out)
+            return
+        ucx = _UCX.match(body)
+        if ucx:
+            self._ucx_line(line, ucx, at, out)
+            return
+        self._flush_pending(out)
+        if "ProcessGroupNCCL" in body or "WorkNCCL" in body or "NCCL work" in body:
+            self._torch_line(line, body, at, out)
+            return
+        if body.lstrip().startswith("#") or _TESTS_ROW.match(body):
+            self._tests_line(line, body.strip(), out)
+            return
+        if _RESULT_NAME.search(body) or _COMPLETION.search(body):
+            self._summary_line(line, body, self._ctx.node, at, out)
+
+    # --- NCCL --------------------------------------------------------------
+
+    def _nccl_line(self, line: Line, m: re.Match[str], at: float | None, out: list[Record]) -> None:
+        node = NodeName(m["host"])
+        thread = f"{m['host']}:{m['pid']}:{m['tid']}"
+        msg = m["msg"]
+        level = m["level"]
+        unwind = _UNWIND.match(msg)
+        if unwind:
+            code = int(unwind["code"])
+            pending = self._pending
+            if pending is not None and pending.thread == thread:
+                pending.extra.append(_evidence(self._ctx, line))
+                return
+            if code in NCCL_RESULT:
+                self._flush_pending(out)
+                out.append(self._result_event(node, NCCL_RESULT[code], line, at, m["pid"]))
+            return
+        self._flush_pending(out)
+        init = _INIT_COMPLETE.search(msg)
+        if init:
+            self._run.nodes.setdefault(m["host"], set()).add(init["rank"])
+            self._keep_node_evidence(line)
+            return
+        completion = _COMPLETION.search(msg)
+        if completion:
+            event = self._completion_event(node, completion, msg, line, at, m)
+            self._pending = _Pending(event=event, thread=thread)
+            return
+        if level in {"WARN", "ERROR", "ABORT"} and _NVLS.search(msg) and _NVLS_FAIL.search(msg):
+            out.append(
+                Event(
+                    kind="nvls",
+                    code="setup_failed",
+                    node=node,
+                    entity=NODE_ENTITY,
+                    observed_at=at,
+                    message=msg.strip(),
+                    attrs={"cuda_dev": m["dev"], "pid": m["pid"], "src": m["src"] or ""},
+                    evidence=(_evidence(self._ctx, line),),
+                    source=self._source,
+                )
+            )
+            return
+        result = _RESULT_NAME.search(msg)
+        if result and level != "INFO":
+            out.append(self._result_event(node, result["name"], line, at, m["pid"]))
+
+    def _completion_event(
+        self,
+        node: NodeName,
+        completion: re.Match[str],
+        msg: str,
+        line: Line,
+        at: float | None,
+        m: re.Match[str] | None,
+    ) -> Event:
+        status = int(completion["status"])
+        attrs: dict[str, str] = {"status_name": wc_status_name(status)}
+        tail = msg[completion.end() :]
+        for key, pattern in (
+            ("opcode", _OPCODE),
+            ("vendor_err", _VENDOR),
+            ("direction", _DIRECTION),
+            ("local_gid", _LOCAL_GID),
+            ("remote_gid", _REMOTE_GID),
+        ):
+            found = pattern.search(tail)
+            if found:
+                attrs[key] = found["v"]
+        hca = _HCA.search(tail)
+        if hca:
+            attrs["device"] = hca["v"] + (f":{hca['port']}" if hca["port"] else "")
+        entity: EntityId = NODE_ENTITY
+        if completion["peer"]:
+            peer = _strip_peer(completion["peer"])
+            attrs["peer"] = peer
+            entity = link_entity(node, peer)
+        elif "device" in attrs:
+            entity = EntityId(attrs["device"])
+        if m is not None:
+            attrs["pid"] = m["pid"]
+            attrs["cuda_dev"] = m["dev"]
+        return Event(
+            kind="rdma_transport",
+            code=str(status),
+            node=node,
+            entity=entity,
+            observed_at=at,
+            message=msg.strip(),
+            attrs=attrs,
+            evidence=(_evidence(self._ctx, line),),
+            source=self._source,
+        )
+
+    def _result_event(
+        self, node: NodeName, name: str, line: Line, at: float | None, pid: str
+    ) -> Event:
+        return Event(
+            kind="nccl_result",
+            code=name,
+            node=node,
+            entity=NODE_ENTITY,
+            observed_at=at,
+            message=line.text.strip(),
+            attrs={"pid": pid} if pid else {},
+            evidence=(_evidence(self._ctx, line),),
+            source=self._source,
+        )
+
+    def _summary_line(
+        self, line: Line, body: str, node: NodeName, at: float | None, out: list[Record]
+    ) -> None:
+        """An exception or summary line (``ncclRemoteError ... Last error: ...``)."""
+        completion = _COMPLETION.search(body)
+        if completion:
+            out.append(self._completion_event(node, completion, body, line, at, None))
+            return
+        result = _RESULT_NAME.search(body)
+        if result:
+            out.append(self._result_event(node, result["name"], line, at, ""))
+
+    def _flush_pending(self, out: list[Record]) -> None:
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        event = pending.event
+        if pending.extra:
+            event = Event(
+                kind=event.kind,
+                code=event.code,
+                node=event.node,
+                entity=event.entity,
+                observed_at=event.observed_at,
+                message=event.message,
+                attrs=event.attrs,
+                evidence=event.evidence + tuple(pending.extra[:8]),
+                source=event.source,
+            )
+        out.append(event)
+
+    # --- UCX ---------------------------------------------------------------
+
+    def _ucx_line(self, line: Line, m: re.Match[str], at: float | None, out: list[Record]) -> None:
+        msg = m["msg"].strip()
+        thread = f"{m['host']}:{m['pid']}:{m['tid']}"
+        pending = self._pending
+        qp = _UCX_QP.search(msg)
+        if qp and pending is not None and pending.thread == thread:
+            peer = f"lid:{qp['rlid']}"
+            old = pending.event
+            attrs = dict(old.attrs)
+            attrs["peer"] = peer
+            attrs["rlid"] = qp["rlid"]
+            pending.event = Event(
+                kind=old.kind,
+                code=old.code,
+                node=old.node,
+                entity=link_entity(old.node, peer),
+                observed_at=old.observed_at,
+                message=old.message,
+                attrs=attrs,
+                evidence=(*old.evidence, _evidence(self._ctx, line)),
+                source=old.source,
+            )
+            self._flush_pending(out)
+            return
+        self._flush_pending(out)
+        err = _UCX_ERROR.match(msg)
+        if not err:
+            return
+        status = self._ucx_status(err)
+        if status is None:
+            return
+        node = NodeName(m["host"])
+        device = f"{err['dev']}:{err['port']}"
+        attrs = {
+            "status_name": wc_status_name(status),
+            "device": device,
+            "link_layer": err["ll"],
+            "pid": m["pid"],
+        }
+        if err["synd"]:
+            attrs["syndrome"] = f"0x{err['synd'].lower()}"
+        if err["vend"]:
+            attrs["vendor_err"] = str(int(err["vend"], 16))
+        event = Event(
+            kind="rdma_transport",
+            code=str(status),
+            node=node,
+            entity=EntityId(device),
+            observed_at=at,
+            message=msg,
+            attrs=attrs,
+            evidence=(_evidence(self._ctx, line),),
+            source=self._source,
+        )
+        self._pending = _Pending(event=event, thread=thread)
+
+    @staticmethod
+    def _ucx_status(err: re.Match[str]) -> int | None:
+        if err["synd"]:
+            status = MLX5_SYNDROME_TO_WC_STATUS.get(int(err["synd"], 16))
+            if status is not None:
+                return status
+        reason = err["reason"].lower()
+        for text, status in _UCX_REASON_TO_WC_STATUS:
+            if text in reason:
+                return status
+        return None
+
+    # --- PyTorch -----------------------------------------------------------
+
+    def _torch_time(self, body: str, at: float | None) -> tuple[float | None, bool]:
+        if at is not None:
+            return at, False
+        stamp = _TORCH_TIME.search(body)
+        if stamp is None:
+            return None, False
+        year = self._ctx.default_year
+        assumed = True
+        if year is None:
+            year = datetime.now(UTC).year
+        try:
+            when = datetime(
+                year,
+                int(stamp["mon"]),
+                int(stamp["day"]),
+                int(stamp["h"]),
+                int(stamp["m"]),
+                int(stamp["s"]),
+                tzinfo=UTC,
+            )
+        except ValueError:
+            return None, False
+        return float(calendar.timegm(when.timetuple())), assumed
+
+    def _torch_line(self, line: Line, body: str, at: float | None, out: list[Record]) -> None:
+        rank_m = _RANK.search(body)
+        rank = (rank_m["r"] or rank_m["r2"]) if rank_m else ""
+        pg_m = _PG.search(body)
+        watchdog = _WATCHDOG.search(body)
+        work = _WORK.search(body)
+        seq = watchdog["seq"] if watchdog else work["seq"] if work else None
+        if seq is None:
+            return
+        node = self._ctx.node
+        key = (node, seq)
+        coll = self._collectives.get(key)
+        if coll is None:
+            if len(self._collectives) >= MAX_PENDING_COLLECTIVES:
+                oldest = next(iter(self._collectives))
+                out.append(self._collective_event(self._collectives.pop(oldest)))
+            coll = self._collectives[key] = _Collective(node=node, seq=seq)
+        when, assumed = self._torch_time(body, at)
+        if when is not None and (coll.observed_at is None or when < coll.observed_at):
+            coll.observed_at, coll.year_assumed = when, assumed
+        if rank:
+            coll.ranks.add(rank)
+        if pg_m and not coll.pg:
+            coll.pg = pg_m["pg"]
+        if watchdog:
+            coll.op = watchdog["op"]
+            coll.ran_ms = max(coll.ran_ms, int(watchdog["ran"]))
+            timeout = _TIMEOUT_MS.search(watchdog["rest"])
+            if timeout:
+                coll.timeout_ms = timeout["v"]
+        if work:
+            coll.enqueued, coll.completed = work["enq"], work["done"]
+        if len(coll.evidence) < 8:
+            coll.evidence.append(_evidence(self._ctx, line))
+
+    def _collective_event(self, coll: _Collective) -> Event:
+        attrs = {"seq": coll.seq, "ranks": ",".join(sorted(coll.ranks, key=int))}
+        if coll.op:
+            attrs["op"] = coll.op
+        if coll.pg:
+            attrs["pg"] = coll.pg
+        if coll.timeout_ms:
+            attrs["timeout_seconds"] = f"{int(coll.timeout_ms) / 1000:g}"
+        if coll.ran_ms:
+            attrs["ran_seconds"] = f"{coll.ran_ms / 1000:g}"
+        if coll.enqueued:
+            attrs["last_enqueued"] = coll.enqueued
+            attrs["last_completed"] = coll.completed
+        if coll.year_assumed:
+            attrs["year_assumed"] = "true"
+        op = coll.op or "collective"
+        return Event(
+            kind="collective_timeout",
+            code=coll.seq,
+            node=coll.node,
+            entity=NODE_ENTITY,
+            observed_at=coll.observed_at,
+            message=f"{op} SeqNum={coll.seq} timed out on ranks {attrs['ranks'] or '?'}",
+            attrs=attrs,
+            evidence=tuple(coll.evidence),
+            source=self._source,
+        )
+
+    # --- nccl-tests ----------------------------------------------------------
+
+    def _keep_node_evidence(self, line: Line) -> None:
+        if len(self._run.node_evidence) < 4:
+            self._run.node_evidence.append(_evidence(self._ctx, line))
+
+    def _tests_line(self, line: Line, body: str, out: list[Record]) -> None:
+        run = self._run
+        if _TESTS_HEADER.match(body):
+            tokens = body.lstrip("#").split()
+            run.wrong_cols = [i for i, tok in enumerate(tokens) if tok == "#wrong"]
+            run.ncols = len(tokens)
+            run.header = _evidence(self._ctx, line)
+            return
+        rank = _TESTS_RANK.match(body)
+        if rank:
+            run.nodes.setdefault(rank["host"], set()).add(rank["rank"])
+            self._keep_node_evidence(line)
+            return
+        oob = _TESTS_OOB.match(body)
+        if oob:
+            if int(oob["n"]) > 0 or (oob["verdict"] or "").upper() == "FAILED":
+                run.oob_failed = max(run.oob_failed, int(oob["n"]))
+                run.evidence.append(_evidence(self._ctx, line))
+            return
+        avg = _TESTS_AVG.match(body)
+        if avg:
+            self._avg_event(line, float(avg["v"]), out)
+            self._finish_run(out)
+            return
+        if body.startswith("#"):
+            return
+        self._tests_row(line, body)
+
+    def _tests_row(self, line: Line, body: str) -> None:
+        run = self._run
+        tokens = body.split()
+        cols = run.wrong_cols
+        if not cols or len(tokens) != run.ncols:
+            # Without a header: the standard 13-column layout of nccl-tests >= 2.0.
+            if len(tokens) == 13:
+                cols = [8, 12]
+            elif len(tokens) == 12 and not cols:
+                cols = [7, 11]  # tables without the root column (older versions)
+            else:
+                self.issues.append(
+                    ParseIssue(
+                        file=self._ctx.file,
+                        line=line.number,
+                        reason=f"nccl-tests row with {len(tokens)} columns, "
+                        f"expected {run.ncols or 13}",
+                    )
+                )
+                return
+        run.rows += 1
+        wrong = 0
+        for col in cols:
+            if col < len(tokens) and tokens[col].isdigit():
+                wrong = max(wrong, int(tokens[col]))
+        if wrong > 0:
+            run.wrong_rows += 1
+            run.max_wrong = max(run.max_wrong, wrong)
+            if len(run.sizes) < 64:
+                run.sizes.append(tokens[0])
+            if len(run.evidence) < MAX_WRONG_EVIDENCE:
+                run.evidence.append(_evidence(self._ctx, line))
+
+    def _avg_event(self, line: Line, busbw: float, out: list[Record]) -> None:
+        attrs = {"busbw_gigabytes_per_second": f"{busbw:g}"}
+        if self._op:
+            attrs["op"] = self._op
+        out.append(
+            Event(
+                kind="collective",
+                code="avg_busbw",
+                node=self._ctx.node,
+                entity=NODE_ENTITY,
+                observed_at=None,
+                message=f"nccl-tests average bus bandwidth {busbw:g} GB/s",
+                attrs=attrs,
+                evidence=(_evidence(self._ctx, line),),
+                source=self._source,
+            )
+        )
+
+    def _finish_run(self, out: list[Record]) -> None:
+        run = self._run
+        self._run = _TestRun()
+        if run.wrong_rows == 0 and run.oob_failed == 0:
+            # Keep nodes named by Init lines for a table that follows later.
+            self._run.nodes = run.nodes if run.rows == 0 else {}
+            self._run.node_evidence = run.node_evidence if run.rows == 0 else []
+            self._run.wrong_cols, self._run.ncols = run.wrong_cols, run.ncols
+            self._run.header = run.header
+            return
+        nodes = sorted(run.nodes) or [str(self._ctx.node)]
+        ranks = sorted({r for rs in run.nodes.values() for r in rs}, key=int)
+        evidence = tuple(([run.header] if run.header else []) + run.node_evidence + run.evidence)
+        attrs = {
+            "nodes": ",".join(nodes),
+            "ranks": ",".join(ranks),
+            "rows_wrong": str(run.wrong_rows),
+            "max_wrong": str(run.max_wrong),
+            "sizes_bytes": ",".join(run.sizes),
+        }
+        if run.oob_failed:
+            attrs["out_of_bounds"] = str(run.oob_failed)
+        if self._op:
+            attrs["op"] = self._op
+        for node in nodes:
+            out.append(
+                Event(
+                    kind="collective",
+                    code="wrong_results",
+                    node=NodeName(node),
+                    entity=NODE_ENTITY,
+                    observed_at=None,
+                    message=(
+                        f"nccl-tests {self._op or 'collective'}: wrong results in "
+                        f"{run.wrong_rows} sizes (max #wrong {run.max_wrong}) "
+                        f"on {len(nodes)} node(s)"
+                    ),
+                    attrs=attrs,
+                    evidence=evidence,
+                    source=self._source,
+                )
+            )
+
+
+class _CollectiveParser:
+    """Base of the parsers that share :class:`CollectiveLogSession`."""
+
+    kind = ""
+    source = ""
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return CollectiveLogSession(ctx, source=self.source)
+
+
+def _body(text: str) -> str:
+    prefix = _PREFIX.match(text)
+    return text[prefix.end() :] if prefix else text
+
+
+class NcclLogParser(_CollectiveParser):
+    """NCCL debug logs, PyTorch ProcessGroupNCCL logs and nccl-tests output."""
+
+    kind = "nccl"
+    source = "nccl_log"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 0-100 from the share of NCCL, watchdog and nccl-tests lines."""
+        hits = 0
+        strong = False
+        for line in lines[:200]:
+            body = _body(line.text)
+            stripped = body.strip()
+            if (
+                _NCCL.match(body)
+                or "ProcessGroupNCCL" in body
+                or "WorkNCCL(" in body
+                or any(p.match(stripped) for p in _TESTS_STRONG)
+            ):
+                hits += 1
+                strong = True
+            elif _TESTS_ROW.match(body):
+                hits += 1
+        if hits == 0:
+            return 0
+        if strong:
+            return 90
+        if command and _PERF_BINARY.search(command):
+            return 80
+        share = hits / max(1, min(len(lines), 200))
+        return 40 if share > 0.5 else 0
+
+
+class UcxLogParser(_CollectiveParser):
+    """UCX logs (``[host:pid:tid:x] file.c:N message``)."""
+
+    kind = "ucx"
+    source = "ucx_log"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 0-100 from the share of UCX-prefixed lines."""
+        del command
+        sample = lines[:200]
+        hits = sum(1 for line in sample if _UCX.match(_body(line.text)))
+        if hits == 0:
+            return 0
+        return 85 if hits * 2 >= len(sample) else 50
+
+
+PARSERS: tuple[ArtifactParser, ...] = (NcclLogParser(), UcxLogParser())
+"""The artifact parsers of this module (read by ``collectors.parsers``)."""
+
+__all__ = [
+    "IBV_WC_STATUS",
+    "MLX5_SYNDROME_TO_WC_STATUS",
+    "NCCL_RESULT",
+    "PARSERS",
+    "CollectiveLogSession",
+    "NcclLogParser",
+    "UcxLogParser",
+    "link_entity",
+    "wc_status_name",
+]

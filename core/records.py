@@ -299,6 +299,9 @@ class ActionRequest:
         idempotency_key: Alert fingerprint plus step; submitting twice does nothing twice.
         dry_run: Record only, change nothing.
         not_before_at: Epoch seconds before which the step must not run (deferred steps).
+        attrs: How and when to carry the step out, a small fixed set of keys:
+            ``when`` (``now``, ``next_safe_point``, ``idle``), ``scope`` (``node``,
+            ``gpu``, ``multi_node_jobs``), ``mode`` (``evict``, ``allow_completion``).
     """
 
     step: RemediationStep
@@ -308,6 +311,7 @@ class ActionRequest:
     idempotency_key: str
     dry_run: bool = True
     not_before_at: float | None = None
+    attrs: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

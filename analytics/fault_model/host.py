@@ -1,7 +1,222 @@
-"""Fault-model rules: host (filled in by its owner)."""
+"""Fault-model rules for host hardware seen in the kernel log: DRAM (EDAC/MCE/APEI) and PCIe.
+
+Host versus GPU (``docs/fault-model.md``): host DRAM errors and PCIe AER on
+non-GPU endpoints are node findings, never GPU findings; uncorrectable AER on a
+GPU's link takes the GPU off the bus (Linux ``Documentation/PCI/pcieaer-howto.rst``).
+"""
 
 from __future__ import annotations
 
-from analytics.fault_model.engine import Rule
+from collections.abc import Iterable
 
-RULES: tuple[Rule, ...] = ()
+from analytics.fault_model.engine import Context, EventGroup, Observations, Rule
+from analytics.fault_model.xid import keep_evidence, uuid_map
+from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, Severity
+
+FAULT_MODEL = "docs/fault-model.md"
+
+HOST_CE_WARNING_COUNT = 100
+"""Corrected host-DRAM errors in one input above which a DIMM is flagged (warning).
+
+Corrected errors are fixed by ECC; a DIMM is worth replacing when they keep coming.
+Server vendors' predictive-failure policies (and rasdaemon's default page-offline
+threshold of 50 CEs per 24 h per page) act in the tens to hundreds per day; one
+input rarely spans more than a day, so 100 is a conservative single-snapshot line.
+"""
+
+AER_CORRECTED_FLOOD = 100
+"""Corrected AER messages from one device in one input that count as a flood."""
+
+NVIDIA_VENDOR_ID = "10de"
+
+_GPU_KINDS = frozenset({"xid", "gpu_lost", "gpu_init_failure", "gpu_identity", "reset_required"})
+
+
+def _finding(
+    g: EventGroup,
+    entity: EntityId,
+    kind: str,
+    code: str,
+    sev: Severity,
+    act: Action,
+    summary: str,
+    source: str,
+    extra: Iterable[EventGroup] = (),
+) -> Finding:
+    evidence: list[Evidence] = []
+    keep_evidence(evidence, g.evidence)
+    first, last, count = g.first_seen_at, g.last_seen_at, g.count
+    for other in extra:
+        keep_evidence(evidence, other.evidence)
+        count += other.count
+    return Finding(
+        node=g.node,
+        entity=entity,
+        kind=kind,
+        code=code,
+        severity=sev,
+        action=act,
+        summary=summary,
+        evidence=tuple(evidence),
+        source=source,
+        first_seen_at=first,
+        last_seen_at=last,
+        occurrences=count,
+    )
+
+
+def host_memory_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Host DRAM errors (EDAC ``N UE|CE``, MCE uncorrected memory errors, APEI memory sections).
+
+    Source: Linux EDAC documentation (UE = uncorrectable, CE = corrected);
+    fault-model.md: host DRAM uncorrectable is critical, service_hardware, a node finding.
+    CE: warning past :data:`HOST_CE_WARNING_COUNT` in the input, else info.
+    """
+    del ctx
+    for g in obs.events("host_memory"):
+        total = 0
+        for value in g.events:
+            try:
+                total += int(value.attrs.get("count", "1"))
+            except ValueError:
+                total += 1
+        total = max(total, g.count)
+        if g.code == "UE":
+            yield _finding(
+                g,
+                NODE_ENTITY,
+                "host_memory",
+                "UE",
+                Severity.CRITICAL,
+                Action.SERVICE_HARDWARE,
+                f"host DRAM uncorrectable error ({total} reported): drain the node and "
+                "replace the DIMM named in the evidence",
+                f"host.host_memory_rule: Linux EDAC / MCE; {FAULT_MODEL}",
+            )
+        elif total >= HOST_CE_WARNING_COUNT:
+            yield _finding(
+                g,
+                NODE_ENTITY,
+                "host_memory",
+                "CE",
+                Severity.WARNING,
+                Action.SERVICE_HARDWARE,
+                f"host DRAM corrected errors: {total} in this input (>= "
+                f"{HOST_CE_WARNING_COUNT}): schedule a DIMM replacement",
+                f"host.host_memory_rule: Linux EDAC; {FAULT_MODEL}",
+            )
+        else:
+            yield _finding(
+                g,
+                NODE_ENTITY,
+                "host_memory",
+                "CE",
+                Severity.INFO,
+                Action.NONE,
+                f"host DRAM corrected errors: {total} in this input; watch the rate",
+                f"host.host_memory_rule: Linux EDAC; {FAULT_MODEL}",
+            )
+
+
+def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """PCIe AER and APEI PCIe errors, and PCIe bandwidth "limited by" notes.
+
+    Sources: Linux ``Documentation/PCI/pcieaer-howto.rst`` (corrected errors are
+    recovered by hardware; uncorrected ones on a GPU's link take the GPU off the bus),
+    fault-model.md (uncorrectable AER on a GPU's link: critical, reboot_node; AER on a
+    non-GPU endpoint: warning, service_hardware, node finding; bandwidth limited by
+    the platform: info).
+    """
+    del ctx
+    to_pci = uuid_map(obs)
+    gpus: dict[str, set[str]] = {}
+    unreachable: dict[str, set[str]] = {}
+    for g in obs.groups.values():
+        if g.kind in _GPU_KINDS and g.entity != NODE_ENTITY:
+            gpus.setdefault(g.node, set()).add(to_pci.get(g.entity, g.entity))
+        if g.kind in ("gpu_lost", "nvml_error") or (g.kind == "xid" and g.code == "79"):
+            unreachable.setdefault(g.node, set()).add(to_pci.get(g.entity, g.entity))
+    for g in obs.events("pcie_aer"):
+        vendor = _attr(g, "vendor_id")
+        driver = _attr(g, "driver")
+        on_gpu = (
+            NVIDIA_VENDOR_ID in vendor or "nvidia" in driver or g.entity in gpus.get(g.node, set())
+        )
+        where = g.entity if g.entity != NODE_ENTITY else "an unnamed device"
+        src = f"host.pcie_rule: Linux pcieaer-howto; {FAULT_MODEL}"
+        if on_gpu:
+            if g.code != "corrected":
+                yield _finding(
+                    g,
+                    g.entity,
+                    "pcie",
+                    g.code,
+                    Severity.CRITICAL,
+                    Action.REBOOT_NODE,
+                    f"uncorrectable PCIe error ({g.code.replace('_', ' ')}) on GPU {where}'s "
+                    "link: reboot; inspect the slot, riser and cable if it recurs",
+                    src,
+                )
+            elif g.count >= AER_CORRECTED_FLOOD and g.entity in unreachable.get(g.node, set()):
+                yield _finding(
+                    g,
+                    g.entity,
+                    "pcie",
+                    g.code,
+                    Severity.CRITICAL,
+                    Action.REBOOT_NODE,
+                    f"flood of corrected PCIe errors ({g.count}) on GPU {where} with the GPU "
+                    "unreachable",
+                    src,
+                )
+            else:
+                sev = Severity.WARNING if g.count >= AER_CORRECTED_FLOOD else Severity.INFO
+                act = Action.SERVICE_HARDWARE if sev is Severity.WARNING else Action.NONE
+                yield _finding(
+                    g,
+                    g.entity,
+                    "pcie",
+                    g.code,
+                    sev,
+                    act,
+                    f"corrected PCIe errors ({g.count}) on GPU {where}'s link: recovered by "
+                    "hardware, watch the rate",
+                    src,
+                )
+            continue
+        if g.code == "corrected" and g.count < AER_CORRECTED_FLOOD:
+            sev, act = Severity.INFO, Action.NONE
+            text = "recovered by hardware; watch the rate"
+        else:
+            sev, act = Severity.WARNING, Action.SERVICE_HARDWARE
+            text = "service the device or its slot"
+        vend = f" (vendor {min(vendor)})" if vendor else ""
+        yield _finding(
+            g,
+            NODE_ENTITY,
+            "pcie",
+            f"{g.code}:{g.entity}",
+            sev,
+            act,
+            f"PCIe {g.code.replace('_', ' ')} error on non-GPU endpoint {where}{vend}: {text}",
+            src,
+        )
+    for g in obs.events("pcie_bandwidth_limited"):
+        by = min(_attr(g, "limited_by")) if _attr(g, "limited_by") else "the platform"
+        yield _finding(
+            g,
+            g.entity,
+            "pcie",
+            "bandwidth_limited",
+            Severity.INFO,
+            Action.NONE,
+            f"PCIe bandwidth of {g.entity} limited by {by}: a platform limit, not a fault",
+            f"host.pcie_rule: Linux PCI core bandwidth notice; {FAULT_MODEL}",
+        )
+
+
+def _attr(group: EventGroup, key: str) -> set[str]:
+    return group.attr_values.get(key, set())
+
+
+RULES: tuple[Rule, ...] = (host_memory_rule, pcie_rule)

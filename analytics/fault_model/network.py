@@ -1,7 +1,745 @@
-"""Fault-model rules: network (filled in by its owner)."""
+"""Fault-model rules for the network and collectives (``docs/fault-model.md``).
+
+RDMA completions, InfiniBand ports and counters, RoCE QoS, collective timeouts,
+nccl-tests results and NVLS set-up failures ("Severity and action rules").
+
+Sources each rule follows:
+
+* rdma-core ``enum ibv_wc_status`` (``libibverbs/verbs.h``, ``ibv_poll_cq(3)``):
+  12 ``IBV_WC_RETRY_EXC_ERR`` means the RC transport retried without an ACK until
+  the retry count ran out (link, fabric or peer unreachable); 5
+  ``IBV_WC_WR_FLUSH_ERR`` is the flush of every outstanding request after a QP has
+  entered the error state, a symptom of the first error.
+* The IBA PortCounters attribute, the ``perfquery(8)`` and ``ibqueryerrors(8)``
+  man pages (default threshold zero: any non-zero error counter is reported) and
+  ``Documentation/ABI/stable/sysfs-class-infiniband`` (ecosystem-reference §10.2):
+  legacy error counters are 4-16 bits wide and saturate; ``PortXmitWait`` counts
+  ticks without credits (congestion, not an error).
+* The mlx5 counters documentation (kernel ``mlx5/counters.rst``):
+  ``local_ack_timeout_err``, ``out_of_sequence``, ``packet_seq_err`` and
+  ``rx_discards_phy`` count loss; ``np_cnp_sent``/``rp_cnp_handled`` count
+  congestion notifications; ``rx_prioN_*``/``tx_prioN_*`` split traffic per
+  priority, ``*_prioN_pause`` count PFC pauses.
+* NCCL documentation (troubleshooting, ``NCCL_IB_*``) and nccl-tests
+  ``README``/``doc/PERFORMANCE.md``: ``#wrong`` counts elements that failed the
+  result check; PyTorch ``ProcessGroupNCCL`` watchdog timeouts.
+"""
 
 from __future__ import annotations
 
-from analytics.fault_model.engine import Rule
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-RULES: tuple[Rule, ...] = ()
+from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
+from core.records import (
+    NODE_ENTITY,
+    Action,
+    EntityId,
+    Evidence,
+    Finding,
+    NodeName,
+    Sample,
+    Severity,
+)
+
+logger = logging.getLogger(__name__)
+
+_DOC = "docs/fault-model.md"
+
+FLUSH_STATUS = "5"
+"""``IBV_WC_WR_FLUSH_ERR``: a symptom of the error that put the QP in the error state."""
+
+
+@dataclass(frozen=True, slots=True)
+class WcVerdict:
+    """Severity, action and meaning of one ``ibv_wc_status`` value."""
+
+    severity: Severity
+    action: Action
+    meaning: str
+
+
+WC_STATUS_VERDICTS: dict[str, WcVerdict] = {
+    "12": WcVerdict(
+        Severity.MAJOR,
+        Action.CHECK_NETWORK,
+        "transport retry counter exceeded (no ACK from the peer): link down or flapping, "
+        "peer unreachable, or a lossy RoCE fabric",
+    ),
+    "20": WcVerdict(
+        Severity.MAJOR, Action.CHECK_NETWORK, "response timeout: no response from the peer"
+    ),
+    "19": WcVerdict(Severity.MAJOR, Action.CHECK_NETWORK, "fatal error reported by the HCA"),
+    "13": WcVerdict(
+        Severity.WARNING,
+        Action.RESTART_APP,
+        "RNR retry counter exceeded: the peer posted no receive buffer in time (slow or dead peer)",
+    ),
+    **{
+        code: WcVerdict(
+            Severity.WARNING,
+            Action.RESTART_APP,
+            "local work request error (application or memory registration, e.g. GPUDirect RDMA)",
+        )
+        for code in ("1", "2", "4", "6", "8")
+    },
+    **{
+        code: WcVerdict(
+            Severity.WARNING,
+            Action.RESTART_APP,
+            "the remote side rejected the request (remote memory registration or peer state)",
+        )
+        for code in ("7", "9", "10", "11", "15", "16")
+    },
+}
+"""``ibv_wc_status`` (as a string) to verdict; unknown codes are warnings with action none."""
+
+_OTHER_WC = WcVerdict(Severity.WARNING, Action.NONE, "work completion error")
+
+PHYSICAL_ERROR_METRICS: tuple[str, ...] = (
+    "ib_symbol_errors_total",
+    "ib_link_error_recovery_total",
+    "ib_link_downed_total",
+    "ib_port_rcv_errors_total",
+    "ib_port_rcv_remote_physical_errors_total",
+    "ib_local_link_integrity_errors_total",
+    "ib_excessive_buffer_overrun_errors_total",
+)
+"""Counters of link or physical-layer errors (ecosystem-reference §10.2 "health reading")."""
+
+RECEIVE_ERROR_METRICS: tuple[str, ...] = (
+    "ib_port_rcv_errors_total",
+    "ib_symbol_errors_total",
+    "ib_port_rcv_remote_physical_errors_total",
+    "ib_local_link_integrity_errors_total",
+)
+"""Receive-side errors that, with ``LinkDownedCounter`` > 0, mean a flapping link."""
+
+SIDE_EFFECT_METRICS: tuple[str, ...] = (
+    "ib_port_xmit_discards_total",
+    "ib_port_xmit_wait_total",
+    "ib_port_xmit_constraint_errors_total",
+    "ib_port_rcv_constraint_errors_total",
+    "ib_port_rcv_switch_relay_errors_total",
+    "ib_vl15_dropped_total",
+)
+"""Counters that alone mean congestion or filtering (``ibqueryerrors -c`` "side effect")."""
+
+ROCE_LOSS_COUNTERS: tuple[str, ...] = (
+    "local_ack_timeout_err",
+    "out_of_sequence",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+)
+"""mlx5 ``hw_counters`` that count lost packets on RC connections."""
+
+ROCE_CNP_COUNTERS: tuple[str, ...] = ("np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
+"""mlx5 ``hw_counters`` that count congestion notifications (ECN/DCQCN)."""
+
+NIC_LOSS_COUNTERS: tuple[str, ...] = (
+    "rx_discards_phy",
+    "rx_out_of_buffer",
+    "rx_buffer_passed_thres_phy",
+)
+"""``ethtool -S`` (mlx5) counters of packets dropped for lack of buffers."""
+
+NIC_PHY_ERROR_COUNTERS: tuple[str, ...] = ("rx_crc_errors_phy", "rx_symbol_err_phy")
+"""``ethtool -S`` (mlx5) physical-layer receive errors."""
+
+SINGLE_CLASS_SHARE = 0.99
+"""Share of bytes in one priority above which all RoCE traffic is judged to share one class."""
+
+SLOW_BUSBW_RATIO = 0.5
+"""nccl-tests average bus bandwidth below this fraction of ``expected_busbw_gbps`` is slow."""
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _evidence(groups: Iterable[EventGroup], limit: int = MAX_EVIDENCE) -> list[Evidence]:
+    out: list[Evidence] = []
+    for group in groups:
+        for item in group.evidence:
+            if item not in out:
+                out.append(item)
+    if len(out) > limit:
+        half = limit // 2
+        out = out[:half] + out[-(limit - half) :]
+    return out
+
+
+def _span(groups: Sequence[EventGroup]) -> tuple[float | None, float | None]:
+    firsts = [g.first_seen_at for g in groups if g.first_seen_at is not None]
+    lasts = [g.last_seen_at for g in groups if g.last_seen_at is not None]
+    return (min(firsts) if firsts else None, max(lasts) if lasts else None)
+
+
+def _sample_evidence(samples: Iterable[Sample]) -> list[Evidence]:
+    out: list[Evidence] = []
+    for sample in samples:
+        if sample.evidence is not None and sample.evidence not in out:
+            out.append(sample.evidence)
+    return out[:MAX_EVIDENCE]
+
+
+def unused_ports(ctx: Context) -> set[str]:
+    """Return the ports the inventory marks unused (fact ``ib_unused``, comma-separated).
+
+    Entries are ``device:port`` (``mlx5_1:1``) or a device alone (every port of it).
+    """
+    value = ctx.fact("ib_unused") or ""
+    return {item.strip() for item in value.split(",") if item.strip()}
+
+
+def _is_unused(entity: str, unused: set[str]) -> bool:
+    low = entity.lower()
+    return low in unused or low.split(":", 1)[0] in unused
+
+
+def _network_root_nodes(obs: Observations, ctx: Context) -> set[str]:
+    """Nodes with a network or collective fault that a collective timeout would be a symptom of."""
+    nodes: set[str] = set()
+    for group in obs.events("rdma_transport"):
+        if group.code != FLUSH_STATUS:
+            nodes.add(group.node)
+    unused = unused_ports(ctx)
+    for group in obs.events("ib_port_state"):
+        if group.code not in {"active", "active_defer"} and not _is_unused(group.entity, unused):
+            nodes.add(group.node)
+    for group in obs.events("nvls"):
+        nodes.add(group.node)
+    for group in obs.events("collective", "wrong_results"):
+        nodes.add(group.node)
+    return nodes
+
+
+# --- RDMA completions ------------------------------------------------------------------
+
+
+def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge RDMA work-completion errors by ``ibv_wc_status``.
+
+    Follows rdma-core ``enum ibv_wc_status`` (``libibverbs/verbs.h``) and
+    fault-model.md: status 12 (``IBV_WC_RETRY_EXC_ERR``, also UCX "Transport retry
+    count exceeded", mlx5 syndrome 0x15) is major ``check_network``. Flush errors
+    (status 5), NCCL ``ncclRemoteError``/``ncclSystemError`` results and unwind lines
+    and collective timeouts on the same node are symptoms: they are folded into the
+    node's worst root finding as evidence. Alone, a flush error or an NCCL error
+    result is a warning with action ``none`` (correlate).
+    """
+    del ctx
+    by_node: dict[str, list[EventGroup]] = defaultdict(list)
+    for group in obs.events("rdma_transport"):
+        by_node[group.node].append(group)
+    nodes = set(by_node) | {g.node for g in obs.events("nccl_result")}
+    for node in sorted(nodes):
+        groups = by_node.get(node, [])
+        roots = [g for g in groups if g.code != FLUSH_STATUS]
+        symptoms = [g for g in groups if g.code == FLUSH_STATUS]
+        results = obs.events("nccl_result", node=node)
+        if not roots:
+            yield from _orphan_symptoms(symptoms, results)
+            continue
+        timeouts = obs.events("collective_timeout", node=node)
+        ranked = sorted(
+            roots,
+            key=lambda g: -WC_STATUS_VERDICTS.get(g.code, _OTHER_WC).severity.rank,
+        )
+        for index, group in enumerate(ranked):
+            verdict = WC_STATUS_VERDICTS.get(group.code, _OTHER_WC)
+            folded = (symptoms + results + timeouts) if index == 0 else []
+            evidence = _evidence([group]) + _evidence(folded, MAX_EVIDENCE // 2)
+            first, last = _span([group, *folded])
+            name = next(iter(group.attr_values.get("status_name", {""})), "") or group.code
+            peer = ", ".join(sorted(group.attr_values.get("peer", set()))) or "unknown peer"
+            device = ", ".join(sorted(group.attr_values.get("device", set())))
+            where = f"to {peer}" + (f" via {device}" if device else "")
+            extra = f"; {sum(g.count for g in folded)} symptom line(s) folded in" if folded else ""
+            yield Finding(
+                node=group.node,
+                entity=group.entity,
+                kind="rdma_transport",
+                code=group.code,
+                severity=verdict.severity,
+                action=verdict.action,
+                summary=(
+                    f"RDMA completion error {name} (status {group.code}) {where}, "
+                    f"{group.count} time(s): {verdict.meaning}{extra}"
+                ),
+                evidence=tuple(evidence),
+                source=(
+                    "network.rdma_transport_rule: rdma-core ibv_wc_status (libibverbs/verbs.h); "
+                    + _DOC
+                ),
+                first_seen_at=first,
+                last_seen_at=last,
+                occurrences=group.count,
+            )
+
+
+def _orphan_symptoms(
+    symptoms: Sequence[EventGroup], results: Sequence[EventGroup]
+) -> Iterable[Finding]:
+    for group in symptoms:
+        first, last = _span([group])
+        yield Finding(
+            node=group.node,
+            entity=group.entity,
+            kind="rdma_transport",
+            code=group.code,
+            severity=Severity.WARNING,
+            action=Action.NONE,
+            summary=(
+                f"RDMA work requests flushed (IBV_WC_WR_FLUSH_ERR) {group.count} time(s) without "
+                "the error that caused them in the input: correlate with the peer's logs"
+            ),
+            evidence=tuple(_evidence([group])),
+            source="network.rdma_transport_rule: rdma-core ibv_wc_status 5; " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=group.count,
+        )
+    if results and not symptoms:
+        first, last = _span(results)
+        names = ", ".join(sorted({g.code for g in results}))
+        yield Finding(
+            node=results[0].node,
+            entity=NODE_ENTITY,
+            kind="nccl",
+            code=sorted({g.code for g in results})[0],
+            severity=Severity.WARNING,
+            action=Action.NONE,
+            summary=(
+                f"NCCL reported {names} without a visible cause: a network error or a peer "
+                "process that exited; correlate with the other ranks' logs"
+            ),
+            evidence=tuple(_evidence(results)),
+            source="network.rdma_transport_rule: NCCL ncclResult_t (nccl.h); " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=sum(g.count for g in results),
+        )
+
+
+# --- IB ports --------------------------------------------------------------------------
+
+
+def ib_port_state_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Flag InfiniBand/RoCE ports that are not Active.
+
+    Follows the IBA PortInfo ``PortState`` (Down, Initialize, Armed, Active) as
+    ``ibstat``/sysfs print it and fault-model.md: a port not Active is major
+    ``check_network`` unless the inventory fact ``ib_unused`` lists it. A port whose
+    latest reading in the input is Active again is a warning (it went down and
+    came back).
+    """
+    unused = unused_ports(ctx)
+    for group in obs.events("ib_port_state"):
+        if group.code in {"active", "active_defer"}:
+            continue
+        if _is_unused(group.entity, unused):
+            logger.debug("port %s is marked unused; state %s ignored", group.entity, group.code)
+            continue
+        latest = [
+            s for s in obs.samples_of("ib_port_state", node=group.node) if s.entity == group.entity
+        ]
+        recovered = bool(latest) and latest[-1].value >= 4
+        phys = ", ".join(sorted(group.attr_values.get("phys_state", set()))) or "unknown"
+        layer = ", ".join(sorted(group.attr_values.get("link_layer", set())))
+        what = "RoCE port" if layer == "ethernet" else "InfiniBand port"
+        hint = {
+            "polling": "no physical link: cable, transceiver or far-end switch port",
+            "disabled": "the port is disabled",
+            "linkup": "link is up but the subnet manager has not activated the port",
+        }.get(phys, "the port carries no traffic")
+        if group.code in {"init", "armed"} and phys == "linkup":
+            hint = "physical link is up but the subnet manager has not brought the port to Active"
+        first, last = _span([group])
+        yield Finding(
+            node=group.node,
+            entity=group.entity,
+            kind="ib_port",
+            code=f"state_{group.code}",
+            severity=Severity.WARNING if recovered else Severity.MAJOR,
+            action=Action.CHECK_NETWORK,
+            summary=(
+                f"{what} {group.entity} is {group.code} (physical state {phys})"
+                + (", Active again in the latest reading" if recovered else "")
+                + f": {hint}; the node is missing this rail"
+            ),
+            evidence=tuple(_evidence([group])),
+            source="network.ib_port_state_rule: IBA PortInfo PortState, ibstat(8), "
+            "sysfs-class-infiniband; " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=group.count,
+        )
+
+
+def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge one snapshot of IB port counters (per port, latest reading).
+
+    Thresholds, for cumulative counters without an earlier reading:
+
+    * ``LinkDownedCounter`` > 0 together with receive errors (``PortRcvErrors``,
+      ``SymbolErrorCounter``, ``PortRcvRemotePhysicalErrors``,
+      ``LocalLinkIntegrityErrors``) > 0, none of them saturated: major
+      ``check_network`` (a flapping link, bad cable or optic; fault-model.md).
+    * Any error counter at its legacy all-ones maximum (IBA PortCounters widths,
+      ecosystem-reference §10.2): warning ``check_network``, clear and re-read;
+      the value is history, not a rate.
+    * Other physical-layer error counters > 0 (``ibqueryerrors(8)`` default
+      threshold is zero): warning ``check_network``, clear and re-read to get a
+      rate.
+    * ``PortXmitWait``, ``PortXmitDiscards``, constraint, relay and VL15 counters
+      alone: congestion or filtering, no finding; with the errors above they are
+      evidence.
+    """
+    del ctx
+    ports: dict[tuple[str, str], dict[str, Sample]] = defaultdict(dict)
+    for (node, entity, metric, _labels), sample in obs.samples.items():
+        if metric.startswith("ib_") and metric.endswith("_total"):
+            ports[(node, entity)][metric] = sample
+    for (node, entity), metrics in sorted(ports.items()):
+        saturated_groups = obs.events("ib_counter_saturated", node=node, entity=entity)
+        saturated = {next(iter(g.attr_values.get("metric", {""}))) for g in saturated_groups}
+
+        def value(metric: str, m: dict[str, Sample] = metrics) -> float:
+            sample = m.get(metric)
+            return sample.value if sample is not None else 0.0
+
+        side = [metrics[m] for m in SIDE_EFFECT_METRICS if value(m) > 0]
+        rcv = [m for m in RECEIVE_ERROR_METRICS if value(m) > 0]
+        downed = value("ib_link_downed_total")
+        if downed > 0 and rcv and not ({"ib_link_downed_total", *rcv} & saturated):
+            used = [metrics["ib_link_downed_total"], *(metrics[m] for m in rcv), *side]
+            yield _counter_finding(
+                node,
+                entity,
+                "LinkDownedCounter",
+                Severity.MAJOR,
+                f"link went down {downed:.0f} time(s) and receive errors "
+                f"({', '.join(_short(m) + '=' + format(value(m), '.0f') for m in rcv)}) in one "
+                "snapshot: flapping link, bad cable or optic; reseat or replace, clear "
+                "counters and watch the rate",
+                _sample_evidence(used),
+            )
+            continue
+        if saturated:
+            used = [metrics[m] for m in sorted(saturated) if m in metrics]
+            yield _counter_finding(
+                node,
+                entity,
+                "counter_saturated",
+                Severity.WARNING,
+                "error counters pinned at their maximum ("
+                + ", ".join(_short(m) for m in sorted(saturated))
+                + "): "
+                "legacy counters stop at all-ones, so this is history, not a rate; "
+                "clear the counters and re-read",
+                _sample_evidence(used) + _evidence(saturated_groups, 4),
+            )
+            continue
+        errors = [m for m in PHYSICAL_ERROR_METRICS if value(m) > 0]
+        if errors:
+            used = [metrics[m] for m in errors] + side
+            yield _counter_finding(
+                node,
+                entity,
+                "port_errors",
+                Severity.WARNING,
+                "link error counters above zero in one snapshot ("
+                + ", ".join(f"{_short(m)}={value(m):.0f}" for m in errors)
+                + "): clear the counters and re-read to get a rate",
+                _sample_evidence(used),
+            )
+
+
+def _short(metric: str) -> str:
+    return metric.removeprefix("ib_").removesuffix("_total")
+
+
+def _counter_finding(
+    node: str,
+    entity: str,
+    code: str,
+    severity: Severity,
+    summary: str,
+    evidence: list[Evidence],
+) -> Finding:
+    return Finding(
+        node=NodeName(node),
+        entity=EntityId(entity),
+        kind="ib_port",
+        code=code,
+        severity=severity,
+        action=Action.CHECK_NETWORK,
+        summary=f"IB port {entity}: {summary}",
+        evidence=tuple(evidence),
+        source="network.ib_counter_rule: IBA PortCounters, perfquery(8), ibqueryerrors(8), "
+        "sysfs-class-infiniband; " + _DOC,
+    )
+
+
+# --- RoCE ------------------------------------------------------------------------------
+
+
+def roce_qos_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Flag RoCE traffic without a lossless priority, and loss counters alone.
+
+    Follows the mlx5 counters documentation and fault-model.md ("RoCE traffic
+    without a lossless priority (ack timeouts, CNPs)": major ``fix_config``): on a
+    node where one interface carries at least :data:`SINGLE_CLASS_SHARE` of its
+    bytes in a single priority with no PFC pause frames on it, and the RDMA
+    counters show loss (``local_ack_timeout_err``, ``out_of_sequence``,
+    ``packet_seq_err``, ``rx_discards_phy`` > 0), PFC/ECN are not applied to the
+    RoCE class. With congestion notifications only, the same is a warning. Loss
+    counters without priority data are a warning ``check_network``.
+    """
+    del ctx
+    nodes = (
+        {s.node for s in obs.samples_of("rdma_hw_counter_total")}
+        | {s.node for s in obs.samples_of("net_prio_bytes_total")}
+        | {s.node for s in obs.samples_of("net_nic_counter_total")}
+    )
+    for node in sorted(nodes):
+        hw = obs.samples_of("rdma_hw_counter_total", node=node)
+        nic = obs.samples_of("net_nic_counter_total", node=node)
+        loss = [s for s in hw if s.labels.get("counter") in ROCE_LOSS_COUNTERS and s.value > 0]
+        loss += [s for s in nic if s.labels.get("counter") in NIC_LOSS_COUNTERS and s.value > 0]
+        cnp = [s for s in hw if s.labels.get("counter") in ROCE_CNP_COUNTERS and s.value > 0]
+        single = _single_class_interfaces(obs, node)
+        if single and (loss or cnp):
+            for iface, prio, prio_evidence in single:
+                severity = Severity.MAJOR if loss else Severity.WARNING
+                signals = ", ".join(
+                    f"{s.labels.get('counter')}={s.value:.0f}" for s in [*loss, *cnp]
+                )
+                yield Finding(
+                    node=NodeName(node),
+                    entity=EntityId(iface),
+                    kind="roce_qos",
+                    code="no_lossless_priority",
+                    severity=severity,
+                    action=Action.FIX_CONFIG,
+                    summary=(
+                        f"RoCE on {iface}: all traffic in priority {prio} with no PFC pause "
+                        f"frames, and the RDMA counters show {'loss' if loss else 'congestion'} "
+                        f"({signals}): PFC/ECN are not applied to the RoCE class; fix the "
+                        "DSCP/PFC/ECN configuration"
+                    ),
+                    evidence=tuple(
+                        (prio_evidence + _sample_evidence([*loss, *cnp]))[:MAX_EVIDENCE]
+                    ),
+                    source="network.roce_qos_rule: mlx5 counters doc (ethtool -S prio, "
+                    "hw_counters); " + _DOC,
+                )
+            continue
+        for sample in loss:
+            yield Finding(
+                node=NodeName(node),
+                entity=sample.entity,
+                kind="rdma_counters",
+                code=str(sample.labels.get("counter")),
+                severity=Severity.WARNING,
+                action=Action.CHECK_NETWORK,
+                summary=(
+                    f"{sample.entity}: {sample.labels.get('counter')}={sample.value:.0f} "
+                    "(packets lost on the path); clear and re-read to get a rate"
+                ),
+                evidence=tuple(_sample_evidence([sample])),
+                source="network.roce_qos_rule: mlx5 counters doc; " + _DOC,
+            )
+        phy = [s for s in nic if s.labels.get("counter") in NIC_PHY_ERROR_COUNTERS and s.value > 0]
+        for sample in phy:
+            yield Finding(
+                node=NodeName(node),
+                entity=sample.entity,
+                kind="nic_port",
+                code=str(sample.labels.get("counter")),
+                severity=Severity.WARNING,
+                action=Action.CHECK_NETWORK,
+                summary=(
+                    f"{sample.entity}: {sample.labels.get('counter')}={sample.value:.0f} "
+                    "physical receive errors; check cable and optic, clear and re-read"
+                ),
+                evidence=tuple(_sample_evidence([sample])),
+                source="network.roce_qos_rule: mlx5 counters doc (ethtool -S *_phy); " + _DOC,
+            )
+
+
+def _single_class_interfaces(obs: Observations, node: str) -> list[tuple[str, str, list[Evidence]]]:
+    """Return ``(interface, priority, evidence)`` of interfaces with all traffic in one priority."""
+    per_if: dict[str, dict[str, list[Sample]]] = defaultdict(lambda: defaultdict(list))
+    for sample in obs.samples_of("net_prio_bytes_total", node=node):
+        per_if[sample.labels.get("interface", "")][sample.labels.get("priority", "")].append(sample)
+    pauses: dict[tuple[str, str], float] = defaultdict(float)
+    for sample in obs.samples_of("net_prio_pause_frames_total", node=node):
+        key = (sample.labels.get("interface", ""), sample.labels.get("priority", ""))
+        pauses[key] += sample.value
+    out: list[tuple[str, str, list[Evidence]]] = []
+    for iface, prios in sorted(per_if.items()):
+        totals = {p: sum(s.value for s in samples) for p, samples in prios.items()}
+        total = sum(totals.values())
+        if total <= 0 or len(totals) < 2:
+            continue
+        prio, top = max(totals.items(), key=lambda item: item[1])
+        if top / total < SINGLE_CLASS_SHARE or pauses.get((iface, prio), 0.0) > 0:
+            continue
+        quiet = [s for p, samples in sorted(prios.items()) if p != prio for s in samples][:2]
+        out.append((iface, prio, _sample_evidence([*prios[prio], *quiet])))
+    return out
+
+
+# --- collectives -----------------------------------------------------------------------
+
+
+def collective_timeout_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Report collective timeouts alone as a warning with action ``none``.
+
+    Follows fault-model.md ("a collective timeout alone: warning, none; correlate,
+    never cordon on it alone") and PyTorch ``ProcessGroupNCCL`` watchdog semantics
+    (the collective did not complete within ``Timeout(ms)`` on the reporting
+    ranks; the cause may be any rank). On a node with a network or collective
+    root fault the timeouts are symptoms and give no finding of their own.
+    """
+    roots = _network_root_nodes(obs, ctx)
+    by_node: dict[str, list[EventGroup]] = defaultdict(list)
+    for group in obs.events("collective_timeout"):
+        by_node[group.node].append(group)
+    for node, groups in sorted(by_node.items()):
+        if node in roots:
+            continue
+        first, last = _span(groups)
+        described = []
+        for group in groups[:4]:
+            op = next(iter(group.attr_values.get("op", {"collective"})))
+            ranks = ",".join(sorted(group.attr_values.get("ranks", set()))) or "?"
+            described.append(f"{op} SeqNum={group.code} (ranks {ranks})")
+        years = any(g.attr_values.get("year_assumed") for g in groups)
+        yield Finding(
+            node=NodeName(node),
+            entity=NODE_ENTITY,
+            kind="collective",
+            code="timeout",
+            severity=Severity.WARNING,
+            action=Action.NONE,
+            summary=(
+                "collective timeout: "
+                + "; ".join(described)
+                + ". Job-level failure, cause not visible here: correlate with Xid/SXid, NCCL "
+                "WARN lines and IB counters of every rank's node; do not cordon on this alone"
+                + (" (year of the time stamps assumed)" if years else "")
+            ),
+            evidence=tuple(_evidence(groups)),
+            source="network.collective_timeout_rule: PyTorch ProcessGroupNCCL watchdog; " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=len(groups),
+        )
+
+
+def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge nccl-tests results: ``#wrong`` > 0 is critical data corruption.
+
+    Follows nccl-tests (``#wrong`` counts result elements that failed the check,
+    ``# Out of bounds values : N FAILED``) and fault-model.md ("nccl-tests #wrong >
+    0: critical, service_hardware or check_network"): a run across several nodes
+    gets ``check_network`` (the inter-node path is the first suspect), a one-node
+    run ``service_hardware``. Every node of the run gets the finding. With the
+    fact ``expected_busbw_gbps``, an average bus bandwidth below
+    :data:`SLOW_BUSBW_RATIO` of it is a warning ``check_network``.
+    """
+    for group in obs.events("collective", "wrong_results"):
+        nodes = sorted({n for v in group.attr_values.get("nodes", set()) for n in v.split(",")})
+        multi = len(nodes) > 1
+        sizes = max(int(v) for v in group.attr_values.get("rows_wrong", {"0"}))
+        worst_wrong = max(int(v) for v in group.attr_values.get("max_wrong", {"0"}))
+        yield Finding(
+            node=group.node,
+            entity=group.entity,
+            kind="collective",
+            code="wrong_results",
+            severity=Severity.CRITICAL,
+            action=Action.CHECK_NETWORK if multi else Action.SERVICE_HARDWARE,
+            summary=(
+                f"nccl-tests reported wrong results ({sizes} size(s), up to {worst_wrong} wrong "
+                f"elements) in a run over {', '.join(nodes) or group.node}: data corruption; take "
+                "the nodes out of service and bisect with single-node and pairwise runs"
+            ),
+            evidence=tuple(_evidence([group])),
+            source="network.collective_results_rule: nccl-tests #wrong; " + _DOC,
+            first_seen_at=group.first_seen_at,
+            last_seen_at=group.last_seen_at,
+            occurrences=group.count,
+        )
+    expected_text = ctx.fact("expected_busbw_gbps")
+    if not expected_text:
+        return
+    try:
+        expected = float(expected_text)
+    except ValueError:
+        logger.warning("fact expected_busbw_gbps=%r is not a number", expected_text)
+        return
+    for group in obs.events("collective", "avg_busbw"):
+        measured = min(float(v) for v in group.attr_values.get("busbw_gigabytes_per_second", {"0"}))
+        if expected > 0 and measured < SLOW_BUSBW_RATIO * expected:
+            yield Finding(
+                node=group.node,
+                entity=group.entity,
+                kind="collective",
+                code="slow_busbw",
+                severity=Severity.WARNING,
+                action=Action.CHECK_NETWORK,
+                summary=(
+                    f"nccl-tests average bus bandwidth {measured:g} GB/s is below "
+                    f"{SLOW_BUSBW_RATIO:.0%} of the expected {expected:g} GB/s"
+                ),
+                evidence=tuple(_evidence([group])),
+                source="network.collective_results_rule: nccl-tests doc/PERFORMANCE.md; " + _DOC,
+            )
+
+
+def nvls_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Report NVLink SHARP (NVLS) or multicast set-up failures in NCCL.
+
+    Follows fault-model.md ("NVLS or multicast set-up failures in NCCL (they imply
+    an NVSwitch fabric): major, reset_gpu") and NCCL's NVLS documentation
+    (``NCCL_NVLS_ENABLE``; NVLS needs the NVSwitch fabric and CUDA multicast).
+    """
+    del ctx
+    for group in obs.events("nvls"):
+        first, last = _span([group])
+        devs = ",".join(sorted(group.attr_values.get("cuda_dev", set())))
+        yield Finding(
+            node=group.node,
+            entity=group.entity,
+            kind="nvls",
+            code=group.code,
+            severity=Severity.MAJOR,
+            action=Action.RESET_GPU,
+            summary=(
+                f"NCCL NVLink SHARP / multicast set-up failed ({group.count} time(s)"
+                + (f", CUDA device(s) {devs}" if devs else "")
+                + "): reset the GPUs (and check the NVSwitch fabric / Fabric Manager)"
+            ),
+            evidence=tuple(_evidence([group])),
+            source="network.nvls_rule: NCCL NVLS; " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=group.count,
+        )
+
+
+RULES: tuple[Rule, ...] = (
+    rdma_transport_rule,
+    ib_port_state_rule,
+    ib_counter_rule,
+    roce_qos_rule,
+    collective_timeout_rule,
+    collective_results_rule,
+    nvls_rule,
+)
+"""The network rules, in evaluation order."""

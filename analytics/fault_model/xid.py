@@ -1,7 +1,742 @@
-"""Fault-model rules: xid (filled in by its owner)."""
+"""Fault-model rules for GPU driver events: Xids, GPU loss, recovery actions, SXids.
+
+The rules follow ``docs/fault-model.md`` ("Severity and action rules") and the Xid
+table of ``docs/ecosystem-reference.md`` §9 (NVIDIA Xid catalog resolution buckets,
+as NVSentinel's ``xiderrorsmapping.csv`` treats them: RESET_GPU and RESTART_BM are
+fatal, RESTART_APP and IGNORE are app-level or benign). SXids follow the NVIDIA
+Fabric Manager user guide (fatal, non-fatal that stall NVLink traffic, other
+non-fatal). Root cause over symptoms: Xid 45, NVML "Unknown Error" and "No devices
+were found", CUDA "busy or unavailable", a PMU-halt notice and GSP RPC timeouts are
+folded into the evidence of the root finding on the same GPU (or, when the symptom
+names no GPU, the worst root finding on the node); alone they stand as their own,
+milder findings. Repeated messages of one kind on one GPU are one finding whose
+``occurrences`` counts them and whose ``last_seen_at`` moves.
+"""
 
 from __future__ import annotations
 
-from analytics.fault_model.engine import Rule
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
-RULES: tuple[Rule, ...] = ()
+from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
+from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, NodeName, Severity
+
+CATALOG = "NVIDIA Xid catalog (ecosystem-reference §9)"
+FAULT_MODEL = "docs/fault-model.md"
+
+APP_LEVEL_XIDS = frozenset({13, 31, 32, 68, 69})
+"""RESTART_APP-bucket Xids that are application faults (fault-model: info, restart_app)."""
+
+RESET_GPU_XIDS = frozenset({62, 64, 74, 95, 109, 119, 120, 140, 143})
+"""Xids in the catalog's RESET_GPU bucket (NVSentinel: FATAL)."""
+
+NVLINK5_XIDS = frozenset(range(144, 151))
+"""Blackwell NVLink5 Xids, decoded per the catalog's NVLink5 sub-table."""
+
+BENIGN_XIDS = frozenset({92, 121})
+"""IGNORE-bucket Xids with no action (92: SBE rate, trend it; 121: corrected C2C errors)."""
+
+XID_NAMES = {
+    13: "Graphics engine exception",
+    31: "GPU memory page fault (MMU)",
+    32: "invalid or corrupted push buffer stream",
+    43: "GPU stopped processing (app fault)",
+    45: "preemptive cleanup",
+    48: "double-bit (uncorrectable) ECC error",
+    61: "PMU breakpoint",
+    62: "PMU halt (internal micro-controller)",
+    63: "row remap / page retirement recorded",
+    64: "row remap / page retirement failure",
+    68: "NVDEC0 exception",
+    69: "Graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC rate",
+    94: "contained memory error",
+    95: "uncontained memory error",
+    109: "context-switch timeout",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "corrected C2C errors",
+    140: "uncorrectable ECC escaped containment",
+    143: "GPU initialization error",
+    144: "NVLink SAW error",
+    145: "NVLink RLW error",
+    146: "NVLink TLW error",
+    147: "NVLink TREX error",
+    148: "NVLink NVLPW control error",
+    149: "NVLink NETIR error",
+    150: "NVLink MSE error",
+    154: "GPU recovery action changed",
+}
+
+RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
+    "none": (Severity.INFO, Action.NONE),
+    "gpu reset required": (Severity.CRITICAL, Action.RESET_GPU),
+    "drain and reset": (Severity.CRITICAL, Action.RESET_GPU),
+    "node reboot required": (Severity.CRITICAL, Action.REBOOT_NODE),
+    "drain p2p": (Severity.MAJOR, Action.RESET_GPU),
+}
+"""Xid 154 / NVML recovery action to (severity, action), fault-model.md."""
+
+_RECOVERY_CODES = {
+    "0": "none",
+    "1": "gpu reset required",
+    "2": "node reboot required",
+    "3": "drain p2p",
+    "4": "drain and reset",
+}
+
+STALLING_NONFATAL_SXIDS = frozenset({11004})
+"""Non-fatal SXids whose Fabric Manager guide impact is "NVLink traffic will be stalled"."""
+
+LOST_KINDS = frozenset({"gpu_lost", "gpu_init_failure"})
+_ROOT_PRIORITY = (
+    "fallen_off_bus",
+    "nvml_gpu_is_lost",
+    "rm_init_adapter",
+    "gsp_init_failure",
+    "probe_failed",
+    "heartbeat_timeout",
+    "memsys_error",
+    "rpc_timeout",
+)
+
+
+@dataclass(slots=True)
+class _Root:
+    node: NodeName
+    entity: EntityId
+    kind: str
+    code: str
+    severity: Severity
+    action: Action
+    summary: str
+    source: str
+    evidence: list[Evidence] = field(default_factory=list)
+    first: float | None = None
+    last: float | None = None
+    occurrences: int = 0
+    confidence: float = 1.0
+    year: str | None = None
+    boots: set[str] = field(default_factory=set)
+
+    def take(self, group: EventGroup) -> None:
+        keep_evidence(self.evidence, group.evidence)
+        self.first = _min(self.first, group.first_seen_at)
+        self.last = _max(self.last, group.last_seen_at)
+        self.occurrences += group.count
+        self.boots |= group.attr_values.get("boot", set())
+        years = group.attr_values.get("year_assumed")
+        if years and self.year is None:
+            self.year = min(years)
+
+    def finding(self) -> Finding:
+        summary = self.summary
+        if self.year is not None:
+            summary += f" (year {self.year} assumed: the log's stamps carry none)"
+        return Finding(
+            node=self.node,
+            entity=self.entity,
+            kind=self.kind,
+            code=self.code,
+            severity=self.severity,
+            action=self.action,
+            summary=summary,
+            evidence=tuple(self.evidence),
+            source=self.source,
+            first_seen_at=self.first,
+            last_seen_at=self.last,
+            occurrences=max(self.occurrences, 1),
+            confidence=self.confidence,
+        )
+
+
+def keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
+    """Append ``new`` lines to ``kept``, keeping the first and the latest (at most MAX_EVIDENCE)."""
+    head = MAX_EVIDENCE // 2
+    for item in new:
+        if item in kept:
+            continue
+        if len(kept) >= MAX_EVIDENCE:
+            del kept[head]
+        kept.append(item)
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _attr(group: EventGroup, key: str) -> set[str]:
+    return group.attr_values.get(key, set())
+
+
+def uuid_map(obs: Observations) -> dict[str, str]:
+    """Map GPU UUIDs to PCI bus ids from ``gpu_identity`` events (``NVRM: GPU at PCI:...``)."""
+    mapping: dict[str, str] = {}
+    for g in obs.events("gpu_identity"):
+        for uuid in _attr(g, "uuid"):
+            mapping[uuid] = g.entity
+    return mapping
+
+
+def _xid_verdict(n: int, group: EventGroup) -> tuple[Severity, Action, str, float]:
+    """Severity, action, summary text and confidence for one Xid group (not 45, 79, 154)."""
+    name = XID_NAMES.get(n, "")
+    label = f"Xid {n}" + (f" ({name})" if name else "")
+    if n in APP_LEVEL_XIDS:
+        procs = {p for p in _attr(group, "process") if p and p != "<unknown>"}
+        if len(procs) >= 2:
+            return (
+                Severity.WARNING,
+                Action.RESTART_APP,
+                f"{label} repeated under {len(procs)} process names: suspect the GPU, "
+                "run DCGM diag",
+                1.0,
+            )
+        return (
+            Severity.INFO,
+            Action.RESTART_APP,
+            f"{label}: application-level fault, restart the job",
+            1.0,
+        )
+    if n == 43:
+        return Severity.INFO, Action.NONE, f"{label}: the GPU stays healthy", 1.0
+    if n in BENIGN_XIDS:
+        return Severity.INFO, Action.NONE, f"{label}: no action (trend it)", 1.0
+    if n in (63, 94):
+        return (
+            Severity.WARNING,
+            Action.RESET_GPU,
+            f"{label}: reset the GPU at the next opportunity",
+            1.0,
+        )
+    if n == 79:
+        return Severity.CRITICAL, Action.REBOOT_NODE, f"{label}: GPU lost, reboot the node", 1.0
+    if n == 48:
+        return Severity.CRITICAL, Action.RESET_GPU, f"{label}: reset the GPU before reuse", 1.0
+    if n in RESET_GPU_XIDS:
+        return (
+            Severity.CRITICAL,
+            Action.RESET_GPU,
+            f"{label}: catalog RESET_GPU, reset before reuse",
+            1.0,
+        )
+    if n in NVLINK5_XIDS:
+        return _nvlink5(n, group, label)
+    if n == 61:
+        return Severity.MAJOR, Action.SERVICE_HARDWARE, f"{label}: catalog CONTACT_SUPPORT", 1.0
+    return (
+        Severity.WARNING,
+        Action.RESET_GPU,
+        f"Xid {n}: not in gpuhealth's Xid table; defaulting to warning, reset the GPU at the next "
+        "opportunity and look it up in NVIDIA's Xid catalog",
+        0.5,
+    )
+
+
+def _nvlink5_fatal(n: int, unit: str, status: str, word: str) -> bool | None:
+    """Decode one NVLink5 Xid per the catalog's NVLink5 sub-table; ``None`` when undecodable."""
+    if n in (147, 148):
+        return False
+    if n == 150:
+        return True
+    if n == 146 and status:
+        if int(status, 16) == 0x4:
+            return True
+        if int(status, 16) in (0x1, 0x2, 0x80000000):
+            return False
+    if n == 145 and "RLW_RXPIPE" in unit and status and int(status, 16) == 0x8:
+        return False
+    if n == 149 and "BER" in unit:
+        return False
+    if word:
+        return word == "yes"
+    return None
+
+
+def _nvlink5(n: int, group: EventGroup, label: str) -> tuple[Severity, Action, str, float]:
+    fatal = False
+    undecoded = False
+    for ev in group.events:
+        verdict = _nvlink5_fatal(
+            n, ev.attrs.get("unit", ""), ev.attrs.get("status", ""), ev.attrs.get("fatal", "")
+        )
+        if verdict is None:
+            undecoded = True
+            fatal = True
+        elif verdict:
+            fatal = True
+    if fatal:
+        why = (
+            "no decode available, counted as fatal"
+            if undecoded
+            else "link fatal per the NVLink5 decode"
+        )
+        return Severity.CRITICAL, Action.RESET_GPU, f"{label}: {why}; reset the GPU", 1.0
+    return Severity.INFO, Action.NONE, f"{label}: non-fatal per the NVLink5 decode (counted)", 1.0
+
+
+def _recovery(group: EventGroup) -> tuple[Severity, Action, str]:
+    worst_sev, worst_act, worst_name = Severity.INFO, Action.NONE, "None"
+    names = set(_attr(group, "recovery_action"))
+    if not names:
+        names = {_RECOVERY_CODES.get(c, c) for c in _attr(group, "recovery_action_code")}
+    for name in names:
+        sev_act = RECOVERY_ACTIONS.get(name.strip().lower())
+        if sev_act is None:
+            sev_act = (Severity.WARNING, Action.RESET_GPU)
+        if sev_act[0].rank > worst_sev.rank:
+            worst_sev, worst_act, worst_name = sev_act[0], sev_act[1], name
+    return worst_sev, worst_act, worst_name
+
+
+def _worst(roots: Sequence[_Root]) -> _Root | None:
+    if not roots:
+        return None
+    return min(
+        roots, key=lambda r: (-r.severity.rank, r.first if r.first is not None else float("inf"))
+    )
+
+
+def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Xids, GPU loss, init failures, reset-required and GSP faults, with symptoms folded.
+
+    Sources: NVIDIA Xid catalog resolution buckets (ecosystem-reference §9),
+    NVIDIA NVML recovery actions (Xid 154), ``docs/fault-model.md`` severity table.
+    """
+    del ctx
+    to_pci = uuid_map(obs)
+
+    def ent(g: EventGroup) -> EntityId:
+        return EntityId(to_pci.get(g.entity, g.entity))
+
+    roots: dict[tuple[str, str], list[_Root]] = {}
+    lost: dict[tuple[str, str], _Root] = {}
+    symptoms: list[tuple[EventGroup, EntityId]] = []
+
+    def add_root(root: _Root) -> _Root:
+        roots.setdefault((root.node, root.entity), []).append(root)
+        return root
+
+    # --- GPU lost: Xid 79, fallen off the bus, NVML GPU_IS_LOST, init failures, GSP at boot
+    lost_groups: list[EventGroup] = []
+    for g in obs.groups.values():
+        at_boot = "yes" in _attr(g, "at_boot")
+        if (
+            (g.kind == "xid" and g.code == "79")
+            or g.kind in LOST_KINDS
+            or (g.kind in ("gsp_error", "gsp_rpc_timeout") and at_boot)
+        ):
+            lost_groups.append(g)
+    lost_groups.sort(key=lambda g: (g.entity == NODE_ENTITY, _priority(g)))
+    for g in lost_groups:
+        entity = ent(g)
+        key = (g.node, entity)
+        root = lost.get(key)
+        if root is None and entity == NODE_ENTITY:
+            same_node = [r for (n, _e), r in lost.items() if n == g.node]
+            root = same_node[0] if same_node else None
+        if root is None:
+            xid79 = g.kind == "xid"
+            root = lost[key] = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="xid" if xid79 else "gpu_lost",
+                    code="79" if xid79 else g.code,
+                    severity=Severity.CRITICAL,
+                    action=Action.REBOOT_NODE,
+                    summary=_lost_summary(g, entity),
+                    source=f"xid.gpu_driver_rule: GPU lost ({FAULT_MODEL}; "
+                    f"{CATALOG}: Xid 79 RESTART_BM)",
+                )
+            )
+        root.take(g)
+    for root in lost.values():
+        if len(root.boots) >= 2:
+            root.action = Action.SERVICE_HARDWARE
+            root.summary += (
+                "; it recurred after a reboot: hardware service (PCIe link, riser, power, RMA)"
+            )
+        else:
+            root.summary += ": drain, collect nvidia-bug-report, reboot or power-cycle the node"
+
+    # --- other Xids
+    xid45: list[EventGroup] = []
+    for g in obs.events("xid"):
+        if g.code == "79":
+            continue
+        if g.code == "45":
+            xid45.append(g)
+            continue
+        entity = ent(g)
+        if g.code == "154":
+            sev, act, name = _recovery(g)
+            root = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="xid",
+                    code="154",
+                    severity=sev,
+                    action=act,
+                    summary=f"Xid 154: GPU recovery action is now {name!r} on {entity}",
+                    source=f"xid.gpu_driver_rule: Xid 154 recovery action ({CATALOG}; "
+                    "NVML recovery action; "
+                    f"{FAULT_MODEL})",
+                )
+            )
+            root.take(g)
+            continue
+        try:
+            n = int(g.code)
+        except ValueError:
+            continue
+        sev, act, text, conf = _xid_verdict(n, g)
+        root = add_root(
+            _Root(
+                node=g.node,
+                entity=entity,
+                kind="xid",
+                code=g.code,
+                severity=sev,
+                action=act,
+                summary=f"{text} on {entity}",
+                confidence=conf,
+                source=f"xid.gpu_driver_rule: {CATALOG}; {FAULT_MODEL}",
+            )
+        )
+        root.take(g)
+
+    # Xid 48 with 64 recurring after a reboot: the memory is failing (fault-model Xid 48 row)
+    for rs in roots.values():
+        codes = {r.code: r for r in rs if r.kind == "xid"}
+        if "48" in codes and "64" in codes:
+            boots = codes["48"].boots | codes["64"].boots
+            if len(boots) >= 2:
+                for code in ("48", "64"):
+                    codes[code].action = Action.SERVICE_HARDWARE
+                    codes[code].summary += "; with Xid 64 after a reboot: RMA candidate"
+
+    # --- reset required, GSP errors at run time
+    for g in obs.groups.values():
+        entity = ent(g)
+        if g.kind == "reset_required":
+            root = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="reset_required",
+                    code=g.code,
+                    severity=Severity.CRITICAL,
+                    action=Action.RESET_GPU,
+                    summary=f"NV_ERR_RESET_REQUIRED on {_gpu_words(entity)}: "
+                    "the GPU needs a reset before reuse",
+                    source="xid.gpu_driver_rule: recovery action GPU Reset Required "
+                    f"({FAULT_MODEL})",
+                )
+            )
+            root.take(g)
+        elif (
+            g.kind == "gsp_error"
+            and g.code in ("heartbeat_timeout", "memsys_error")
+            and ("yes" not in _attr(g, "at_boot"))
+        ):
+            root = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="gsp_error",
+                    code=g.code,
+                    severity=Severity.CRITICAL,
+                    action=Action.RESET_GPU,
+                    summary=f"GSP {g.code.replace('_', ' ')} on {_gpu_words(entity)} "
+                    "(Xid 119/120 class): reset the GPU",
+                    source=f"xid.gpu_driver_rule: {CATALOG} Xid 119/120 RESET_GPU; {FAULT_MODEL}",
+                )
+            )
+            root.take(g)
+        elif g.kind in ("gsp_rpc_timeout", "nvml_error", "cuda_error") or (
+            g.kind == "gsp_error" and g.code == "pmu_halted"
+        ):
+            if g.kind == "gsp_rpc_timeout" and "yes" in _attr(g, "at_boot"):
+                continue
+            symptoms.append((g, entity))
+
+    # --- Xid 45: folded, or standing for the Xid it names
+    for g in xid45:
+        entity = ent(g)
+        caused = sorted(_attr(g, "caused_by"))
+        target = _worst([r for r in roots.get((g.node, entity), []) if r.code != "45"])
+        if target is not None:
+            target.take(g)
+            continue
+        if caused:
+            n = int(caused[0])
+            sev, act, text, conf = _xid_verdict(n, g)
+            root = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="xid",
+                    code=str(n),
+                    severity=sev,
+                    action=act,
+                    summary=f"{text} on {entity} (named by Xid 45, whose cause line is missing)",
+                    confidence=conf,
+                    source=f"xid.gpu_driver_rule: Xid 45 names its cause; {CATALOG}",
+                )
+            )
+            root.take(g)
+            continue
+        root = add_root(
+            _Root(
+                node=g.node,
+                entity=entity,
+                kind="xid",
+                code="45",
+                severity=Severity.INFO,
+                action=Action.NONE,
+                summary=f"Xid 45 (preemptive cleanup) alone on {entity}: "
+                "a job was stopped; no action",
+                source=f"xid.gpu_driver_rule: {CATALOG} Xid 45; {FAULT_MODEL}",
+            )
+        )
+        root.take(g)
+
+    # --- symptoms
+    for g, entity in symptoms:
+        target = _worst(roots.get((g.node, entity), []))
+        if target is None and (entity == NODE_ENTITY or entity.startswith("gpu:")):
+            target = _worst(
+                [
+                    r
+                    for (n, _e), rs in roots.items()
+                    if n == g.node
+                    for r in rs
+                    if r.severity.rank >= Severity.MAJOR.rank
+                ]
+            )
+        if target is not None and target.severity.rank >= Severity.WARNING.rank:
+            target.take(g)
+            continue
+        root = add_root(_symptom_alone(g, entity))
+        root.take(g)
+
+    return [r.finding() for rs in roots.values() for r in rs]
+
+
+def _priority(g: EventGroup) -> int:
+    if g.kind == "xid":
+        return -1
+    try:
+        return _ROOT_PRIORITY.index(g.code)
+    except ValueError:
+        return len(_ROOT_PRIORITY)
+
+
+def _gpu_words(entity: str) -> str:
+    return "a GPU the log does not name" if entity == NODE_ENTITY else entity
+
+
+def _lost_summary(g: EventGroup, entity: str) -> str:
+    what = {
+        "79": "Xid 79: GPU has fallen off the bus",
+        "fallen_off_bus": "GPU has fallen off the bus (no Xid)",
+        "nvml_gpu_is_lost": "NVML reports GPU_IS_LOST",
+        "rm_init_adapter": "the driver cannot initialise the GPU (RmInitAdapter failed)",
+        "probe_failed": "the NVIDIA probe routine failed",
+        "gsp_init_failure": "GSP firmware failed to initialise",
+        "heartbeat_timeout": "GSP heartbeat timed out while the GPU was brought up",
+        "memsys_error": "memory subsystem error while the GPU was brought up",
+        "rpc_timeout": "GSP RPC timeout while the GPU was brought up",
+    }.get(g.code, f"GPU lost ({g.code})")
+    return f"{what} on {_gpu_words(entity)}: GPU lost"
+
+
+def _symptom_alone(g: EventGroup, entity: EntityId) -> _Root:
+    src = f"xid.gpu_driver_rule: symptom without a root cause in the input ({FAULT_MODEL})"
+    where = _gpu_words(entity)
+    if g.kind == "gsp_rpc_timeout":
+        return _Root(
+            node=g.node,
+            entity=entity,
+            kind="gsp_rpc_timeout",
+            code=g.code,
+            severity=Severity.CRITICAL,
+            action=Action.RESET_GPU,
+            summary=f"GSP RPC timeouts on {where} (Xid 119 class): reset the GPU",
+            source=f"xid.gpu_driver_rule: {CATALOG} Xid 119 RESET_GPU; {FAULT_MODEL}",
+        )
+    if g.kind == "gsp_error":
+        return _Root(
+            node=g.node,
+            entity=entity,
+            kind="gsp_error",
+            code=g.code,
+            severity=Severity.CRITICAL,
+            action=Action.RESET_GPU,
+            summary=f"GSP reports the PMU halted on {where} (Xid 62 class): reset the GPU",
+            source=f"xid.gpu_driver_rule: {CATALOG} Xid 62 RESET_GPU; {FAULT_MODEL}",
+        )
+    if g.kind == "cuda_error":
+        return _Root(
+            node=g.node,
+            entity=entity,
+            kind="cuda_error",
+            code=g.code,
+            severity=Severity.WARNING,
+            action=Action.RESET_GPU,
+            confidence=0.5,
+            summary="CUDA reports a device busy or unavailable with no Xid in the input: a GPU "
+            "may need a reset (or is held in an exclusive compute mode)",
+            source=src,
+        )
+    if g.code == "init_failed":
+        return _Root(
+            node=g.node,
+            entity=entity,
+            kind="nvml_error",
+            code=g.code,
+            severity=Severity.WARNING,
+            action=Action.FIX_CONFIG,
+            confidence=0.5,
+            summary="NVML failed to initialise (driver/library mismatch or container set-up)",
+            source=src,
+        )
+    if g.code == "driver_not_loaded":
+        return _Root(
+            node=g.node,
+            entity=entity,
+            kind="nvml_error",
+            code=g.code,
+            severity=Severity.WARNING,
+            action=Action.FIX_CONFIG,
+            confidence=0.5,
+            summary="nvidia-smi cannot reach the NVIDIA driver: driver not loaded",
+            source=src,
+        )
+    if g.code == "no_devices":
+        return _Root(
+            node=g.node,
+            entity=entity,
+            kind="nvml_error",
+            code=g.code,
+            severity=Severity.WARNING,
+            action=Action.REBOOT_NODE,
+            confidence=0.5,
+            summary="NVML finds no GPUs on this node: check the kernel log for Xid 79 / init "
+            "failures",
+            source=src,
+        )
+    return _Root(
+        node=g.node,
+        entity=entity,
+        kind="nvml_error",
+        code=g.code,
+        severity=Severity.CRITICAL,
+        action=Action.REBOOT_NODE,
+        confidence=0.7,
+        summary=f"NVML cannot get a handle for {where} ({g.code.replace('_', ' ')}): "
+        "the GPU is unreachable, as when it has fallen off the bus",
+        source=src,
+    )
+
+
+def sxid_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """NVSwitch SXids (kernel ``nvidia-nvswitch`` lines and Fabric Manager log).
+
+    Source: NVIDIA Fabric Manager user guide (fatal SXids need GPUs and NVSwitches
+    reset, in practice a node reboot; non-fatal 11004 stalls NVLink traffic; other
+    non-fatal SXids such as single-bit ECC are corrected by hardware), fault-model.md.
+    """
+    del ctx
+    for g in obs.events("sxid"):
+        fatal = _attr(g, "fatal")
+        code = int(g.code) if g.code.isdigit() else -1
+        if "yes" in fatal:
+            sev, act, text = (
+                Severity.CRITICAL,
+                Action.REBOOT_NODE,
+                "fatal: reset GPUs and NVSwitches (reboot)",
+            )
+        elif code in STALLING_NONFATAL_SXIDS:
+            sev, act, text = (
+                Severity.MAJOR,
+                Action.REBOOT_NODE,
+                "non-fatal but stalls NVLink traffic",
+            )
+        elif "no" in fatal:
+            sev, act, text = Severity.INFO, Action.NONE, "non-fatal, corrected or counted"
+        else:
+            sev, act, text = (
+                Severity.WARNING,
+                Action.NONE,
+                "fatality not stated; check the FM guide",
+            )
+        root = _Root(
+            node=g.node,
+            entity=g.entity,
+            kind="sxid",
+            code=g.code,
+            severity=sev,
+            action=act,
+            summary=f"NVSwitch SXid {g.code} on {g.entity}: {text}",
+            source="xid.sxid_rule: NVIDIA Fabric Manager user guide (SXid); " + FAULT_MODEL,
+        )
+        root.take(g)
+        yield root.finding()
+
+
+def notes_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Informational kernel notes: nvidia-peermem messages, Fabric Manager start failures.
+
+    Source: fault-model.md ("Fabric Manager failing to start on a system without
+    NVSwitches: info, none"); ecosystem-reference §9b (FM runs only on NVSwitch systems).
+    """
+    nvswitch_nodes = {g.node for g in obs.events("sxid")}
+    for g in obs.events("peermem"):
+        root = _Root(
+            node=g.node,
+            entity=g.entity,
+            kind="peermem",
+            code=g.code,
+            severity=Severity.INFO,
+            action=Action.NONE,
+            summary="nvidia-peermem note (GPUDirect RDMA); informational",
+            source="xid.notes_rule: " + FAULT_MODEL,
+        )
+        root.take(g)
+        yield root.finding()
+    for g in obs.events("fabric_manager"):
+        switch_system = g.node in nvswitch_nodes or ctx.fact("nvswitch") in (
+            "present",
+            "expected",
+            "yes",
+        )
+        if switch_system:
+            sev, act = Severity.MAJOR, Action.CHECK_NETWORK
+            text = "Fabric Manager failed on an NVSwitch system: the NVLink fabric is not set up"
+        else:
+            sev, act = Severity.INFO, Action.NONE
+            text = "Fabric Manager failed to start; expected on a system without NVSwitches"
+        root = _Root(
+            node=g.node,
+            entity=g.entity,
+            kind="fabric_manager",
+            code=g.code,
+            severity=sev,
+            action=act,
+            summary=text,
+            source="xid.notes_rule: NVIDIA Fabric Manager user guide; " + FAULT_MODEL,
+        )
+        root.take(g)
+        yield root.finding()
+
+
+RULES: tuple[Rule, ...] = (gpu_driver_rule, sxid_rule, notes_rule)

@@ -1,0 +1,551 @@
+"""Settings: one TOML file validated into frozen pydantic models at start-up (style.md C.3.13).
+
+The file has one table per stage (``[node]``, ``[metrics]``, ``[collectors.<name>]``,
+``[storage]``, ``[analytics]``, ``[alerting]``, ``[remediation]``, ``[inventory]``,
+``[time]``). Unknown keys are errors that name the file and the key path; durations may
+be written ``"30s"``, ``"5m"``, ``"1h"``, ``"7d"`` or as numbers of seconds and are
+normalised to float ``*_seconds``; environment variables ``GPUHEALTH_<SECTION>__<KEY>``
+override the file and are validated the same way; secrets are never read from the file,
+only from the environment (``webhook_secret_env``) or a file (``webhook_secret_file``).
+
+``docs/configuration.md`` is the reference for every key.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from core.errors import ConfigError, PluginError
+from core.records import Severity
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "GPUHEALTH_"
+"""Prefix of the environment overrides; ``__`` separates the key path."""
+
+DEFAULT_DATA_DIR = Path("./gpuhealth-data")
+"""Where ``run`` keeps its database and audit log unless ``[node] data_dir`` says otherwise."""
+
+DEFAULT_METRICS_PORT = 9835
+"""The ``/metrics`` port: the one nvidia_gpu_exporter-style GPU exporters commonly use."""
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)\s*$")
+
+
+def parse_duration(value: object) -> object:
+    """Turn ``"30s"``, ``"5m"``, ``"1h"``, ``"7d"``, ``"250ms"`` or a number into seconds.
+
+    Args:
+        value: A number of seconds or a string with one unit suffix.
+
+    Returns:
+        Float seconds; values of other types are returned unchanged for pydantic to reject.
+
+    Raises:
+        ValueError: A string that is not a duration, or a negative or infinite number.
+
+    Examples:
+        >>> parse_duration("5m")
+        300.0
+        >>> parse_duration(2)
+        2.0
+        >>> parse_duration("250ms")
+        0.25
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"not a duration: {value!r} (write e.g. 30s, 5m, 1h, 7d or a number of seconds)"
+                ) from None
+        else:
+            seconds = float(match["num"]) * _UNITS[match["unit"]]
+    else:
+        return value
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration must be a finite number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written as a number or as ``"30s"``/``"5m"``/``"1h"``/``"7d"``."""
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class NodeSettings(BaseModel):
+    """``[node]``: who this node is and where it keeps its data."""
+
+    model_config = _FROZEN
+
+    name: str = Field(default_factory=socket.gethostname, min_length=1)
+    """Node name put on every record; default the host name, as schedulers know the node."""
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    """Folder for the database and audit log, relative to the working directory unless
+    absolute; ``run`` creates it. Default ``./gpuhealth-data`` so that a first run needs no
+    root and writes nowhere surprising."""
+
+
+class MetricsSettings(BaseModel):
+    """``[metrics]``: the Prometheus ``/metrics`` endpoint."""
+
+    model_config = _FROZEN
+
+    enabled: bool = True
+    """Serve ``/metrics``; on by default because it is how Prometheus and Grafana see us."""
+
+    listen_address: str = "127.0.0.1"
+    """Address to bind; loopback by default (architecture principle 5: safe by default)."""
+
+    port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
+    """TCP port; 9835, the port GPU exporters in the nvidia_gpu_exporter family use, so
+    existing scrape configs find it. 0 picks a free port (logged at start)."""
+
+
+class CollectorSettings(BaseModel):
+    """``[collectors.<name>]``: one collector plugin and its keyword arguments.
+
+    ``type``, ``enabled`` and ``interval_seconds`` are read by the service; every other
+    key is passed to the plugin's constructor (keys ending in ``_seconds`` accept durations).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow", validate_default=True)
+
+    type: str = Field(min_length=1)
+    """Entry-point name in ``gpuhealth.collectors`` (``nvml``, ``kernel_log``, ``network``,
+    ``probe``, ``dcgm_exporter``); defaults to the table name."""
+
+    enabled: bool = True
+    """Run this collector; set ``false`` to switch off a default one."""
+
+    interval_seconds: Duration | None = Field(default=None, gt=0)
+    """Seconds between two ``collect()`` calls; default the plugin's
+    ``fast_interval_seconds`` when it has one, else 10 s (counters every 10 s resolve a
+    link flap without filling the store)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _durations(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {
+                k: (parse_duration(v) if k.endswith("_seconds") and k != "interval_seconds" else v)
+                for k, v in data.items()
+            }
+        return data
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Return the plugin's keyword arguments (every key but the service's own)."""
+        return dict(self.model_extra or {})
+
+    @property
+    def poll_interval_seconds(self) -> float:
+        """Return the seconds between two polls of this collector."""
+        if self.interval_seconds is not None:
+            return self.interval_seconds
+        fast = self.options.get("fast_interval_seconds")
+        if isinstance(fast, int | float) and not isinstance(fast, bool) and fast > 0:
+            return float(fast)
+        return 10.0
+
+
+DEFAULT_COLLECTORS: dict[str, dict[str, Any]] = {
+    "nvml": {"type": "nvml", "fast_interval_seconds": 1.0, "slow_interval_seconds": 30.0},
+    "kernel_log": {"type": "kernel_log"},
+    "network": {"type": "network", "interval_seconds": 10.0},
+    "probe": {"type": "probe", "peers": [], "interval_seconds": 10.0},
+}
+"""Collector tables present unless switched off; a file's table of the same name is merged
+over its default. ``dcgm_exporter`` is absent: add ``[collectors.dcgm_exporter] url = ...``."""
+
+
+class StorageSettings(BaseModel):
+    """``[storage]``: the time-series store and the buffer in front of it."""
+
+    model_config = _FROZEN
+
+    type: Literal["sqlite"] = "sqlite"
+    """Store plugin (``gpuhealth.stores``); SQLite is the embedded default that needs no server."""
+
+    path: Path | None = None
+    """SQLite file; default ``<data_dir>/gpuhealth.sqlite``."""
+
+    retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)
+    """How long samples and events are kept (default ``7d``): a week covers the weekly report
+    and keeps the file near 2 GB for 8 GPUs sampled at 1 Hz."""
+
+    flush_interval_seconds: Duration = Field(default=1.0, gt=0)
+    """Longest a record waits in memory before it is written (1 s: one transaction per
+    second is cheap for SQLite and loses at most a second on a crash)."""
+
+    flush_max_records: int = Field(default=5000, ge=1)
+    """Write as soon as this many records are buffered (one transaction per batch)."""
+
+    queue_max_records: int = Field(default=200_000, ge=1)
+    """Bound of the in-memory buffer; the oldest records are dropped (and counted) beyond it,
+    so a stuck store cannot exhaust memory (about a minute of 1 Hz data for 100 GPUs)."""
+
+
+class AnalyticsSettings(BaseModel):
+    """``[analytics]``: how often the rules look at what was collected."""
+
+    model_config = _FROZEN
+
+    evaluate_interval_seconds: Duration = Field(default=5.0, gt=0)
+    """Seconds between two rule evaluations; 5 s alerts quickly without re-evaluating per sample."""
+
+
+class AlertingSettings(BaseModel):
+    """``[alerting]``: which findings become alerts and where they go."""
+
+    model_config = _FROZEN
+
+    min_severity: Severity = Severity.WARNING
+    """Lowest severity that alerts; ``info`` findings are for dashboards and reports only."""
+
+    webhook_url: str | None = None
+    """Signed webhook receiver (https://...); none by default, alerts go to the log."""
+
+    webhook_secret_env: str | None = None
+    """Name of the environment variable holding the webhook signing secret."""
+
+    webhook_secret_file: Path | None = None
+    """File holding the webhook signing secret (first line); alternative to the variable."""
+
+    @model_validator(mode="after")
+    def _one_secret_source(self) -> AlertingSettings:
+        if self.webhook_secret_env and self.webhook_secret_file:
+            raise ValueError("set webhook_secret_env or webhook_secret_file, not both")
+        return self
+
+
+class RemediationSettings(BaseModel):
+    """``[remediation]``: the guard rails around actions (all dry-run by default)."""
+
+    model_config = _FROZEN
+
+    dry_run: bool = True
+    """Record what would be done and change nothing (architecture principle 3)."""
+
+    audit_log: Path | None = None
+    """Append-only JSON-lines audit log; default ``<data_dir>/audit.jsonl``."""
+
+    max_disrupted_fraction: float = Field(default=0.10, gt=0, le=1)
+    """Most nodes (fraction of ``cluster_size``, never fewer than one) out of service
+    because of gpuhealth at once; 10 % keeps a cluster serving through a bad rule."""
+
+    cluster_size: int = Field(default=1, ge=1)
+    """Nodes in the cluster, for the disruption budget; 1 for a single machine."""
+
+    opt_out_nodes: tuple[str, ...] = ()
+    """Nodes never acted on (only alerted about)."""
+
+
+class TimeSettings(BaseModel):
+    """``[time]``: how time stamps that lack a time zone or a year are read."""
+
+    model_config = _FROZEN
+
+    timezone: str = "UTC"
+    """IANA zone for stamps without an offset (syslog ``Nov 30 05:35:07``, ``dmesg -T``);
+    UTC because servers usually run in UTC and a wrong guess is then visibly off by hours."""
+
+    missing_year: Literal["recent"] | int = "recent"
+    """Year for stamps without one: ``"recent"`` picks the year that puts the stamp in the
+    last 12 months (at most a day ahead of now, so a log read on 1 January keeps its
+    December lines in the old year); or a fixed year for old artifacts."""
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name like UTC)") from None
+        return value
+
+
+class Settings(BaseModel):
+    """The whole configuration; see ``docs/configuration.md``."""
+
+    model_config = _FROZEN
+
+    node: NodeSettings = NodeSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
+    storage: StorageSettings = StorageSettings()
+    analytics: AnalyticsSettings = AnalyticsSettings()
+    alerting: AlertingSettings = AlertingSettings()
+    remediation: RemediationSettings = RemediationSettings()
+    inventory: dict[str, str] = Field(default_factory=dict)
+    """Free-form machine facts for the rules (``nvlink = "absent"``, ``ib_unused = "mlx5_1:1"``)."""
+    time: TimeSettings = TimeSettings()
+
+    source: str = "(defaults)"
+    """The file the settings came from, for messages."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        tables = data.get("collectors", {})
+        if isinstance(tables, Mapping):
+            merged: dict[str, Any] = {k: dict(v) for k, v in DEFAULT_COLLECTORS.items()}
+            for name, table in tables.items():
+                if isinstance(table, Mapping):
+                    base = merged.get(name, {})
+                    if table.get("type", base.get("type", name)) != base.get("type", name):
+                        base = {}
+                    merged[name] = {"type": name, **base, **table}
+                else:
+                    merged[name] = table
+            data["collectors"] = merged
+        node = data.get("node", {})
+        data_dir = Path(str(node.get("data_dir", DEFAULT_DATA_DIR))) if isinstance(
+            node, Mapping) else DEFAULT_DATA_DIR
+        storage = data.get("storage", {})
+        if isinstance(storage, Mapping) and storage.get("path") is None:
+            data["storage"] = {**storage, "path": str(data_dir / "gpuhealth.sqlite")}
+        remediation = data.get("remediation", {})
+        if isinstance(remediation, Mapping) and remediation.get("audit_log") is None:
+            data["remediation"] = {**remediation, "audit_log": str(data_dir / "audit.jsonl")}
+        return data
+
+    @property
+    def storage_path(self) -> Path:
+        """Return the SQLite file path (always set after loading)."""
+        return self.storage.path or self.node.data_dir / "gpuhealth.sqlite"
+
+    @property
+    def audit_log_path(self) -> Path:
+        """Return the audit log path (always set after loading)."""
+        return self.remediation.audit_log or self.node.data_dir / "audit.jsonl"
+
+    def enabled_collectors(self) -> dict[str, CollectorSettings]:
+        """Return the collector tables that are switched on, by table name."""
+        return {name: table for name, table in sorted(self.collectors.items()) if table.enabled}
+
+
+_SECRET_KEYS = re.compile(r"(secret|password|token)$")
+
+
+def _where(loc: tuple[int | str, ...]) -> tuple[str, str]:
+    """Split a pydantic location into ``("[section.sub]", "key")``."""
+    parts = [str(p) for p in loc]
+    if len(parts) == 1:
+        return "", parts[0]
+    return f"[{'.'.join(parts[:-1])}]", parts[-1]
+
+
+def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """Turn ``GPUHEALTH_A__B=v`` variables into a nested dict and remember their names."""
+    tree: dict[str, Any] = {}
+    origin: dict[tuple[str, ...], str] = {}
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name[len(ENV_PREFIX):]:
+            continue
+        path = tuple(p.lower() for p in name[len(ENV_PREFIX):].split("__"))
+        if any(not p for p in path):
+            continue
+        try:
+            value: Any = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[path[-1]] = value
+        origin[path] = name
+    return tree, origin
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _messages(
+    source: str, exc: ValidationError, origin: Mapping[tuple[str, ...], str]
+) -> list[str]:
+    out: list[str] = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        section, key = _where(loc)
+        prefix = f"{source}: "
+        if loc in origin:
+            prefix = f"{source}: environment {origin[loc]}: "
+        if err["type"] == "extra_forbidden":
+            hint = ""
+            if _SECRET_KEYS.search(key):
+                hint = f" (secrets are not read from the file: use {key}_env or {key}_file)"
+            where = f"{section} " if section else ""
+            out.append(f"{prefix}{where}unknown key {key!r}{hint}")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        where = f"{section} {key}" if section else key
+        got = err.get("input")
+        shown = "" if isinstance(got, Mapping) or err["type"] == "missing" else f" (got {got!r})"
+        out.append(f"{prefix}{where}: {msg}{shown}")
+    return out
+
+
+def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ
+                  ) -> Settings:
+    """Read, merge and validate the configuration.
+
+    Args:
+        path: The TOML file, or ``None`` for the embedded defaults.
+        env: Environment for ``GPUHEALTH_<SECTION>__<KEY>`` overrides and secrets.
+
+    Returns:
+        Frozen settings with every default filled in (paths resolved against ``data_dir``).
+
+    Raises:
+        ConfigError: The file is missing or not TOML, a key is unknown, a value has the
+            wrong type, or a secret variable is unset; the message names the file and key.
+    """
+    source = str(path) if path is not None else "(defaults)"
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    overrides, origin = _env_overrides(env)
+    merged = _merge(raw, overrides)
+    if "source" in merged:
+        raise ConfigError(f"{source}: unknown key 'source'")
+    try:
+        settings = Settings.model_validate({**merged, "source": source})
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_messages(source, exc, origin))) from None
+    problems = _secret_problems(settings, env)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return settings
+
+
+def _secret_problems(settings: Settings, env: Mapping[str, str]) -> list[str]:
+    alerting = settings.alerting
+    problems: list[str] = []
+    if alerting.webhook_secret_env and not env.get(alerting.webhook_secret_env):
+        problems.append(f"{settings.source}: [alerting] webhook_secret_env: environment "
+                        f"variable {alerting.webhook_secret_env!r} is not set")
+    if alerting.webhook_secret_file and not alerting.webhook_secret_file.is_file():
+        problems.append(f"{settings.source}: [alerting] webhook_secret_file: no such file "
+                        f"{str(alerting.webhook_secret_file)!r}")
+    return problems
+
+
+def webhook_secret(settings: Settings, env: Mapping[str, str] = os.environ) -> str | None:
+    """Return the webhook signing secret from the environment or its file, or ``None``.
+
+    Never log the result.
+    """
+    alerting = settings.alerting
+    if alerting.webhook_secret_env:
+        return env.get(alerting.webhook_secret_env) or None
+    if alerting.webhook_secret_file:
+        text = alerting.webhook_secret_file.read_text(encoding="utf-8")
+        return text.splitlines()[0].strip() if text.strip() else None
+    return None
+
+
+def collector_options(settings: Settings, table: CollectorSettings,
+                      factory: Any) -> dict[str, Any]:
+    """Return the constructor kwargs for a collector table, adding ``node`` when accepted.
+
+    Args:
+        settings: The loaded settings (for the node name).
+        table: The collector's table.
+        factory: The plugin class (or callable) the options are for.
+    """
+    options = table.options
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return options
+    if "node" in params and "node" not in options:
+        options["node"] = settings.node.name
+    return options
+
+
+def check(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ
+          ) -> list[str]:
+    """Validate a configuration as ``gpuhealth config check`` does; ``[]`` when it is fine.
+
+    Besides :func:`load_settings`, checks that every enabled collector names an installed
+    plugin and that its keys are arguments of that plugin (without starting it).
+
+    Args:
+        path: The TOML file, or ``None`` for the embedded defaults.
+        env: Environment for overrides and secrets.
+
+    Returns:
+        One line per problem, each naming the file and the key.
+    """
+    from core import plugins
+
+    try:
+        settings = load_settings(path, env)
+    except ConfigError as exc:
+        return str(exc).splitlines()
+    problems: list[str] = []
+    for name, table in settings.enabled_collectors().items():
+        try:
+            factory = plugins.load("gpuhealth.collectors", table.type)
+        except PluginError as exc:
+            problems.append(f"{settings.source}: [collectors.{name}] type: {exc}")
+            continue
+        options = collector_options(settings, table, factory)
+        try:
+            inspect.signature(factory).bind(**options)
+        except TypeError as exc:
+            problems.append(f"{settings.source}: [collectors.{name}]: {exc}")
+        except ValueError:
+            continue
+    return problems

@@ -1,0 +1,269 @@
+"""``gpuhealth replay``: recorded files through the same pipeline as ``gpuhealth run``.
+
+Files (case files, folders of logs, a series of scrapes) are read in order with
+the artifact parsers and fed to one :class:`~gpuhealth.pipeline.Pipeline`; the
+pipeline evaluates after each file, as if the files arrived one after another.
+By default each file is its own node, named after the file's stem (the case
+collection's README: the same host name in two files is not the same machine);
+a ``node`` fact puts every file on that node. The fleet for the disruption
+budget is the set of replayed nodes unless ``cluster_size`` says otherwise.
+
+Remediation is always dry-run here: the report lists, per node, the findings
+worst first, the steps the policy would request and the steps it held back, and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from alerting.alerts import alert_to_json
+from analytics.fault_model import Rule, worst
+from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
+from collectors.artifact import read_artifact as _read_artifact
+from collectors.parsers import artifact_parsers
+from core.clock import Clock, system_clock
+from core.protocols import Notifier
+from core.records import (
+    ActionRequest,
+    Alert,
+    AuditRecord,
+    Finding,
+    NodeName,
+    Record,
+    Severity,
+)
+from gpuhealth.diagnose import expand_paths, finding_to_json
+from gpuhealth.pipeline import Pipeline
+from remediation.policy import DECISION_HELD, describe, describe_request
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeReplay:
+    """What the replay produced for one node.
+
+    Attributes:
+        node: The node name.
+        files: Input files attributed to the node.
+        findings: Findings about the node at the end of the replay, worst first.
+        alerts: Alerts sent for the node, in order.
+        actions: Dry-run action requests for the node, in order.
+        held: Audit records of steps held back for the node (budget, opt-out...).
+    """
+
+    node: str
+    files: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    actions: list[ActionRequest] = field(default_factory=list)
+    held: list[AuditRecord] = field(default_factory=list)
+
+    @property
+    def worst_severity(self) -> Severity:
+        """The worst severity among the node's findings (``info`` when none)."""
+        return worst(self.findings)[0]
+
+
+@dataclass(slots=True, kw_only=True)
+class ReplayReport:
+    """The result of one replay.
+
+    Attributes:
+        nodes: Per-node results in the order the nodes first appeared.
+        issues: Inputs or parts of inputs that could not be parsed.
+        disruption_limit: Nodes the policy could hold out of service at once.
+        audit: Every audit record written, in order.
+        dry_run: Always true for replays.
+    """
+
+    nodes: list[NodeReplay] = field(default_factory=list)
+    issues: list[ParseIssue] = field(default_factory=list)
+    disruption_limit: int = 1
+    audit: list[AuditRecord] = field(default_factory=list)
+    dry_run: bool = True
+
+    def node(self, name: str) -> NodeReplay | None:
+        """Return the result for node ``name``, or ``None``."""
+        return next((n for n in self.nodes if n.node == name), None)
+
+
+def node_of_file(path: str) -> str:
+    """Return the node name a file stands for when each file is its own node: its stem.
+
+    Examples:
+        >>> node_of_file("cases/001-xid79-fallen-off-bus.log")
+        '001-xid79-fallen-off-bus'
+    """
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _on_node(records: Iterable[Record], node: NodeName) -> Iterator[Record]:
+    """Move every record onto ``node`` (host names inside a file do not name our nodes)."""
+    for record in records:
+        yield record if record.node == node else dataclasses.replace(record, node=node)
+
+
+def replay(
+    paths: Sequence[str],
+    *,
+    facts: Mapping[str, str] | None = None,
+    audit_log_path: str | None = None,
+    clock: Clock = system_clock,
+    notifiers: Sequence[Notifier] = (),
+    max_disrupted_fraction: float = 0.10,
+    cluster_size: int | None = None,
+    opt_out_nodes: frozenset[str] = frozenset(),
+    min_alert_severity: Severity = Severity.WARNING,
+    default_year: int | None = None,
+    parsers: Sequence[ArtifactParser] | None = None,
+    rules: Sequence[Rule] | None = None,
+) -> ReplayReport:
+    """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
+
+    Args:
+        paths: Files or folders (walked in sorted order; ``README.md`` and
+            ``*.json`` are skipped).
+        facts: Machine facts; ``node`` puts every file on that node.
+        audit_log_path: JSONL audit log to append to; an existing log makes
+            a replay of the same incidents request nothing twice.
+        clock: Returns now, epoch seconds (alert and audit times).
+        notifiers: Where alerts go (none by default).
+        max_disrupted_fraction: Disruption budget as a fleet share, in (0, 1].
+        cluster_size: Fleet size for the budget; the number of replayed nodes by default.
+        opt_out_nodes: Nodes never remediated automatically.
+        min_alert_severity: Lowest severity that alerts.
+        default_year: Year for time stamps without one; ``None`` lets parsers infer it.
+        parsers: Artifact parsers; the registered ones by default.
+        rules: Fault-model rules; the registered ones by default.
+
+    Returns:
+        Per-node findings, alerts, dry-run actions and held-back steps.
+    """
+    facts = dict(facts or {})
+    files = list(expand_paths(list(paths)))
+    fixed_node = facts.get("node")
+    node_names = [fixed_node] if fixed_node else list(dict.fromkeys(map(node_of_file, files)))
+    size = cluster_size if cluster_size is not None else max(1, len(node_names))
+    pipeline = Pipeline(
+        facts=facts,
+        notifiers=notifiers,
+        audit_log_path=audit_log_path,
+        dry_run=True,
+        max_disrupted_fraction=max_disrupted_fraction,
+        cluster_size=size,
+        opt_out_nodes=opt_out_nodes,
+        min_alert_severity=min_alert_severity,
+        clock=clock,
+        rules=rules,
+    )
+    used_parsers = tuple(parsers) if parsers is not None else artifact_parsers()
+    report = ReplayReport(disruption_limit=pipeline.policy.disruption_limit)
+    per_node: dict[str, NodeReplay] = {}
+
+    def slot(name: str) -> NodeReplay:
+        found = per_node.get(name)
+        if found is None:
+            found = per_node[name] = NodeReplay(node=name)
+            report.nodes.append(found)
+        return found
+
+    findings: list[Finding] = []
+    for path in files:
+        node = NodeName(fixed_node or node_of_file(path))
+        slot(node).files.append(path)
+        result = ArtifactResult()
+        ctx = ParseContext(file=path, node=node, default_year=default_year)
+        pipeline.observe(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
+        report.issues.extend(result.issues)
+        output = pipeline.evaluate()
+        findings = output.findings
+        for alert in output.alerts:
+            slot(alert.labels.get("node", node)).alerts.append(alert)
+        for request in output.actions:
+            slot(request.node).actions.append(request)
+        for record in output.audit:
+            if record.decision == DECISION_HELD:
+                slot(record.node).held.append(record)
+        report.audit.extend(output.audit)
+    for finding in findings:
+        slot(finding.node).findings.append(finding)
+    return report
+
+
+def render_text(report: ReplayReport) -> str:
+    """Return the replay as text: per node, the actions, then the findings worst first.
+
+    A node's first line is ``node NAME: step, step, ... (dry-run)`` (``no action``
+    when there is none); held-back steps follow with why.
+    """
+    lines = [
+        f"replay: {len(report.nodes)} node(s), dry-run, disruption budget "
+        f"{report.disruption_limit} node(s)"
+    ]
+    for node in report.nodes:
+        steps = ", ".join(dict.fromkeys(describe_request(a) for a in node.actions))
+        lines.append(f"node {node.node}: {steps + ' (dry-run)' if steps else 'no action'}")
+        for held in node.held:
+            step = describe(held.step, held.entity, dict(held.details)) if held.step else "?"
+            lines.append(f"  held back: {step}: {held.reason}")
+        for f in node.findings:
+            lines.append(
+                f"  {f.severity.value.upper():8} {f.action.value:16} {f.entity} "
+                f"[{f.kind} {f.code}] {f.summary}"
+            )
+        if not node.findings:
+            lines.append("  no findings")
+    for issue in report.issues:
+        where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
+        lines.append(f"error: {where}: {issue.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def action_to_json(request: ActionRequest) -> dict[str, Any]:
+    """Return one action request as a JSON object."""
+    return {
+        "step": request.step.value,
+        "node": request.node,
+        "entity": request.entity,
+        "reason": request.reason,
+        "idempotency_key": request.idempotency_key,
+        "dry_run": request.dry_run,
+        "not_before_at": request.not_before_at,
+        "attrs": dict(request.attrs),
+        "description": describe_request(request),
+    }
+
+
+def to_json(report: ReplayReport) -> dict[str, Any]:
+    """Return the replay as a JSON object (``schema_version`` 1)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "dry_run": report.dry_run,
+        "disruption_limit": report.disruption_limit,
+        "nodes": [
+            {
+                "node": n.node,
+                "files": n.files,
+                "worst_severity": n.worst_severity.value,
+                "findings": [finding_to_json(f) for f in n.findings],
+                "alerts": [alert_to_json(a) for a in n.alerts],
+                "actions": [action_to_json(a) for a in n.actions],
+                "held": [
+                    {
+                        "step": h.step.value if h.step else None,
+                        "entity": h.entity,
+                        "why": h.reason,
+                        "idempotency_key": h.idempotency_key,
+                    }
+                    for h in n.held
+                ],
+            }
+            for n in report.nodes
+        ],
+        "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in report.issues],
+    }

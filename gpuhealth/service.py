@@ -1,0 +1,492 @@
+"""``gpuhealth run``: wire collectors, the store, the pipeline and ``/metrics`` into one process.
+
+Threads:
+
+- one per polled collector, calling ``collect()`` every ``interval_seconds``;
+- one per streaming collector (``stream()``, e.g. the kernel log);
+- one writer, which takes buffered records in batches (every ``flush_interval_seconds`` or
+  ``flush_max_records``), feeds them to the pipeline, writes them to the store, and runs
+  ``Pipeline.evaluate()`` every ``evaluate_interval_seconds``;
+- the ``/metrics`` HTTP server.
+
+A collector that raises :class:`CollectorUnavailable` is reported once at WARNING and
+retried rarely; any other exception in one collector is logged (once per exception type)
+and counted and never stops the others. SIGTERM and SIGINT set the stop event; shutdown
+joins the threads, writes every buffered record and closes the store.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from core import plugins
+from core.errors import (
+    CollectorUnavailable,
+    ConfigError,
+    GpuHealthError,
+    PluginError,
+    TemporaryError,
+)
+from core.protocols import Collector, Notifier, Store, StreamingCollector
+from core.records import Event, Record, Sample
+from gpuhealth.config import Settings, collector_options, webhook_secret
+from gpuhealth.metrics import MetricsExporter, MetricsServer
+from gpuhealth.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE_RETRY_SECONDS = 60.0
+"""How long to wait before retrying a collector whose source is gone (unless it says)."""
+
+STREAM_RESTART_SECONDS = 5.0
+"""Pause before restarting a stream that ended or failed."""
+
+JOIN_TIMEOUT_SECONDS = 5.0
+"""How long shutdown waits for each thread."""
+
+
+class RecordBuffer:
+    """A bounded FIFO of records between the collector threads and the writer.
+
+    Args:
+        max_records: Capacity; beyond it the oldest records are dropped and counted.
+    """
+
+    def __init__(self, *, max_records: int) -> None:
+        if max_records < 1:
+            raise ValueError(f"max_records must be >= 1, got {max_records!r}")
+        self.max_records = max_records
+        self.dropped = 0
+        self._items: collections.deque[Record] = collections.deque()
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def put(self, records: Sequence[Record]) -> None:
+        """Append records; wake the writer when a batch is full."""
+        if not records:
+            return
+        with self._cond:
+            self._items.extend(records)
+            over = len(self._items) - self.max_records
+            if over > 0:
+                for _ in range(over):
+                    self._items.popleft()
+                if self.dropped == 0:
+                    logger.warning("record buffer full (%d records): dropping the oldest; "
+                                   "the store is not keeping up", self.max_records)
+                self.dropped += over
+            self._cond.notify_all()
+
+    def take(self, *, max_records: int, wait_seconds: float,
+             stop: threading.Event | None = None) -> list[Record]:
+        """Wait until ``max_records`` are buffered, ``wait_seconds`` pass or ``stop`` is set.
+
+        Returns:
+            Up to ``max_records`` records, oldest first (possibly none).
+        """
+        deadline = time.monotonic() + wait_seconds
+        with self._cond:
+            while len(self._items) < max_records and not (stop is not None and stop.is_set()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.2))
+            count = min(max_records, len(self._items))
+            return [self._items.popleft() for _ in range(count)]
+
+
+@dataclass
+class _Counters:
+    """Errors of one collector by reason, as the service saw them."""
+
+    by_reason: collections.Counter[str] = field(default_factory=collections.Counter)
+    logged: set[str] = field(default_factory=set)
+
+
+class Service:
+    """The running service; :func:`run` is the usual way in.
+
+    Args:
+        settings: Loaded settings.
+        stop: Set to stop; one is made when ``None``.
+    """
+
+    def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
+        self.settings = settings
+        self.stop = stop or threading.Event()
+        self.exporter = MetricsExporter()
+        storage = settings.storage
+        self.buffer = RecordBuffer(max_records=storage.queue_max_records)
+        self.store: Store | None = None
+        self.pipeline: Pipeline | None = None
+        self.server: MetricsServer | None = None
+        self.collectors: dict[str, Collector] = {}
+        self._errors: dict[str, _Counters] = {}
+        self._threads: list[threading.Thread] = []
+        self._writer: threading.Thread | None = None
+        self._unwritten: list[Record] = []
+        self._last_value: dict[tuple[Any, ...], float] = {}
+        self._seen_findings: set[tuple[str, str, str, str]] = set()
+        self._logged: set[str] = set()
+        self._dirty = False
+
+    # --- start-up ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the data folder, build every plugin, start the threads.
+
+        Raises:
+            GpuHealthError: The store cannot be opened.
+            OSError: The data folder cannot be created or ``/metrics`` cannot be bound.
+        """
+        s = self.settings
+        s.node.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = plugins.build(
+            "gpuhealth.stores", s.storage.type,
+            {"path": str(s.storage_path), "retention_seconds": s.storage.retention_seconds},
+            expect=Store)
+        self._build_collectors()
+        self.pipeline = self._build_pipeline()
+        if s.metrics.enabled:
+            self.server = MetricsServer(exporter=self.exporter,
+                                        listen_address=s.metrics.listen_address,
+                                        port=s.metrics.port)
+            self.server.start()
+        self.exporter.inc("gpuhealth_samples_written_total", amount=0.0)
+        self.exporter.inc("gpuhealth_events_written_total", amount=0.0)
+        self.exporter.render()
+        logger.info(
+            "gpuhealth running on node %s: data in %s (store %s), metrics at %s, audit log %s"
+            " (remediation %s)",
+            s.node.name, s.node.data_dir, s.storage_path,
+            self.server.url if self.server else "disabled", s.audit_log_path,
+            "dry-run" if s.remediation.dry_run else "LIVE")
+        for name, collector in self.collectors.items():
+            if isinstance(collector, StreamingCollector):
+                target, args = self._stream_loop, (name, collector)
+            else:
+                interval = s.collectors[name].poll_interval_seconds
+                target, args = self._poll_loop, (name, collector, interval)  # type: ignore[assignment]
+            thread = threading.Thread(target=target, args=args, name=f"gpuhealth-{name}",
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        self._writer = threading.Thread(target=self._writer_loop, name="gpuhealth-writer",
+                                        daemon=True)
+        self._writer.start()
+
+    def _build_collectors(self) -> None:
+        for name, table in self.settings.enabled_collectors().items():
+            if table.type == "dcgm_exporter" and not table.options.get("url"):
+                logger.info("collector %r: no url set; dcgm-exporter is not scraped", name)
+                continue
+            try:
+                factory = plugins.load("gpuhealth.collectors", table.type)
+                options = collector_options(self.settings, table, factory)
+                self.collectors[name] = plugins.build(
+                    "gpuhealth.collectors", table.type, options, expect=Collector)
+            except PluginError as exc:
+                self._count(name, "build_failed")
+                logger.error("collector %r disabled: %s", name, exc)  # noqa: TRY400 (expected: no traceback)
+
+    def _build_pipeline(self) -> Pipeline:
+        s = self.settings
+        notifiers: list[Notifier] = []
+        wanted: list[tuple[str, dict[str, Any]]] = [("log", {})]
+        if s.alerting.webhook_url:
+            options: dict[str, Any] = {"url": s.alerting.webhook_url}
+            secret = webhook_secret(s)
+            if secret:
+                options["secret"] = secret
+            wanted.append(("webhook", options))
+        for kind, options in wanted:
+            try:
+                notifiers.append(plugins.build("gpuhealth.notifiers", kind, options,
+                                               expect=Notifier))
+            except PluginError as exc:
+                logger.error("notifier %r disabled: %s", kind, exc)  # noqa: TRY400 (expected: no traceback)
+        try:
+            return Pipeline(
+                facts=dict(s.inventory), notifiers=notifiers,
+                audit_log_path=str(s.audit_log_path), dry_run=s.remediation.dry_run,
+                max_disrupted_fraction=s.remediation.max_disrupted_fraction,
+                cluster_size=s.remediation.cluster_size,
+                opt_out_nodes=frozenset(s.remediation.opt_out_nodes),
+                min_alert_severity=s.alerting.min_severity,
+            )
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{s.source}: cannot start the analysis pipeline: {exc}") from exc
+
+    # --- collector threads ---------------------------------------------------------------
+
+    def _count(self, name: str, reason: str) -> bool:
+        """Count one error of collector ``name``; return True the first time for ``reason``."""
+        counters = self._errors.setdefault(name, _Counters())
+        counters.by_reason[reason] += 1
+        first = reason not in counters.logged
+        counters.logged.add(reason)
+        self._publish_errors(name)
+        self._dirty = True
+        return first
+
+    def _publish_errors(self, name: str) -> None:
+        own = self._errors.get(name, _Counters()).by_reason
+        reported = getattr(self.collectors.get(name), "errors_total", None)
+        merged: collections.Counter[str] = collections.Counter(own)
+        if isinstance(reported, collections.abc.Mapping):
+            for reason, count in reported.items():
+                if isinstance(count, int | float):
+                    merged[str(reason)] += int(count)
+        for reason, count in merged.items():
+            self.exporter.set("gpuhealth_collector_errors_total", count,
+                              {"collector": name, "reason": reason})
+
+    def _accept(self, name: str, records: Sequence[Record]) -> None:
+        self.buffer.put(records)
+        self.exporter.update(records)
+        self._publish_errors(name)
+
+    def _poll_loop(self, name: str, collector: Collector, interval: float) -> None:
+        unavailable = False
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                records = list(collector.collect())
+            except CollectorUnavailable as exc:
+                delay = max(interval, exc.retry_after_seconds or UNAVAILABLE_RETRY_SECONDS)
+                self._count(name, "unavailable")
+                if not unavailable:
+                    logger.warning("%s; running without the %r collector (retrying every %.0f s)",
+                                   exc, name, delay)
+                    unavailable = True
+                self.stop.wait(delay)
+                continue
+            except Exception as exc:
+                self._failed(name, exc)
+                self.stop.wait(interval)
+                continue
+            if unavailable:
+                logger.warning("collector %r is available again", name)
+                unavailable = False
+            elapsed = time.monotonic() - started
+            self._accept(name, records)
+            self.exporter.set("gpuhealth_collection_duration_seconds", elapsed,
+                              {"collector": name})
+            self.exporter.render()
+            self.stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def _failed(self, name: str, exc: BaseException) -> None:
+        reason = type(exc).__name__
+        if self._count(name, reason):
+            logger.error("collector %r failed: %s: %s (counted from now on; the others keep "
+                         "running)", name, reason, exc)
+        logger.debug("collector %r failed", name, exc_info=exc)
+
+    def _stream_loop(self, name: str, collector: StreamingCollector) -> None:
+        unavailable = False
+        while not self.stop.is_set():
+            delay = STREAM_RESTART_SECONDS
+            try:
+                for event in collector.stream():
+                    if unavailable:
+                        logger.warning("collector %r is available again", name)
+                        unavailable = False
+                    self._accept(name, [event])
+                    self._dirty = True
+                    if self.stop.is_set():
+                        break
+            except CollectorUnavailable as exc:
+                delay = exc.retry_after_seconds or UNAVAILABLE_RETRY_SECONDS
+                self._count(name, "unavailable")
+                if not unavailable:
+                    logger.warning("%s; running without the %r collector (retrying every %.0f s)",
+                                   exc, name, delay)
+                    unavailable = True
+            except Exception as exc:
+                self._failed(name, exc)
+            self.stop.wait(delay)
+
+    # --- writer thread -------------------------------------------------------------------
+
+    def _writer_loop(self) -> None:
+        s = self.settings
+        next_eval = time.monotonic() + s.analytics.evaluate_interval_seconds
+        while not self.stop.is_set():
+            batch = self.buffer.take(max_records=s.storage.flush_max_records,
+                                     wait_seconds=s.storage.flush_interval_seconds,
+                                     stop=self.stop)
+            self._deliver(batch)
+            if time.monotonic() >= next_eval:
+                next_eval = time.monotonic() + s.analytics.evaluate_interval_seconds
+                self._evaluate()
+            if self._dirty:
+                self._dirty = False
+                self.exporter.render()
+
+    def _observe(self, batch: Sequence[Record]) -> None:
+        """Give the pipeline every event and every sample whose value changed."""
+        if self.pipeline is None or not batch:
+            return
+        changed: list[Record] = []
+        for record in batch:
+            if isinstance(record, Sample):
+                key = (record.metric, record.node, record.entity,
+                       tuple(sorted(record.labels.items())))
+                if self._last_value.get(key) == record.value:
+                    continue
+                self._last_value[key] = record.value
+            changed.append(record)
+        try:
+            self.pipeline.observe(changed)
+        except Exception as exc:
+            self._log_once("observe", "pipeline.observe failed: %s", exc)
+
+    def _deliver(self, batch: Sequence[Record]) -> bool:
+        """Observe ``batch`` and write it with anything left from before; False on failure."""
+        self._observe(batch)
+        self._unwritten.extend(batch)
+        if not self._unwritten or self.store is None:
+            return True
+        samples = [r for r in self._unwritten if isinstance(r, Sample)]
+        events = [r for r in self._unwritten if isinstance(r, Event)]
+        try:
+            self.store.write(samples, events)
+        except TemporaryError as exc:
+            self._log_once("store_temporary", "store write failed, will retry: %s", exc)
+            self.exporter.inc("gpuhealth_collector_errors_total",
+                              {"collector": "store", "reason": "temporary"})
+            return False
+        except Exception as exc:
+            logger.error("store write failed; %d records lost: %s",  # noqa: TRY400
+                         len(self._unwritten), exc)
+            self.exporter.inc("gpuhealth_collector_errors_total",
+                              {"collector": "store", "reason": type(exc).__name__})
+            self._unwritten = []
+            return False
+        self._unwritten = []
+        self.exporter.inc("gpuhealth_samples_written_total", amount=len(samples))
+        self.exporter.inc("gpuhealth_events_written_total", amount=len(events))
+        self._dirty = True
+        return True
+
+    def _evaluate(self) -> None:
+        if self.pipeline is None:
+            return
+        try:
+            output = self.pipeline.evaluate()
+        except Exception as exc:
+            self._log_once("evaluate", "pipeline.evaluate failed: %s", exc)
+            logger.debug("pipeline.evaluate failed", exc_info=exc)
+            return
+        for finding in output.findings:
+            if finding.key not in self._seen_findings:
+                self._seen_findings.add(finding.key)
+                self.exporter.inc("gpuhealth_findings_total",
+                                  {"severity": finding.severity.value})
+        self._dirty = True
+
+    def _log_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.error(msg, *args)
+
+    # --- shutdown ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the threads, write everything buffered, close the store and the server."""
+        self.stop.set()
+        for collector in self.collectors.values():
+            close = getattr(collector, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:
+                    logger.warning("closing collector %r failed: %s", collector, exc)
+        for thread in [*self._threads, *([self._writer] if self._writer else [])]:
+            thread.join(timeout=JOIN_TIMEOUT_SECONDS)
+            if thread.is_alive():
+                logger.warning("thread %s did not stop within %.0f s", thread.name,
+                               JOIN_TIMEOUT_SECONDS)
+        self._drain()
+        if self.server is not None:
+            self.server.stop()
+        if self.store is not None:
+            close_store = getattr(self.store, "close", None)
+            if callable(close_store):
+                close_store()
+        if self.buffer.dropped:
+            logger.warning("%d records were dropped because the buffer was full",
+                           self.buffer.dropped)
+        logger.info("gpuhealth stopped")
+
+    def _drain(self) -> None:
+        """Write every buffered record (a locked store is retried a few times)."""
+        attempts = 0
+        while len(self.buffer) or self._unwritten:
+            batch = self.buffer.take(max_records=self.settings.storage.flush_max_records,
+                                     wait_seconds=0.0)
+            if self._deliver(batch):
+                attempts = 0
+                continue
+            attempts += 1
+            if not self._unwritten or attempts >= 10:
+                if self._unwritten:
+                    logger.error("%d records could not be written at shutdown",
+                                 len(self._unwritten))
+                break
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def _signals(stop: threading.Event) -> Iterator[None]:
+    """Let SIGTERM and SIGINT set ``stop`` while inside (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run(settings: Settings, *, stop: threading.Event | None = None) -> int:
+    """Run the service until ``stop`` is set or SIGTERM/SIGINT arrives.
+
+    Args:
+        settings: From :func:`gpuhealth.config.load_settings`.
+        stop: An event that stops the service when set (tests); SIGTERM and SIGINT set it.
+
+    Returns:
+        0 after a clean stop; 1 when start-up failed (store or ``/metrics`` unavailable).
+    """
+    stop = stop or threading.Event()
+    service = Service(settings, stop=stop)
+    with _signals(stop):
+        try:
+            service.start()
+        except (GpuHealthError, OSError) as exc:
+            logger.error("gpuhealth cannot start: %s", exc)  # noqa: TRY400 (expected: no traceback)
+            service.shutdown()
+            return 1
+        stop.wait()
+        service.shutdown()
+    return 0

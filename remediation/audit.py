@@ -1,0 +1,128 @@
+"""The append-only audit log of remediation decisions (JSON Lines).
+
+Each line is one JSON object, one :class:`~core.records.AuditRecord`, with the
+keys ``at`` (epoch seconds), ``actor``, ``decision`` (``requested``, ``held``,
+``duplicate``, ``resolved``), ``step`` (a remediation step or ``null``), ``node``,
+``entity``, ``reason``, ``idempotency_key``, ``dry_run`` and ``details`` (a
+string-to-string object). Lines are only ever appended; each write is flushed
+and ``fsync``'d before :meth:`AuditLog.append` returns, so a decision that was
+logged survives a crash. A missing folder is created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from core.records import AuditRecord, EntityId, NodeName, RemediationStep
+
+logger = logging.getLogger(__name__)
+
+
+def audit_to_json(record: AuditRecord) -> dict[str, Any]:
+    """Return ``record`` as its audit-log JSON object."""
+    return {
+        "at": record.at,
+        "actor": record.actor,
+        "decision": record.decision,
+        "step": record.step.value if record.step is not None else None,
+        "node": record.node,
+        "entity": record.entity,
+        "reason": record.reason,
+        "idempotency_key": record.idempotency_key,
+        "dry_run": record.dry_run,
+        "details": dict(record.details),
+    }
+
+
+def audit_from_json(obj: dict[str, Any]) -> AuditRecord:
+    """Return the record of one audit-log JSON object.
+
+    Raises:
+        KeyError: A required key is missing.
+        ValueError: ``step`` is not a remediation step.
+    """
+    step = obj.get("step")
+    return AuditRecord(
+        at=float(obj["at"]),
+        actor=str(obj["actor"]),
+        decision=str(obj["decision"]),
+        step=RemediationStep(step) if step is not None else None,
+        node=NodeName(str(obj["node"])),
+        entity=EntityId(str(obj["entity"])),
+        reason=str(obj["reason"]),
+        idempotency_key=str(obj["idempotency_key"]),
+        dry_run=bool(obj["dry_run"]),
+        details={str(k): str(v) for k, v in dict(obj.get("details") or {}).items()},
+    )
+
+
+class AuditLog:
+    """An append-only JSONL file of :class:`~core.records.AuditRecord`.
+
+    Args:
+        path: The file; created (with its folder) on the first append.
+
+    Raises:
+        ValueError: ``path`` is empty.
+    """
+
+    def __init__(self, *, path: str) -> None:
+        if not path:
+            raise ValueError("audit log path must not be empty")
+        self.path = path
+
+    def append(self, record: AuditRecord) -> None:
+        """Append one record and ``fsync`` it.
+
+        Raises:
+            OSError: The file cannot be written.
+        """
+        self.extend((record,))
+
+    def extend(self, records: Iterable[AuditRecord]) -> None:
+        """Append records in order, one line each, and ``fsync`` once they are all written.
+
+        Raises:
+            OSError: The file cannot be written.
+        """
+        lines = [
+            json.dumps(audit_to_json(r), sort_keys=True, separators=(",", ":")) + "\n"
+            for r in records
+        ]
+        if not lines:
+            return
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write("".join(lines))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read(self) -> list[AuditRecord]:
+        """Return every record in the file, oldest first (empty when there is no file).
+
+        A line that is not a valid record (a write cut short by a crash) is
+        skipped with a warning.
+        """
+        return read_audit_log(self.path)
+
+
+def read_audit_log(path: str) -> list[AuditRecord]:
+    """Return every record of the audit log at ``path``, oldest first; ``[]`` when it is absent."""
+    if not os.path.exists(path):
+        return []
+    records: list[AuditRecord] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(audit_from_json(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("%s:%d: skipping unreadable audit record: %s", path, number, exc)
+    return records

@@ -1,0 +1,649 @@
+"""The remediation policy: from a finding to ordered, guarded, idempotent action requests.
+
+:func:`ladder` maps a finding's severity, recommended action and entity to the
+ordered remediation steps of ``docs/remediation.md`` (from ``docs/fault-model.md``:
+critical takes the GPU or node out of service now, major drains at the next safe
+point, warning defers to the next opportunity, info does nothing).
+:class:`RemediationPolicy` turns those steps into
+:class:`~core.records.ActionRequest` records under the guards: dry-run by default, a
+fleet-wide disruption budget, per-node opt-out, a minimum confidence and
+idempotency on ``<alert fingerprint>/<step>``. Every decision, taken or held
+back, comes with an :class:`~core.records.AuditRecord` saying why.
+
+The policy decides; it neither submits requests nor writes the audit log (the
+pipeline does both), so it can be tested with literal findings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from alerting.alerts import NETWORK_KINDS, alert_name
+from core.clock import Clock, system_clock
+from core.records import (
+    NODE_ENTITY,
+    Action,
+    ActionRequest,
+    AuditRecord,
+    EntityId,
+    Finding,
+    NodeName,
+    RemediationStep,
+    Severity,
+)
+
+logger = logging.getLogger(__name__)
+
+NOW = "now"
+"""``when``: carry the step out at once."""
+NEXT_SAFE_POINT = "next_safe_point"
+"""``when``: at the next point where no running job is killed (jobs finish first)."""
+IDLE = "idle"
+"""``when``: once the target is idle (deferred to the next opportunity)."""
+
+SCOPE_NODE = "node"
+SCOPE_GPU = "gpu"
+SCOPE_MULTI_NODE_JOBS = "multi_node_jobs"
+"""``scope`` of a drain that only keeps the node out of multi-node jobs."""
+
+MODE_EVICT = "evict"
+"""``mode`` of a drain that evicts running work (respecting disruption budgets of the scheduler)."""
+MODE_ALLOW_COMPLETION = "allow_completion"
+"""``mode`` of a drain that stops new work and lets running work finish."""
+
+DECISION_REQUESTED = "requested"
+DECISION_HELD = "held"
+DECISION_DUPLICATE = "duplicate"
+DECISION_RESOLVED = "resolved"
+
+REASON_MAX_CHARS = 200
+"""Reasons written onto nodes are cut to this length (Slurm ``Reason=`` stays readable)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedStep:
+    """One step of the ladder for a finding, before the guards.
+
+    Attributes:
+        step: The remediation step.
+        entity: The GPU for GPU-level steps, else ``"node"``.
+        when: :data:`NOW`, :data:`NEXT_SAFE_POINT` or :data:`IDLE`.
+        scope: :data:`SCOPE_NODE`, :data:`SCOPE_GPU` or :data:`SCOPE_MULTI_NODE_JOBS`.
+        mode: For drains, :data:`MODE_EVICT` or :data:`MODE_ALLOW_COMPLETION`; else ``""``.
+    """
+
+    step: RemediationStep
+    entity: EntityId
+    when: str = NOW
+    scope: str = SCOPE_NODE
+    mode: str = ""
+
+    @property
+    def disrupts_node(self) -> bool:
+        """Whether the step takes (part of) the node out of service: counted by the budget."""
+        if self.step in (RemediationStep.CORDON, RemediationStep.REBOOT, RemediationStep.HAND_OFF):
+            return True
+        return self.step == RemediationStep.DRAIN and self.scope != SCOPE_GPU
+
+    def attrs(self) -> dict[str, str]:
+        """Return the ``ActionRequest.attrs`` of the step."""
+        attrs = {"when": self.when, "scope": self.scope}
+        if self.mode:
+            attrs["mode"] = self.mode
+        return attrs
+
+
+def gpu_of(finding: Finding) -> EntityId | None:
+    """Return the GPU a finding is about, or ``None`` for node, host and network findings."""
+    if finding.entity == NODE_ENTITY:
+        return None
+    if finding.kind in NETWORK_KINDS or finding.kind.startswith("host_"):
+        return None
+    return finding.entity
+
+
+def ladder(finding: Finding, *, gpu_level_drain: bool = True) -> list[PlannedStep]:
+    """Return the ordered remediation steps for ``finding`` (``docs/remediation.md``).
+
+    Args:
+        finding: The diagnosis; its severity, action, entity and kind decide.
+        gpu_level_drain: Whether the scheduler can drain one GPU's work (Kubernetes
+            device plugins, Slurm GRES); if not, a GPU fault drains the node.
+
+    Returns:
+        Steps in the order they must run; empty for ``info``.
+    """
+    node = NODE_ENTITY
+    gpu = gpu_of(finding)
+    sev, action = finding.severity, finding.action
+    notify = PlannedStep(step=RemediationStep.NOTIFY, entity=finding.entity)
+    cordon = PlannedStep(step=RemediationStep.CORDON, entity=node)
+    drain_now = PlannedStep(step=RemediationStep.DRAIN, entity=node, mode=MODE_EVICT)
+    drain_later = PlannedStep(
+        step=RemediationStep.DRAIN, entity=node, when=NEXT_SAFE_POINT, mode=MODE_ALLOW_COMPLETION
+    )
+    if sev == Severity.INFO:
+        return []
+    if sev == Severity.WARNING:
+        if action == Action.RESET_GPU and gpu is not None:
+            # Pending row remap, Xid 94/63: reset at the next opportunity, no cordon (MEMERR).
+            return [
+                PlannedStep(
+                    step=RemediationStep.DRAIN,
+                    entity=gpu,
+                    when=NEXT_SAFE_POINT,
+                    scope=SCOPE_GPU,
+                    mode=MODE_ALLOW_COMPLETION,
+                ),
+                PlannedStep(step=RemediationStep.RESET_GPU, entity=gpu, when=IDLE, scope=SCOPE_GPU),
+            ]
+        return [notify]
+    if sev == Severity.MAJOR:
+        if action == Action.CHECK_NETWORK:
+            return [
+                notify,
+                PlannedStep(
+                    step=RemediationStep.DRAIN,
+                    entity=node,
+                    when=NEXT_SAFE_POINT,
+                    scope=SCOPE_MULTI_NODE_JOBS,
+                    mode=MODE_ALLOW_COMPLETION,
+                ),
+            ]
+        if action == Action.RESET_GPU:
+            if gpu is not None and gpu_level_drain:
+                return [
+                    notify,
+                    PlannedStep(
+                        step=RemediationStep.DRAIN,
+                        entity=gpu,
+                        when=NEXT_SAFE_POINT,
+                        scope=SCOPE_GPU,
+                        mode=MODE_ALLOW_COMPLETION,
+                    ),
+                    PlannedStep(
+                        step=RemediationStep.RESET_GPU, entity=gpu, when=IDLE, scope=SCOPE_GPU
+                    ),
+                ]
+            target, scope = (gpu, SCOPE_GPU) if gpu is not None else (node, SCOPE_NODE)
+            return [
+                notify,
+                drain_later,
+                PlannedStep(step=RemediationStep.RESET_GPU, entity=target, when=IDLE, scope=scope),
+            ]
+        if action == Action.REBOOT_NODE:
+            return [
+                notify,
+                drain_later,
+                PlannedStep(step=RemediationStep.REBOOT, entity=node, when=IDLE),
+            ]
+        if action == Action.SERVICE_HARDWARE:
+            return [
+                notify,
+                drain_later,
+                PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity, when=IDLE),
+            ]
+        return [notify]
+    # Critical: out of service now, then the recommended action.
+    if action == Action.REBOOT_NODE:
+        return [cordon, drain_now, PlannedStep(step=RemediationStep.REBOOT, entity=node)]
+    if action == Action.RESET_GPU:
+        if gpu is not None and gpu_level_drain:
+            return [
+                PlannedStep(
+                    step=RemediationStep.DRAIN, entity=gpu, scope=SCOPE_GPU, mode=MODE_EVICT
+                ),
+                PlannedStep(step=RemediationStep.RESET_GPU, entity=gpu, scope=SCOPE_GPU),
+            ]
+        target, scope = (gpu, SCOPE_GPU) if gpu is not None else (node, SCOPE_NODE)
+        return [
+            cordon,
+            drain_now,
+            PlannedStep(step=RemediationStep.RESET_GPU, entity=target, scope=scope),
+        ]
+    if action == Action.SERVICE_HARDWARE:
+        return [
+            cordon,
+            drain_now,
+            PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity),
+        ]
+    if action in (Action.CHECK_NETWORK, Action.FIX_CONFIG):
+        return [notify, cordon, drain_now]
+    if action == Action.RESTART_APP:
+        return [notify, PlannedStep(step=RemediationStep.RESTART, entity=finding.entity)]
+    return [notify]
+
+
+def describe(step: RemediationStep, entity: str, attrs: dict[str, str] | None = None) -> str:
+    """Return a short phrase for a step: ``cordon node``, ``reset GPU 0000:b1:00.0 when idle``.
+
+    Examples:
+        >>> describe(RemediationStep.REBOOT, "node")
+        'reboot node'
+        >>> describe(RemediationStep.RESET_GPU, "gpu:1", {"when": "idle", "scope": "gpu"})
+        'reset GPU gpu:1 when idle'
+    """
+    attrs = attrs or {}
+    target = "node" if entity == NODE_ENTITY else f"GPU {entity}"
+    if step == RemediationStep.NOTIFY:
+        text = "notify"
+    elif step == RemediationStep.HAND_OFF:
+        text = f"hand off {'node' if entity == NODE_ENTITY else entity} to hardware service"
+    elif step == RemediationStep.RESET_GPU:
+        text = "reset all GPUs of node" if entity == NODE_ENTITY else f"reset GPU {entity}"
+    elif step == RemediationStep.RESTART:
+        text = f"restart the workload on {target}"
+    elif step == RemediationStep.DRAIN and attrs.get("scope") == SCOPE_MULTI_NODE_JOBS:
+        text = "drain node from multi-node jobs"
+    else:
+        text = f"{step.value} {target}"
+    when = attrs.get("when", NOW)
+    if when == NEXT_SAFE_POINT:
+        text += " at the next safe point"
+    elif when == IDLE:
+        text += " when idle"
+    return text
+
+
+def describe_request(request: ActionRequest) -> str:
+    """Return a short phrase for ``request`` (see :func:`describe`)."""
+    return describe(request.step, request.entity, dict(request.attrs))
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    """What one decision produced: the requests to submit and the audit records to write."""
+
+    requests: list[ActionRequest] = field(default_factory=list)
+    audit: list[AuditRecord] = field(default_factory=list)
+
+    def extend(self, other: PolicyResult) -> None:
+        """Append ``other``'s requests and records."""
+        self.requests.extend(other.requests)
+        self.audit.extend(other.audit)
+
+
+class RemediationPolicy:
+    """Decides which remediation steps to request for a finding, under the guards.
+
+    Guards, in the order they are checked for each step other than ``notify``:
+
+    1. per-node opt-out (``opt_out_nodes``): held back;
+    2. confidence below ``min_confidence``: held back;
+    3. the disruption budget: a step that takes a node out of service (cordon,
+       node drain, reboot, hand-off) is held back when
+       ``max(1, floor(max_disrupted_fraction * cluster_size))`` nodes are already
+       out of service because of gpuhealth and this node is not one of them.
+
+    Once a step of a plan is held back, the steps after it are held back too
+    (no reset without its drain). Idempotency: a step is requested once per
+    incident, keyed ``<fingerprint>/<step>`` (``<fingerprint>.<n>/<step>`` for the
+    n-th recurrence after a resolve); asking again yields a ``duplicate`` record.
+
+    Args:
+        dry_run: Mark requests as dry-run (record only, change nothing).
+        max_disrupted_fraction: Fleet share of nodes that gpuhealth may hold out of
+            service at once, in (0, 1]; default 0.10.
+        cluster_size: Number of nodes in the fleet, >= 1.
+        opt_out_nodes: Nodes never remediated automatically (notify still happens).
+        gpu_level_drain: Whether the scheduler can drain one GPU's work.
+        min_confidence: Findings below this confidence (0-1) only notify.
+        actor: The ``actor`` of audit records.
+        clock: Returns now, epoch seconds.
+
+    Raises:
+        ValueError: A fraction, size or confidence out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        dry_run: bool = True,
+        max_disrupted_fraction: float = 0.10,
+        cluster_size: int = 1,
+        opt_out_nodes: frozenset[str] = frozenset(),
+        gpu_level_drain: bool = True,
+        min_confidence: float = 0.5,
+        actor: str = "gpuhealth",
+        clock: Clock = system_clock,
+    ) -> None:
+        if not 0.0 < max_disrupted_fraction <= 1.0:
+            raise ValueError(
+                f"max_disrupted_fraction must be in (0, 1], got {max_disrupted_fraction!r}"
+            )
+        if cluster_size < 1:
+            raise ValueError(f"cluster_size must be >= 1, got {cluster_size!r}")
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence!r}")
+        self.dry_run = dry_run
+        self.max_disrupted_fraction = max_disrupted_fraction
+        self.cluster_size = cluster_size
+        self.opt_out_nodes = frozenset(opt_out_nodes)
+        self.gpu_level_drain = gpu_level_drain
+        self.min_confidence = min_confidence
+        self.actor = actor
+        self.clock = clock
+        self._done: set[str] = set()
+        self._incident: dict[str, int] = {}
+        self._active: set[str] = set()
+        self._out_of_service: dict[str, set[str]] = {}
+        self._held: dict[str, Finding] = {}
+        self._shared: dict[str, dict[tuple[str, str, str, str], tuple[str, set[str]]]] = {}
+
+    @property
+    def disruption_limit(self) -> int:
+        """Nodes gpuhealth may hold out of service at once: ``max(1, floor(fraction x size))``."""
+        return max(1, math.floor(self.max_disrupted_fraction * self.cluster_size + 1e-9))
+
+    @property
+    def out_of_service(self) -> frozenset[str]:
+        """Nodes out of service because of gpuhealth now (in dry-run: would be)."""
+        return frozenset(self._out_of_service)
+
+    @property
+    def held(self) -> frozenset[str]:
+        """Fingerprints with steps held back, retried by :meth:`retry_held`."""
+        return frozenset(self._held)
+
+    def _prefix(self, fingerprint: str) -> tuple[str, int]:
+        n = self._incident.get(fingerprint, 1)
+        return (fingerprint if n == 1 else f"{fingerprint}.{n}"), n
+
+    def decide(self, finding: Finding, *, fingerprint: str) -> PolicyResult:
+        """Decide the steps for ``finding``, whose alert has ``fingerprint``.
+
+        Returns:
+            The new requests (in ladder order) and one audit record per step:
+            ``requested``, ``held`` (with why) or ``duplicate``.
+        """
+        return self._decide(finding, fingerprint, quiet_holds=False)
+
+    def retry_held(self) -> PolicyResult:
+        """Decide again for every finding with held-back steps (after the budget freed up).
+
+        Holds that persist are not audited again; only steps now taken are.
+        """
+        result = PolicyResult()
+        for fp, finding in list(self._held.items()):
+            result.extend(self._decide(finding, fp, quiet_holds=True))
+        return result
+
+    def _decide(self, finding: Finding, fp: str, *, quiet_holds: bool) -> PolicyResult:
+        now = self.clock()
+        prefix, incident = self._prefix(fp)
+        node = finding.node
+        name = alert_name(finding.kind, finding.code)
+        reason = _cut(
+            f"gpuhealth: {name} {finding.severity.value} {finding.action.value} "
+            f"on {finding.entity}: {finding.summary}"
+        )
+        base = {
+            "fingerprint": fp,
+            "incident": str(incident),
+            "alertname": name,
+            "severity": finding.severity.value,
+            "action": finding.action.value,
+            "kind": finding.kind,
+            "code": finding.code,
+        }
+        result = PolicyResult()
+        self._active.add(fp)
+        held_before: str | None = None
+        any_held = False
+        for planned in ladder(finding, gpu_level_drain=self.gpu_level_drain):
+            key = f"{prefix}/{planned.step.value}"
+            details = {
+                **base,
+                **planned.attrs(),
+                "disrupts_node": "true" if planned.disrupts_node else "false",
+            }
+            if key in self._done:
+                if not quiet_holds:
+                    result.audit.append(
+                        self._record(
+                            now,
+                            DECISION_DUPLICATE,
+                            planned,
+                            node,
+                            key,
+                            details,
+                            "already requested for this incident",
+                        )
+                    )
+                continue
+            step_id = _step_id(planned)
+            shared = self._shared.get(node, {}).get(step_id) if step_id else None
+            if shared is not None:
+                other, holders = shared
+                holders.add(fp)
+                if planned.disrupts_node:
+                    self._out_of_service.setdefault(node, set()).add(fp)
+                if not quiet_holds:
+                    result.audit.append(
+                        self._record(
+                            now,
+                            DECISION_DUPLICATE,
+                            planned,
+                            node,
+                            key,
+                            details,
+                            f"already requested by another incident ({other})",
+                        )
+                    )
+                continue
+            why = self._guard(finding, planned, fp, held_before)
+            if why is not None:
+                any_held = True
+                held_before = held_before or why
+                if not quiet_holds:
+                    logger.info("held back %s on %s: %s", planned.step.value, node, why)
+                    result.audit.append(
+                        self._record(now, DECISION_HELD, planned, node, key, details, why)
+                    )
+                continue
+            request = ActionRequest(
+                step=planned.step,
+                node=node,
+                entity=planned.entity,
+                reason=reason,
+                idempotency_key=key,
+                dry_run=self.dry_run,
+                attrs=planned.attrs(),
+            )
+            self._done.add(key)
+            if planned.disrupts_node:
+                self._out_of_service.setdefault(node, set()).add(fp)
+            if step_id is not None:
+                self._shared.setdefault(node, {})[step_id] = (key, {fp})
+            result.requests.append(request)
+            result.audit.append(
+                self._record(now, DECISION_REQUESTED, planned, node, key, details, reason)
+            )
+        if any_held:
+            self._held[fp] = finding
+        else:
+            self._held.pop(fp, None)
+        return result
+
+    def _guard(
+        self, finding: Finding, planned: PlannedStep, fp: str, held_before: str | None
+    ) -> str | None:
+        """Return why ``planned`` must be held back, or ``None`` to take it."""
+        if planned.step == RemediationStep.NOTIFY:
+            return None
+        if finding.node in self.opt_out_nodes:
+            return "node opted out of automatic remediation"
+        if finding.confidence < self.min_confidence:
+            return f"confidence {finding.confidence:.2f} below {self.min_confidence:.2f}"
+        if held_before is not None:
+            return f"an earlier step was held back ({held_before})"
+        if planned.disrupts_node:
+            holders = self._out_of_service.get(finding.node)
+            if not holders and len(self._out_of_service) >= self.disruption_limit:
+                names = ", ".join(sorted(self._out_of_service))
+                return (
+                    f"disruption budget exhausted: {len(self._out_of_service)} of "
+                    f"{self.disruption_limit} node(s) out of service because of gpuhealth "
+                    f"({names})"
+                )
+        return None
+
+    def resolve(self, *, fingerprint: str, node: str) -> PolicyResult:
+        """Account for the alert ``fingerprint`` on ``node`` having resolved.
+
+        Frees the node's budget slot once no other incident holds it, and then
+        requests ``resume`` for the node. Later recurrences of the fault are new
+        incidents (new idempotency keys). Nothing is recorded for an alert the
+        policy never decided on.
+        """
+        self._held.pop(fingerprint, None)
+        if fingerprint not in self._active:
+            return PolicyResult()
+        now = self.clock()
+        prefix, incident = self._prefix(fingerprint)
+        result = PolicyResult()
+        self._active.discard(fingerprint)
+        self._incident[fingerprint] = incident + 1
+        details = {"fingerprint": fingerprint, "incident": str(incident)}
+        result.audit.append(
+            AuditRecord(
+                at=now,
+                actor=self.actor,
+                decision=DECISION_RESOLVED,
+                step=None,
+                node=NodeName(node),
+                entity=NODE_ENTITY,
+                reason="the finding is gone",
+                idempotency_key=prefix,
+                dry_run=self.dry_run,
+                details=details,
+            )
+        )
+        self._unshare(node, fingerprint)
+        holders = self._out_of_service.get(node)
+        if holders is not None and fingerprint in holders:
+            holders.discard(fingerprint)
+            if not holders:
+                del self._out_of_service[node]
+                planned = PlannedStep(step=RemediationStep.RESUME, entity=NODE_ENTITY)
+                key = f"{prefix}/{RemediationStep.RESUME.value}"
+                reason = "gpuhealth: resolved, return to service"
+                result.requests.append(
+                    ActionRequest(
+                        step=RemediationStep.RESUME,
+                        node=NodeName(node),
+                        entity=NODE_ENTITY,
+                        reason=reason,
+                        idempotency_key=key,
+                        dry_run=self.dry_run,
+                        attrs=planned.attrs(),
+                    )
+                )
+                self._done.add(key)
+                result.audit.append(
+                    self._record(
+                        now,
+                        DECISION_REQUESTED,
+                        planned,
+                        NodeName(node),
+                        key,
+                        {**details, **planned.attrs(), "disrupts_node": "false"},
+                        reason,
+                    )
+                )
+        return result
+
+    def restore(self, records: Iterable[AuditRecord]) -> None:
+        """Rebuild idempotency, incident and budget state from an earlier audit log.
+
+        So that replaying the same incident after a restart requests nothing twice.
+        """
+        for record in records:
+            fp = record.details.get("fingerprint")
+            if fp is None:
+                continue
+            if record.decision in (DECISION_REQUESTED, DECISION_DUPLICATE):
+                if record.decision == DECISION_REQUESTED:
+                    self._done.add(record.idempotency_key)
+                if record.step != RemediationStep.RESUME:
+                    self._active.add(fp)
+                if record.details.get("disrupts_node") == "true":
+                    self._out_of_service.setdefault(record.node, set()).add(fp)
+                step_id = _step_id_of_record(record)
+                if step_id is not None:
+                    steps = self._shared.setdefault(record.node, {})
+                    steps.setdefault(step_id, (record.idempotency_key, set()))[1].add(fp)
+            elif record.decision == DECISION_RESOLVED:
+                self._active.discard(fp)
+                self._incident[fp] = int(record.details.get("incident", "1")) + 1
+                self._unshare(record.node, fp)
+                holders = self._out_of_service.get(record.node)
+                if holders is not None:
+                    holders.discard(fp)
+                    if not holders:
+                        del self._out_of_service[record.node]
+
+    def _unshare(self, node: str, fingerprint: str) -> None:
+        """Drop ``fingerprint`` from the steps it shares on ``node``; forget steps nobody holds."""
+        steps = self._shared.get(node)
+        if steps is None:
+            return
+        for step_id in list(steps):
+            holders = steps[step_id][1]
+            holders.discard(fingerprint)
+            if not holders:
+                del steps[step_id]
+        if not steps:
+            del self._shared[node]
+
+    def _record(
+        self,
+        now: float,
+        decision: str,
+        planned: PlannedStep,
+        node: NodeName,
+        key: str,
+        details: dict[str, str],
+        reason: str,
+    ) -> AuditRecord:
+        return AuditRecord(
+            at=now,
+            actor=self.actor,
+            decision=decision,
+            step=planned.step,
+            node=node,
+            entity=planned.entity,
+            reason=reason,
+            idempotency_key=key,
+            dry_run=self.dry_run,
+            details=details,
+        )
+
+
+def _step_id(planned: PlannedStep) -> tuple[str, str, str, str] | None:
+    """Return what makes a step the same as another incident's step, or ``None`` (never shared).
+
+    Two incidents on one node that both need the node cordoned, or the same GPU
+    reset, share one request: the second is recorded as a duplicate.
+    """
+    if planned.step in (RemediationStep.NOTIFY, RemediationStep.RESUME):
+        return None
+    return (planned.entity, planned.step.value, planned.scope, planned.when)
+
+
+def _step_id_of_record(record: AuditRecord) -> tuple[str, str, str, str] | None:
+    if record.step is None or record.step in (RemediationStep.NOTIFY, RemediationStep.RESUME):
+        return None
+    return (
+        record.entity,
+        record.step.value,
+        record.details.get("scope", SCOPE_NODE),
+        record.details.get("when", NOW),
+    )
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= REASON_MAX_CHARS else text[: REASON_MAX_CHARS - 1] + "…"

@@ -1,0 +1,386 @@
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from collectors.artifact import ArtifactResult, Line, ParseContext, read_artifact
+from collectors.kernel_log import (
+    PARSERS,
+    KernelLogCollector,
+    KernelLogParser,
+    KernelLogSession,
+    NvidiaSmiErrorParser,
+    kmsg_to_dmesg,
+    parse_kernel_lines,
+)
+from core.errors import CollectorUnavailable
+from core.records import Event, NodeName
+from tests.conftest import cases_dir
+
+CTX = ParseContext(file="k.log", node=NodeName("n1"))
+
+
+def events(lines: list[str], ctx: ParseContext = CTX) -> list[Event]:
+    return list(parse_kernel_lines(lines, ctx))
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+XID79 = "NVRM: Xid (PCI:0000:b1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    ("line", "observed_at"),
+    [
+        (f"[Fri Apr  5 21:29:39 2024] {XID79}", at("2024-04-05T21:29:39")),
+        (f"[ 1843.308145] {XID79}", None),
+        (f"2024-04-05T21:29:39+0000 node-a kernel: {XID79}", at("2024-04-05T21:29:39")),
+        (f"2024-04-05T23:29:39+02:00 node-a kernel: {XID79}", at("2024-04-05T21:29:39")),
+        (f"2024-04-05T21:29:39.250000Z {XID79}", at("2024-04-05T21:29:39.25")),
+        (f"192.0.2.1: kern: warning: [2024-04-05T21:29:39.52643656Z]: {XID79}",
+         at("2024-04-05T21:29:39.526436")),
+        (f"kern  :warn  : [ 1843.308145] {XID79}", None),
+        (XID79, None),
+    ],
+)
+def test_stamp_formats(line: str, observed_at: float | None) -> None:
+    (ev,) = [e for e in events([line]) if e.kind == "xid"]
+    assert ev.code == "79"
+    assert ev.entity == "0000:b1:00.0"
+    assert ev.observed_at == (pytest.approx(observed_at) if observed_at is not None else None)
+    assert ev.evidence[0].text == line
+    assert ev.evidence[0].line == 1
+
+
+def test_syslog_with_host_and_uptime_and_default_year() -> None:
+    ctx = ParseContext(file="s.log", node=NodeName("n1"), default_year=2023)
+    line = f"Dec  2 11:38:47 node-a kernel: [  219.470994] {XID79}"
+    (ev,) = events([line], ctx)
+    assert ev.observed_at == at("2023-12-02T11:38:47")
+    assert "year_assumed" not in ev.attrs
+    assert ev.attrs["uptime_seconds"] == "219.470994"
+
+
+def test_yearless_takes_year_of_other_stamp_in_file() -> None:
+    lines = [
+        f"Mar 27 17:40:36 kernel: {XID79}",
+        "[Thu Apr  4 18:03:56 2019] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.161.07",
+    ]
+    xid = [e for e in events(lines) if e.kind == "xid"][0]
+    assert datetime.fromtimestamp(xid.observed_at or 0, UTC).year == 2019
+    assert "year_assumed" not in xid.attrs
+
+
+def test_yearless_assumes_current_year_and_says_so() -> None:
+    (ev,) = events([f"Jan  1 00:00:01 host kernel: {XID79}"])
+    assert ev.attrs["year_assumed"] == str(datetime.now(UTC).year)
+    assert ev.observed_at is not None
+
+
+def test_dmesg_T_continuation_joined() -> None:
+    lines = [
+        "[Fri Apr  5 21:29:39 2024] NVRM: GPU 0000:b1:00.0: GPU has fallen off the bus.",
+        "[Fri Apr  5 21:29:39 2024] NVRM: A GPU crash dump has been created. If possible, please run",
+        "                           NVRM: nvidia-bug-report.sh as root to collect this data before",
+        "                           NVRM: the NVIDIA kernel module is unloaded.",
+    ]
+    evs = events(lines)
+    assert [(e.kind, e.code) for e in evs] == [("gpu_lost", "fallen_off_bus")]
+
+
+def test_uptime_continuation_names_gpu_on_first_line() -> None:
+    lines = [
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:c4:00.0",
+        "               NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "               NVRM: fallen off the bus and is not responding to commands.",
+        "[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).",
+    ]
+    evs = events(lines)
+    lost = [e for e in evs if e.kind == "gpu_lost"]
+    assert len(lost) == 1
+    assert lost[0].entity == "0000:c4:00.0"
+    assert [e.line for e in lost[0].evidence] == [1, 2, 3]
+    assert any(e.kind == "gpu_init_failure" and e.code == "probe_failed" for e in evs)
+
+
+def test_journal_split_continuation_joined_by_stamp() -> None:
+    lines = [
+        "Mar 27 17:40:36 h kernel: NVRM: The NVIDIA GPU 0000:c4:00.0",
+        "Mar 27 17:40:36 h kernel: NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "Mar 27 17:40:36 h kernel: NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    (ev,) = events(lines)
+    assert (ev.kind, ev.entity, len(ev.evidence)) == ("gpu_lost", "0000:c4:00.0", 3)
+
+
+def test_state_kept_across_feeds() -> None:
+    session = KernelLogSession(ctx=CTX)
+    out = list(session.feed([Line(1, "[ 1.0] NVRM: The NVIDIA GPU 0000:c4:00.0")]))
+    out += session.feed([Line(2, "               NVRM: fallen off the bus and is gone.")])
+    out += session.close()
+    assert [(e.kind, e.entity) for e in out if isinstance(e, Event)] == [
+        ("gpu_lost", "0000:c4:00.0")
+    ]
+
+
+def test_rpc_history_table_is_one_event() -> None:
+    lines = [
+        "[   84.300488] NVRM: GPU6 _kgspLogRpcTimeout: ****** GSP Timeout ******",
+        "[   84.738325] NVRM:     -2    73   SET_REGISTRY   0 0x0 0x0",
+        "[   84.738339] NVRM: GPU6 RPC event history (CPU <- GSP):",
+        "[   84.738342] NVRM:     entry function    sequence data0",
+        "[   84.738345] NVRM:      0    4124 GSP_LOCKDOWN_NOTICE  0 0x0",
+        "[   85.000000] usb 1-1: new device",
+    ]
+    (ev,) = events(lines)
+    assert (ev.kind, ev.code, ev.entity) == ("gsp_rpc_timeout", "rpc_timeout", "gpu:6")
+    assert len(ev.evidence) == 5
+    assert ev.attrs["at_boot"] == "yes"
+
+
+def test_xid154_and_nvlink5_decode() -> None:
+    lines = [
+        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to "
+        "0x2 (Node Reboot Required)",
+        "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 02 (0x0004b500 "
+        "0x00000008 0x00000000 0x00000000)",
+        "NVRM: Xid (PCI:0000:01:00): 45, pid=1, name=x, caused by previous Xid 79",
+    ]
+    e154, e145, e45 = events(lines)
+    assert e154.attrs["recovery_action"] == "Node Reboot Required"
+    assert e154.attrs["recovery_action_code"] == "2"
+    assert (e145.attrs["unit"], e145.attrs["fatal"], e145.attrs["status"]) == (
+        "RLW_RXPIPE", "no", "0x00000008")
+    assert e145.entity == "0018:01:00.0"
+    assert e45.attrs["caused_by"] == "79"
+    assert e45.attrs["process"] == "x"
+
+
+def test_device_plugin_xid() -> None:
+    lines = [
+        "2024-08-09T13:32:51.873584285Z I0809 13:32:51.873541 1 health.go:185] XidCriticalError: "
+        "Xid=94 on Device=GPU-91b3d5e7-2a4c-4f18-b6e0-3c7d9a1f5e28; marking device as unhealthy.",
+        "2024-08-09T13:32:51.873595882Z I0809 13:32:51.873567 1 server.go:292] 'nvidia.com/gpu' "
+        "device marked unhealthy: GPU-91b3d5e7-2a4c-4f18-b6e0-3c7d9a1f5e28",
+    ]
+    (ev,) = events(lines)
+    assert (ev.kind, ev.code, ev.entity) == ("xid", "94", "GPU-91b3d5e7-2a4c-4f18-b6e0-3c7d9a1f5e28")
+    assert ev.observed_at == pytest.approx(at("2024-08-09T13:32:51.873584"))
+
+
+def test_host_and_pcie_lines() -> None:
+    lines = [
+        "[  104.0] pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0",
+        "[  104.1] nvidia 0000:01:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
+        "type=Transaction Layer, (Requester ID)",
+        "[  104.2] nvidia 0000:01:00.0:   device [10de:2330] error status/mask=00004000/00000000",
+        "[  106.0] EDAC MC0: 3 CE memory read error on CPU_SrcID#0_MC#0_Chan#0_DIMM#0 (page:0x1)",
+        "[  107.0] {1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+        "[  107.1] {1}[Hardware Error]: event severity: recoverable",
+        "[  107.2] {1}[Hardware Error]:   section_type: PCIe error",
+        "[  107.3] mce: [Hardware Error]: Machine check events logged",
+        "[  107.4] {1}[Hardware Error]:   device_id: 0000:5e:00.0",
+        "[  107.5] {1}[Hardware Error]:   vendor_id: 0x144d, device_id: 0xa808",
+        "[  108.0] pci 0000:04:00.0: 252.048 Gb/s available PCIe bandwidth, limited by 16.0 GT/s "
+        "PCIe x16 link at 0000:01:00.0 (capable of 504.112 Gb/s with 32.0 GT/s PCIe x16 link)",
+    ]
+    evs = {(e.kind, e.code): e for e in events(lines)}
+    aer = evs[("pcie_aer", "uncorrected_fatal")]
+    assert (aer.entity, aer.attrs["vendor_id"], aer.attrs["driver"]) == ("0000:01:00.0", "10de", "nvidia")
+    assert len(aer.evidence) == 3
+    assert evs[("host_memory", "CE")].attrs["count"] == "3"
+    apei = evs[("pcie_aer", "uncorrected_nonfatal")]
+    assert (apei.entity, apei.attrs["vendor_id"], apei.attrs["device_id"]) == (
+        "0000:5e:00.0", "144d", "a808")
+    assert len(apei.evidence) == 5
+    assert evs[("pcie_bandwidth_limited", "limited")].entity == "0000:04:00.0"
+
+
+def test_sxid_and_init_lines() -> None:
+    lines = [
+        "[ 1.0] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress error",
+        "[ 2.0] nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+        "[ 3.0] NVRM: GPU 0000:0a:00.0: RmInitAdapter failed! (0x24:0x72:1568)",
+        "[ 4.0] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset required "
+        "[NV_ERR_RESET_REQUIRED] (0x00000062) returned from status @ kernel_channel.c:2874",
+        "[ 5.0] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build",
+    ]
+    got = [(e.kind, e.code, e.entity, e.attrs.get("fatal")) for e in events(lines)]
+    assert got[:4] == [
+        ("sxid", "12028", "0000:05:00.0", "no"),
+        ("sxid", "20034", "0000:c3:00.0", "yes"),
+        ("gpu_init_failure", "rm_init_adapter", "0000:0a:00.0", None),
+        ("reset_required", "NV_ERR_RESET_REQUIRED", "node", None),
+    ]
+    assert got[4][:2] == ("driver_load", "570.158.01")
+
+
+def test_reboot_counted_from_uptime() -> None:
+    lines = [f"[ 900.0] {XID79}", "[    0.000000] Linux version 6.8.0", f"[  30.0] {XID79}"]
+    xids = [e for e in events(lines) if e.kind == "xid"]
+    assert [e.attrs["boot"] for e in xids] == ["0", "1"]
+
+
+def test_nvidia_smi_error_lines() -> None:
+    lines = [
+        "Unable to determine the device handle for GPU0000:B1:00.0: Unknown Error",
+        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system",
+        "No devices were found",
+        "'CUDA-capable device(s) is/are busy or unavailable'",
+    ]
+    got = [(e.kind, e.code, e.entity) for e in events(lines)]
+    assert got == [
+        ("nvml_error", "unknown_error", "0000:b1:00.0"),
+        ("gpu_lost", "nvml_gpu_is_lost", "0000:3b:00.0"),
+        ("nvml_error", "no_devices", "node"),
+        ("cuda_error", "busy_or_unavailable", "node"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [],
+        [""],
+        ["\x00\x01\x02 garbage NVRM"],
+        ["[ 12.3"],
+        ["[Thu Apr 99 99:99:99 2024] NVRM: Xid (PCI:0000:b1:00): 79, x"],
+        ["Feb 30 25:61:61 host kernel: NVRM: Xid (PCI:0000:b1:00): 79, x"],
+        ["NVRM: Xid (PCI:0000:b1:00): 79"],
+        ["NVRM: Xid (PCI:0000:b1:00): 13, pid=", "NVRM: Xid ("],
+        ["{1}[Hardware Error]:", "pcieport AER: Corrected error received:"],
+    ],
+)
+def test_bad_input_never_raises(lines: list[str]) -> None:
+    session = KernelLogSession(ctx=CTX)
+    session.feed([Line(i + 1, t) for i, t in enumerate(lines)])
+    session.close()
+    for issue in session.issues:
+        assert issue.file == "k.log"
+        assert issue.line is not None
+
+
+def test_malformed_xid_is_an_issue() -> None:
+    session = KernelLogSession(ctx=CTX)
+    out = list(session.feed([Line(7, "[ 1.0] NVRM: Xid (PCI:zz): garbage")]))
+    out += session.close()
+    assert out == []
+    assert [(i.line, i.reason) for i in session.issues] == [(7, "malformed Xid line")]
+
+
+def test_detect_scores() -> None:
+    kl, smi = KernelLogParser(), NvidiaSmiErrorParser()
+    dmesg = [Line(1, "[    1.000000] usb 1-1: new high-speed USB device")]
+    assert kl.detect(dmesg, None) >= 50
+    assert kl.detect([Line(1, f"[ 1.0] {XID79}")], None) >= 90
+    assert kl.detect([Line(1, "Mar 27 17:40:36 host kernel: eth0: link up")], None) >= 50
+    smi_q = [Line(1, "    Product Name                          : NVIDIA A100-SXM4-80GB"),
+             Line(2, "    Driver Version                        : 510.73.08")]
+    assert kl.detect(smi_q, "nvidia-smi -q") == 0
+    nccl = [Line(1, "node-a:1234:5678 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE")]
+    assert kl.detect(nccl, None) == 0
+    assert kl.detect([], None) == 0
+    assert smi.detect([Line(1, "No devices were found")], "nvidia-smi") == 70
+    assert smi.detect(smi_q, None) == 0
+    assert {p.kind for p in PARSERS} == {"kernel_log", "nvidia_smi_error"}
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "code"),
+    [
+        ("001", "xid", "79"),
+        ("003", "gpu_lost", "fallen_off_bus"),
+        ("005", "xid", "109"),
+        ("036", "xid", "154"),
+        ("038", "gsp_error", "heartbeat_timeout"),
+        ("042", "host_memory", "UE"),
+    ],
+)
+def test_case_files_parse(case: str, kind: str, code: str) -> None:
+    (path,) = sorted(cases_dir().glob(f"{case}-*"))
+    result = ArtifactResult()
+    ctx = ParseContext(file=str(path), node=NodeName("n1"))
+    records = list(read_artifact(str(path), ctx, PARSERS, result))
+    assert any(isinstance(r, Event) and (r.kind, r.code) == (kind, code) for r in records)
+
+
+def test_kmsg_format() -> None:
+    assert kmsg_to_dmesg("6,1,1500000,-;hello") == "[    1.500000] hello"
+    assert kmsg_to_dmesg("garbage") is None
+
+
+# ---------------------------------------------------------------- live collector
+
+
+class _Script:
+    """An injected sleep that changes the followed file between polls."""
+
+    def __init__(self, steps: list) -> None:  # type: ignore[type-arg]
+        self.steps = steps
+        self.calls = 0
+
+    def __call__(self, seconds: float) -> None:
+        assert seconds == pytest.approx(0.001)
+        self.calls += 1
+        if self.steps:
+            self.steps.pop(0)()
+
+
+def test_follow_file_survives_rotation_and_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(f"[ 1.0] {XID79}\n")  # before start: skipped (tail -F starts at the end)
+
+    def append(text: str):  # type: ignore[no-untyped-def]
+        def do() -> None:
+            with log.open("a") as fh:
+                fh.write(text)
+        return do
+
+    def rotate() -> None:
+        os.rename(log, tmp_path / "kern.log.1")
+
+    def create() -> None:
+        log.write_text("[ 3.0] NVRM: Xid (PCI:0000:02:00): 13, pid=1, name=a, boom\n")
+
+    def truncate() -> None:
+        log.write_text("")
+
+    steps = [
+        append("[ 2.0] NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=a, gone.\n"),
+        rotate,
+        lambda: None,  # file missing for a poll
+        create,
+        truncate,
+        append("[ 4.0] NVRM: Xid (PCI:0000:03:00): 48, pid=1, name=a, DBE\n"),
+    ]
+    sleep = _Script(steps)
+    collector = KernelLogCollector(
+        node="n1", path=str(log), source="file", clock=lambda: 42.0,
+        poll_interval_seconds=0.001, sleep=sleep,
+    )
+    got: list[tuple[str, str, float | None]] = []
+    for ev in collector.stream():
+        got.append((ev.code, ev.entity, ev.observed_at))
+        if len(got) == 3:
+            collector.close()
+    assert got == [
+        ("79", "0000:01:00.0", 42.0),
+        ("13", "0000:02:00.0", 42.0),
+        ("48", "0000:03:00.0", 42.0),
+    ]
+    assert collector.collect() == []
+
+
+def test_collector_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown kernel log source"):
+        KernelLogCollector(node="n", source="bogus")
+    with pytest.raises(ValueError, match="positive"):
+        KernelLogCollector(node="n", poll_interval_seconds=0)
+    collector = KernelLogCollector(node="n", source="file")
+    with pytest.raises(CollectorUnavailable):
+        next(collector.stream())

@@ -1,0 +1,248 @@
+# ruff: noqa: E501  (real tool output lines are long)
+from __future__ import annotations
+
+import pytest
+
+from collectors.artifact import ArtifactResult, Line, ParseContext, parse_lines
+from collectors.nccl import PARSERS, CollectiveLogSession, NcclLogParser, UcxLogParser
+from collectors.parsers import artifact_parsers
+from core.records import Event, NodeName, Record
+from tests.conftest import cases_dir
+
+
+def lines(text: str) -> list[Line]:
+    return [Line(i, t) for i, t in enumerate(text.splitlines(), start=1)]
+
+
+def parse(
+    text: str, *, node: str = "here", year: int | None = 2025
+) -> tuple[list[Record], ArtifactResult]:
+    result = ArtifactResult()
+    ctx = ParseContext(file="f.log", node=NodeName(node), default_year=year)
+    records = list(parse_lines(lines(text), ctx, artifact_parsers(), result))
+    return records, result
+
+
+def events(records: list[Record], kind: str | None = None) -> list[Event]:
+    return [r for r in records if isinstance(r, Event) and (kind is None or r.kind == kind)]
+
+
+def test_parsers_exported():
+    kinds = {p.kind for p in PARSERS}
+    assert kinds == {"nccl", "ucx"}
+
+
+def test_new_wording_status_12_with_unwind_lines_as_evidence():
+    text = (
+        "gpu-7:11:22 [3] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer 10.0.0.9<4242> "
+        "with status=12 opcode=0 len=0 vendor err 129 (Send) localGid ::ffff:10.0.0.8 remoteGids::ffff:10.0.0.9 hca mlx5_3\n"
+        "gpu-7:11:22 [3] NCCL INFO transport/net.cc:1302 -> 6\n"
+        "gpu-7:11:22 [3] NCCL INFO proxy.cc:698 -> 6\n"
+    )
+    records, result = parse(text)
+    (event,) = events(records, "rdma_transport")
+    assert event.code == "12"
+    assert event.node == "gpu-7"
+    assert event.entity == "gpu-7<->10.0.0.9"
+    assert event.attrs["peer"] == "10.0.0.9"
+    assert event.attrs["vendor_err"] == "129"
+    assert event.attrs["device"] == "mlx5_3"
+    assert event.attrs["direction"] == "Send"
+    assert [e.line for e in event.evidence] == [1, 2, 3]
+    assert result.issues == []
+    assert not events(records, "nccl_result")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "n1:1:2 [0] NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129",
+        "n1:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.1.1.2<46262> with error 12, "
+        "opcode 1, len 32768, vendor err 129 (Recv)",
+        "2024-05-01T10:00:00.000Z n1:1:2 [0] NCCL WARN NET/IB : Got completion with error 12, "
+        "opcode 0, len 0, vendor err 129",
+        "[default0]:n1:1:2 [0] NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129",
+    ],
+)
+def test_older_and_prefixed_wordings(line):
+    records, _ = parse(line)
+    (event,) = events(records, "rdma_transport")
+    assert event.code == "12"
+    assert event.node == "n1"
+    assert event.attrs["vendor_err"] == "129"
+    assert event.attrs["status_name"] == "IBV_WC_RETRY_EXC_ERR"
+
+
+def test_iso_prefix_gives_time():
+    records, _ = parse(
+        "2024-05-01T10:00:00Z n1:1:2 [0] NCCL WARN NET/IB : Got completion with error 5, opcode 0, len 0, vendor err 249"
+    )
+    (event,) = events(records, "rdma_transport")
+    assert event.observed_at == 1714557600.0
+    assert event.code == "5"
+
+
+def test_summary_lines_and_orphan_unwind():
+    text = (
+        "n1:1:2 [0] NCCL INFO transport/net.cc:1302 -> 6\n"
+        "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited or there was a "
+        "network error, NCCL version 2.18.1\n"
+        "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+    )
+    records, _ = parse(text)
+    results = events(records, "nccl_result")
+    assert {e.code for e in results} == {"ncclRemoteError"}
+    assert len(results) == 2
+
+
+def test_last_error_summary_with_completion():
+    text = (
+        "n1:1:2 [0] NCCL INFO misc/socket.cc:1 -> 2\n"
+        "torch.distributed.DistBackendError: NCCL error ncclRemoteError: A call failed. Last error:\n"
+        "NET/IB : Got completion from peer 10.0.0.2<1234> with error 12, opcode 0, len 0, vendor err 129 (Recv)\n"
+    )
+    records, _ = parse(text, node="n9")
+    (event,) = events(records, "rdma_transport")
+    assert event.entity == "n9<->10.0.0.2"
+
+
+def test_nvls_failure():
+    text = (
+        "n1:5:6 [2] transport/nvls.cc:160 NCCL WARN Cuda failure 1 'invalid argument' during NVLS multicast setup\n"
+        "n1:5:6 [2] NCCL INFO NVLS multicast support is not available on dev 2\n"
+    )
+    records, _ = parse(text)
+    (event,) = events(records, "nvls")
+    assert event.attrs["cuda_dev"] == "2"
+    assert event.evidence[0].line == 1
+
+
+def test_ucx_retry_exceeded_with_qp_line():
+    text = (
+        "[h2:100:0:100] ib_mlx5_log.c:171  Transport retry count exceeded on mlx5_2:1/RoCE "
+        "(synd 0x15 vend 0x81 hw_synd 0/0)\n"
+        "[h2:100:0:100] ib_mlx5_log.c:171  RC QP 0x1a wqe[3]: RDMA_WRITE s-e [rqpn 0x3 rlid 12] [va 0x0 len 8]\n"
+        "[h2:101:0:101] ib_mlx5_log.c:171  Remote access on mlx5_2:1/RoCE (synd 0x13 vend 0x88 hw_synd 0/0)\n"
+    )
+    records, result = parse(text)
+    found = events(records, "rdma_transport")
+    assert [(e.code, e.node) for e in found] == [("12", "h2"), ("10", "h2")]
+    assert found[0].entity == "h2<->lid:12"
+    assert [e.line for e in found[0].evidence] == [1, 2]
+    assert found[0].attrs["device"] == "mlx5_2:1"
+    assert found[1].entity == "mlx5_2:1"
+    assert result.kinds == ["ucx"]
+
+
+def test_torch_watchdog_one_event_per_collective():
+    text = (
+        "[I1102 10:00:00.000 ProcessGroupNCCL.cpp:1] [PG ID 0 PG GUID 0(default_pg) Rank 3] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=7, OpType=BROADCAST, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=1800000) ran for 1800123 milliseconds before timing out.\n"
+        "[E1102 10:00:01.000 ProcessGroupNCCL.cpp:2] [PG ID 0 PG GUID 0(default_pg) Rank 5] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=7, OpType=BROADCAST, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=1800000) ran for 1800200 milliseconds before timing out.\n"
+        "[E1102 10:00:02.000 ProcessGroupNCCL.cpp:2] [Rank 5] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=8, OpType=ALLGATHER, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800300 "
+        "milliseconds before timing out.\n"
+    )
+    records, _ = parse(text, year=2024)
+    found = events(records, "collective_timeout")
+    assert [(e.code, e.attrs["op"], e.attrs["ranks"]) for e in found] == [
+        ("7", "BROADCAST", "3,5"),
+        ("8", "ALLGATHER", "5"),
+    ]
+    assert found[0].attrs["timeout_seconds"] == "1800"
+    assert found[0].observed_at == 1730541600.0
+    assert found[0].attrs["year_assumed"] == "true"
+
+
+NCCL_TESTS = """\
+# nThread 1 nGpus 1 minBytes 8 maxBytes 128 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid   1001 on     alpha device  0 [0x18] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid   2002 on      beta device  0 [0x18] NVIDIA H100 80GB HBM3
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2     float     sum      -1    36.05    0.00    0.00      {w1}    35.24    0.00    0.00      0
+          16             4     float     sum      -1    36.05    0.00    0.00      0    35.24    0.00    0.00      {w2}
+# Out of bounds values : {oob}
+# Avg bus bandwidth    : 0.0012
+#
+"""
+
+
+def test_nccl_tests_wrong_names_every_node():
+    records, result = parse(NCCL_TESTS.format(w1=3, w2=0, oob="0 OK"))
+    found = events(records, "collective")
+    wrong = [e for e in found if e.code == "wrong_results"]
+    assert sorted(e.node for e in wrong) == ["alpha", "beta"]
+    assert wrong[0].attrs["nodes"] == "alpha,beta"
+    assert wrong[0].attrs["max_wrong"] == "3"
+    assert any(e.code == "avg_busbw" for e in found)
+    assert result.issues == []
+
+
+def test_nccl_tests_in_place_column_and_oob():
+    records, _ = parse(NCCL_TESTS.format(w1=0, w2=5, oob="2 FAILED"))
+    wrong = [e for e in events(records, "collective") if e.code == "wrong_results"]
+    assert len(wrong) == 2
+    assert wrong[0].attrs["out_of_bounds"] == "2"
+
+
+def test_nccl_tests_clean_run_has_no_wrong_event():
+    records, _ = parse(NCCL_TESTS.format(w1=0, w2=0, oob="0 OK"))
+    assert not [e for e in events(records) if e.code == "wrong_results"]
+
+
+def test_nccl_tests_na_wrong_column_is_not_wrong():
+    records, _ = parse(NCCL_TESTS.format(w1="N/A", w2="N/A", oob="0 OK"))
+    assert not [e for e in events(records) if e.code == "wrong_results"]
+
+
+def test_case_041_fixture_names_both_nodes():
+    path = next(cases_dir().glob("041-*"))
+    records, _ = parse(path.read_text())
+    wrong = [e for e in events(records) if e.code == "wrong_results"]
+    assert sorted(e.node for e in wrong) == ["node-a", "node-b"]
+
+
+def test_detect_scores():
+    nccl, ucx = NcclLogParser(), UcxLogParser()
+    assert nccl.detect(lines("h:1:2 [0] NCCL INFO Bootstrap : Using eth0"), None) >= 80
+    assert ucx.detect(lines("[h:1:2:3] ib_mlx5_log.c:1 whatever"), None) >= 80
+    plain = lines("[  12.3] NVRM: Xid (PCI:0000:b1:00): 79, GPU has fallen off the bus.")
+    assert nccl.detect(plain, None) == 0
+    assert ucx.detect(plain, None) == 0
+    assert nccl.detect([], None) == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\x00\x01garbage\xff",
+        "h:1:2 [0] NCCL WARN NET/IB : Got completion from peer",
+        "h:1:2 [0] NCCL WARN NET/IB : Got completion with error abc",
+        "[E999 99:99:99.0 ProcessGroupNCCL.cpp:1] [Rank x] Watchdog caught collective operation timeout: WorkNCCL(",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong\n 8 2 float sum",
+        "           8             2     float     sum      -1    36.05",
+    ],
+)
+def test_bad_input_never_raises(text):
+    session = CollectiveLogSession(ParseContext(file="bad", node=NodeName("n")), source="t")
+    out = list(session.feed(lines(text)))
+    out += list(session.close())
+    assert not [e for e in events(out) if e.kind in {"rdma_transport", "collective"}]
+
+
+def test_truncated_table_row_is_an_issue():
+    text = NCCL_TESTS.format(w1=0, w2=0, oob="0 OK").replace(
+        "          16             4     float     sum      -1    36.05    0.00    0.00      0    35.24    0.00    0.00      0",
+        "          16             4     float     sum      -1    36.05    0.00",
+    )
+    _, result = parse(text)
+    assert [i.line for i in result.issues] == [11]
