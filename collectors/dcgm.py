@@ -152,7 +152,9 @@ def _table_rows(lines: Sequence[Line]) -> Iterator[tuple[str, Line, re.Match[str
 
 _GPU_NAME = re.compile(r"^GPU\s*(\d+)\s*:?$", re.I)
 _GPU_STATUS = re.compile(r"^GPU\s*(?P<gpu>\d+)\s*:\s*(?P<status>Pass|Fail|Warn|Skip)\b", re.I)
-_NVLINK_DOWN = re.compile(r"GPU\s*(?P<gpu>\d+)'s NvLink link (?P<link>\d+) is currently down")
+_NVLINK_DOWN = re.compile(
+    r"GPU\s*(?P<gpu>\d+)(?:'s)?\s+NvLink link (?P<link>\d+) is (?:currently )?down", re.I
+)
 _THERMAL = re.compile(
     r"(?:GPU\s*(?P<gpu>\d+)\s+)?Thermal violations totaling (?P<sec>[\d.]+) ?seconds?"
     r"(?:.*?for GPU\s*(?P<gpu2>\d+))?",
@@ -177,7 +179,8 @@ _DEPLOY = (
     (re.compile(r"Page retirement pending.*?GPU\s*(\d+)", re.I), "retired_pages_pending"),
 )
 _PERF = re.compile(
-    r"GPU\s*(?P<gpu>\d+)[^.,;]*?(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>gigaflops|GFLOPS|GB/s|GB/sec)",
+    r"GPU\s*(?P<gpu>\d+)(?P<what>[^.,;\d]*?)(?P<value>\d+(?:\.\d+)?)\s*"
+    r"(?P<unit>gigaflops|GFLOPS|GB/s|GB/sec)",
     re.I,
 )
 
@@ -425,7 +428,11 @@ class _DiagSession(_Session):
                         entity=_gpu(match["gpu"]),
                         observed_at=None,
                         message=match[0],
-                        attrs={"value": match["value"], "unit": match["unit"].lower()},
+                        attrs={
+                            "value": match["value"],
+                            "unit": match["unit"].lower(),
+                            "metric": norm_key(match["what"]) or "throughput",
+                        },
                         evidence=(evidence(ctx, line_at(match.start())),),
                         source="dcgmi_diag",
                     )
@@ -444,7 +451,7 @@ class _DiagSession(_Session):
             status = str(result.get("status", "")).lower()[:4]
             warnings = _texts(result.get("warnings") or result.get("warning") or [])
             infos = _texts(result.get("info") or [])
-            gpu_ids = result.get("gpu_ids", result.get("entity_id"))
+            gpu_ids = result.get("gpu_ids", result.get("gpu_id", result.get("entity_id")))
             gpus: list[str] | None
             if gpu_ids is None:
                 gpus = []
@@ -837,10 +844,98 @@ class _NvlinkSession(_Session):
         return []
 
 
+# ------------------------------------------------------------------ hostengine log
+
+_LOG_LINE = re.compile(
+    r"^(?:\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?\s+)?"
+    r"(?P<level>DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL)\s+\[\d+:\d+\]\s+(?P<msg>.*)$"
+)
+_LOG_HEALTH = re.compile(
+    r"Detected an? (?P<verdict>WARNING|FAILURE|FAIL) in health system (?P<system>[\w ]+?):\s*"
+    r"'?(?P<text>.*?)'?\s*(?:\[/|$)",
+    re.I,
+)
+
+
+class DcgmLogParser:
+    """DCGM's own log (``nv-hostengine.log``, ``nvvs.log``): health-watch incidents.
+
+    Lines such as ``ERROR [pid:tid] [[Health]] Detected a WARNING in health system
+    Thermal: 'Detected clocks event due to thermal violation in GPU 2...'`` become
+    ``dcgm_health`` events (``thermal_violation`` for the thermal system), on the
+    GPU the message names (DCGM user guide, "Health monitoring"). Other lines are
+    read and skipped.
+    """
+
+    kind = "dcgm_log"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Score DCGM log lines (``LEVEL [pid:tid] ...`` with DCGM markers)."""
+        hits = 0
+        for line in lines[:200]:
+            match = _LOG_LINE.match(line.text.strip())
+            if match and ("[[" in match["msg"] or "/dcgm" in match["msg"] or "nvvs" in line.text):
+                hits += 1
+        return min(85, 30 + 10 * hits) if hits else 0
+
+    def open(self, ctx: ParseContext) -> _LogSession:
+        """Start parsing a DCGM log."""
+        return _LogSession(ctx)
+
+
+class _LogSession(_Session):
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        out: list[Record] = []
+        for line in lines:
+            match = _LOG_LINE.match(line.text.strip())
+            if match is None:
+                continue
+            health = _LOG_HEALTH.search(match["msg"])
+            if health is None:
+                continue
+            gpu = re.search(r"\bGPU\s*(\d+)", health["text"])
+            entity = _gpu(gpu[1]) if gpu else NODE_ENTITY
+            system = norm_key(health["system"])
+            verdict = "failure" if health["verdict"].lower().startswith("fail") else "warning"
+            if system == "thermal" and gpu:
+                out.append(
+                    Event(
+                        kind="thermal_violation",
+                        code="dcgm_health",
+                        node=self.ctx.node,
+                        entity=entity,
+                        observed_at=None,
+                        message=health["text"][:500],
+                        attrs={"system": system},
+                        evidence=(evidence(self.ctx, line),),
+                        source="dcgm_log",
+                    )
+                )
+                continue
+            out.append(
+                Event(
+                    kind="dcgm_health",
+                    code=verdict,
+                    node=self.ctx.node,
+                    entity=entity,
+                    observed_at=None,
+                    message=health["text"][:500],
+                    attrs={"verdict": verdict, "system": system, "message": health["text"][:500]},
+                    evidence=(evidence(self.ctx, line),),
+                    source="dcgm_log",
+                )
+            )
+        return out
+
+    def close(self) -> list[Record]:
+        return []
+
+
 PARSERS: tuple[ArtifactParser, ...] = (
     DcgmDiagParser(),
     DcgmHealthParser(),
     DcgmDmonParser(),
     DcgmNvlinkParser(),
+    DcgmLogParser(),
 )
 """The ``dcgmi`` artifact parsers."""

@@ -13,6 +13,11 @@ plus :data:`EXTRA_SERIES` for series that share a catalogued metric with another
 * DCGM blank sentinels (int64 ``0x7ffffffffffffff0`` and up, int32
   ``0x7ffffff0`` and up, FP64 ``2**47`` and up, ~1e38 float blanks), NaN and
   infinities are omitted.
+* Clock-event bitmasks (``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`` /
+  ``..._CLOCKS_EVENT_REASONS``) become one ``gpu_clock_event_active{reason}`` per bit;
+  the windowed ``DCGM_EXP_XID_ERRORS_COUNT{xid}`` (a real count over the last
+  window) becomes an ``xid`` event when above 0, and ``DCGM_EXP_CLOCK_EVENTS_COUNT``
+  a ``gpu_clock_event_active`` sample.
 * Series that are not catalogued are skipped (counted at debug level).
 """
 
@@ -43,6 +48,7 @@ EXTRA_SERIES: dict[str, tuple[str, float, dict[str, str]]] = {
         {"type": "uncorrectable"},
     ),
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("gpu_remapped_rows", 1.0, {"type": "correctable"}),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gpu_row_remap_pending", 1.0, {}),
     "DCGM_FI_DEV_RETIRED_SBE": ("gpu_retired_pages", 1.0, {"cause": "multiple_sbe"}),
     "DCGM_FI_DEV_RETIRED_DBE": ("gpu_retired_pages", 1.0, {"cause": "dbe"}),
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": (
@@ -91,7 +97,29 @@ EXTRA_SERIES: dict[str, tuple[str, float, dict[str, str]]] = {
 _HEADER_PREFIXES = ("# HELP ", "# TYPE ", "# UNIT ", "# EOF")
 
 
+CLOCK_EVENT_SERIES = frozenset(
+    {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"}
+)
+"""Bitmask series of clock event (throttle) reasons, split into ``gpu_clock_event_active``."""
+
+CLOCK_EVENT_BITS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "clocks_setting",
+    0x004: "power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal",
+    0x040: "hw_thermal",
+    0x080: "hw_power_brake",
+    0x100: "display_clocks",
+}
+"""NVML ``nvmlClocksEventReason*`` bits (ecosystem-reference §1.4) to reason labels."""
+
+
 def _mapping(name: str) -> tuple[str, float, dict[str, str]] | None:
+    if name.startswith("dcgm_"):
+        # dcgm-exporter 1.x names (etc/1.x-compatibility-metrics.csv): dcgm_gpu_temp...
+        name = "DCGM_FI_DEV_" + name[len("dcgm_") :].upper()
     extra = EXTRA_SERIES.get(name)
     if extra is not None:
         return extra
@@ -147,6 +175,33 @@ def parse_exposition(
             continue
         for family in families:
             for sample in family.samples:
+                if sample.name in CLOCK_EVENT_SERIES:
+                    result.records.extend(
+                        _clock_events(
+                            dict(sample.labels),
+                            float(sample.value),
+                            line,
+                            file=file,
+                            node=node,
+                            observed_at=observed_at,
+                            with_line_numbers=with_line_numbers,
+                        )
+                    )
+                    continue
+                if sample.name in {"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT"}:
+                    counted = _windowed_count(
+                        sample.name,
+                        dict(sample.labels),
+                        float(sample.value),
+                        line,
+                        file=file,
+                        node=node,
+                        observed_at=observed_at,
+                        with_line_numbers=with_line_numbers,
+                    )
+                    if counted is not None:
+                        result.records.append(counted)
+                    continue
                 record = _record(
                     sample.name,
                     dict(sample.labels),
@@ -164,7 +219,7 @@ def parse_exposition(
     return result
 
 
-def _record(
+def _windowed_count(
     name: str,
     labels: dict[str, str],
     value: float,
@@ -175,7 +230,102 @@ def _record(
     observed_at: float | None,
     with_line_numbers: bool,
 ) -> Record | None:
-    mapping = _mapping(name)
+    """Turn dcgm-exporter's windowed counters into records.
+
+    ``DCGM_EXP_XID_ERRORS_COUNT{xid}`` counts Xids in the last window (default
+    5 min): a count above 0 becomes one ``xid`` event for the Xid rules.
+    ``DCGM_EXP_CLOCK_EVENTS_COUNT{clock_event}`` becomes
+    ``gpu_clock_event_active{reason}`` (1 when the event occurred in the window).
+    """
+    if not math.isfinite(value) or is_blank(value) or value < 0:
+        return None
+    if name == "DCGM_EXP_CLOCK_EVENTS_COUNT":
+        reason = labels.get("clock_event", "")
+        if reason not in CLOCK_EVENT_BITS.values():
+            return None
+        return _record(
+            "gpu_clock_event_active",
+            labels,
+            1.0 if value > 0 else 0.0,
+            line,
+            file=file,
+            node=node,
+            observed_at=observed_at,
+            with_line_numbers=with_line_numbers,
+            extra_labels={"reason": reason},
+        )
+    xid = labels.get("xid", "")
+    if value <= 0 or not xid.isdigit():
+        return None
+    entity = gpu_entity(
+        bus_id=labels.get("pci_bus_id") or None,
+        uuid=labels.get("UUID") or labels.get("uuid"),
+        index=labels.get("gpu"),
+    )
+    if entity is None:
+        return None
+    host = labels.get("Hostname") or labels.get("hostname")
+    window = labels.get("window_size_in_ms", "")
+    return Event(
+        kind="xid",
+        code=str(int(xid)),
+        node=NodeName(host) if host else node,
+        entity=entity,
+        observed_at=observed_at,
+        message=f"dcgm-exporter counted {value:g} Xid {int(xid)} in its window",
+        attrs={"count": f"{value:g}", "window_ms": window, "xid": str(int(xid))},
+        evidence=(
+            Evidence(file=file, line=line.number if with_line_numbers else None, text=line.text),
+        ),
+        source="dcgm_exporter",
+    )
+
+
+def _clock_events(
+    labels: dict[str, str],
+    value: float,
+    line: Line,
+    *,
+    file: str,
+    node: NodeName,
+    observed_at: float | None,
+    with_line_numbers: bool,
+) -> list[Record]:
+    """Split a clock-event bitmask into one ``gpu_clock_event_active`` sample per reason."""
+    if not math.isfinite(value) or is_blank(value) or value < 0:
+        return []
+    mask = int(value)
+    out: list[Record] = []
+    for bit, reason in CLOCK_EVENT_BITS.items():
+        record = _record(
+            "gpu_clock_event_active",
+            labels,
+            1.0 if mask & bit else 0.0,
+            line,
+            file=file,
+            node=node,
+            observed_at=observed_at,
+            with_line_numbers=with_line_numbers,
+            extra_labels={"reason": reason},
+        )
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _record(
+    name: str,
+    labels: dict[str, str],
+    value: float,
+    line: Line,
+    *,
+    file: str,
+    node: NodeName,
+    observed_at: float | None,
+    with_line_numbers: bool,
+    extra_labels: dict[str, str] | None = None,
+) -> Record | None:
+    mapping = (name, 1.0, dict(extra_labels or {})) if name in BY_NAME else _mapping(name)
     if mapping is None:
         return None
     if not math.isfinite(value) or is_blank(value):
@@ -214,7 +364,9 @@ class DcgmExporterParser:
         series = 0
         for line in lines[:200]:
             text = line.text.lstrip()
-            if text.startswith(("DCGM_FI_", "DCGM_EXP_", "# HELP DCGM_", "# TYPE DCGM_")):
+            if text.startswith(("DCGM_FI_", "DCGM_EXP_", "# HELP DCGM_", "# TYPE DCGM_")) or (
+                text.startswith("dcgm_") and "{" in text
+            ):
                 series += 1
         if series == 0:
             return 0
@@ -266,13 +418,15 @@ class DcgmExporterCollector:
         self.timeout_seconds = timeout_seconds
         self._clock: Callable[[], float] = time.time
         self.malformed_lines = 0
+        self._logged_malformed = False
 
     def collect(self) -> list[Sample | Event]:
         """Fetch and parse one scrape.
 
         Returns:
-            Catalogued samples in base units; malformed lines are logged and counted
-            in :attr:`malformed_lines`, never raised.
+            Catalogued samples (and windowed Xid events) in base units; malformed
+            lines are logged once at INFO, then only counted in
+            :attr:`malformed_lines`, never raised.
 
         Raises:
             CollectorUnavailable: The endpoint cannot be fetched (connection, timeout,
@@ -294,7 +448,9 @@ class DcgmExporterCollector:
         )
         if result.bad_lines:
             self.malformed_lines += len(result.bad_lines)
-            logger.warning(
+            log = logger.debug if self._logged_malformed else logger.info
+            self._logged_malformed = True
+            log(
                 "dcgm-exporter %s: %d malformed line(s), first at line %d: %s",
                 self.url,
                 len(result.bad_lines),

@@ -53,9 +53,11 @@ Linux EDAC and APEI/GHES (``drivers/acpi/apei/ghes.c``, ``drivers/firmware/efi/c
 from __future__ import annotations
 
 import calendar
+import errno
 import logging
 import os
 import re
+import select
 import shutil
 import subprocess
 import time
@@ -82,14 +84,17 @@ MAX_YEAR_PENDING = 10_000
 
 _DETECT_LINES = 64
 
-# Cheap pre-filter: a line without any of these words cannot yield an event.
+# Cheap pre-filter: a line without any of these words cannot yield an event. Flat
+# alternation of literals, most starting with an upper-case letter: Python's regex
+# engine skips most positions of ordinary log text quickly on those.
 _KEYWORDS = re.compile(
-    r"NVRM|Xid|nvidia|NVIDIA|NVSwitch|nvswitch|EDAC|AER|Hardware Error|PCIe Bus Error|"
-    r"error status/mask|limited by|mce:|Memory failure|Unable to determine|GPU is lost|"
-    r"No devices were found|busy or unavailable|NVML|Linux version|fabricmanager|FabricManager|"
-    r"Fabric Manager|fabric manager|marked unhealthy"
+    r"NVRM|NVIDIA|NVSwitch|NVML|No devices were found|Xid|EDAC|AER|Hardware Error|"
+    r"PCIe Bus Error|PCIe bandwidth|Uncorrected hardware|Memory failure|Unable to determine|"
+    r"GPU is lost|CUDA-capable|Linux version|FabricManager|Fabric Manager|-peermem|"
+    r"-fabricmanager|/mask=|nvidia[-: ]"
 )
 
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _ISO = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _UP = r"\[\s*(?P<{0}>\d+\.\d+)\]"
@@ -102,14 +107,24 @@ _PREFIX = re.compile(
     r"|\[(?P<ctime>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
     # dmesg (uptime)
     r"|" + _UP.format("up") + r"\s?"
-    # journalctl -o short-iso / RFC 3339 container prefix
-    r"|(?P<iso>" + _ISO + r")\s+(?:(?:stdout|stderr) [FP] )?(?:(?P<ihost>[\w.-]+)\s+(?=kernel))?"
+    # journalctl -o short-iso / short-full / RFC 3339 container prefix / dmesg --time-format iso
+    r"|(?:"
+    + _DAY
+    + r" )?(?P<iso>"
+    + _ISO
+    + r")(?: [A-Z]{2,5}(?= ))?\s+(?:(?:stdout|stderr) [FP] )?(?:(?P<ihost>[\w.-]+)\s+(?=kernel))?"
     r"(?:kernel(?:\[\d+\])?:\s*(?:" + _UP.format("up2") + r"\s?)?)?"
     # syslog / journal without year
-    r"|(?P<bsd>" + _MON + r" [ \d]\d \d\d:\d\d:\d\d)\s+(?:(?P<bhost>[\w.-]+)\s+(?=kernel))?"
+    r"|(?P<bsd>"
+    + _MON
+    + r" [ \d]\d \d\d:\d\d:\d\d)(?:\.\d+)?\s+(?:(?P<bhost>[\w.-]+)\s+(?=kernel))?"
     r"(?:kernel(?:\[\d+\])?:\s*(?:" + _UP.format("up3") + r"\s?)?)?"
     # dmesg -x facility prefix
     r"|kern\s*:\s*\w+\s*:\s*(?:" + _UP.format("up4") + r"\s?)?"
+    # Fabric Manager log: "[Mar 27 2024 17:40:36] [ERROR] [tid 1234] msg"
+    r"|\[(?P<fm>" + _MON + r" [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[\w+\](?: \[tid \d+\])?\s*"
+    # dmesg --reltime / -e: no absolute time
+    r"|\[(?:" + _MON + r"\d\d \d\d:\d\d|\s*\+\d+\.\d+)\]\s?"
     r")?"
 )
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
@@ -151,12 +166,13 @@ _FM_SXID = re.compile(
 )
 _FM_FAIL = re.compile(
     r"(?:fabric ?manager|nv-fabricmanager).*?(?:fail|error)|"
-    r"(?:no|not find any|zero) NVSwitch|NVSwitch.*not (?:found|present)",
+    r"(?:\bno|find any|zero) NVSwitch|NVSwitch.*not (?:found|present)",
     re.I,
 )
 _AER = re.compile(
     r"(?:(?P<port>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): )?AER: (?:Multiple )?"
-    r"(?P<sev>Corrected|Uncorrected(?: \((?:Non-Fatal|Fatal)\))?) error (?:message )?received"
+    r"(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able)(?: \((?:Non-Fatal|Fatal)\))?) error "
+    r"(?:message )?received"
     r"(?::| from)?\s*(?:id=\w+|(?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]))?",
     re.I,
 )
@@ -207,6 +223,34 @@ class _Draft:
 
 
 @dataclass(slots=True)
+class _Burst:
+    """Consecutive Xid lines of one code on one GPU within a second: one event."""
+
+    entity: EntityId
+    code: str
+    stamp: _Stamp
+    evidence: list[Evidence]
+    messages: list[str]
+    attrs: dict[str, str]
+    boot: int
+
+
+def _close_in_time(a: _Stamp, b: _Stamp) -> bool:
+    """Whether two stamps are at most a second apart (both unstamped counts as close)."""
+    for x, y in ((a.observed_at, b.observed_at), (a.uptime, b.uptime)):
+        if x is not None and y is not None:
+            return abs(x - y) <= 1.0
+    if a.bsd is not None and b.bsd is not None:
+        return a.bsd == b.bsd
+    return (
+        a.observed_at is None
+        and a.uptime is None
+        and a.bsd is None
+        and (b.observed_at is None and b.uptime is None and b.bsd is None)
+    )
+
+
+@dataclass(slots=True)
 class _Pending:
     event: Event
     bsd: tuple[int, int, int, int, int]
@@ -236,6 +280,7 @@ class KernelLogSession:
     _bumped: bool = False
     _driver_loaded_up: float | None = None
     _ctime_cache: dict[str, float] = field(default_factory=dict)
+    _burst: _Burst | None = None
 
     def __post_init__(self) -> None:
         self._year = self.ctx.default_year
@@ -253,7 +298,12 @@ class KernelLogSession:
                 continue
             try:
                 self._line(line, out)
-            except (ValueError, OverflowError, IndexError) as exc:  # never raise on bad input
+            except (
+                ValueError,
+                OverflowError,
+                IndexError,
+                KeyError,
+            ) as exc:  # never raise on bad input
                 self.issues.append(
                     ParseIssue(
                         file=self.ctx.file, line=line.number, reason=f"malformed line: {exc}"
@@ -261,12 +311,18 @@ class KernelLogSession:
                 )
         return out
 
-    def close(self) -> list[Record]:
-        """Flush joined messages and year-less events held back."""
+    def flush(self) -> list[Record]:
+        """Finish the multi-line messages being joined (live sources call this when idle)."""
         out: list[Record] = []
         self._flush_nvrm(out)
+        self._flush_burst(out)
         self._flush_apei(out)
         self._flush_aer(out)
+        return out
+
+    def close(self) -> list[Record]:
+        """Flush joined messages and year-less events held back."""
+        out = self.flush()
         if self._pending:
             if self._year is None:
                 self._year = _assumed_year(self._pending[0].bsd)
@@ -288,11 +344,13 @@ class KernelLogSession:
             stamp.observed_at = self._ctime(g["ctime"])
         elif g["riso"] or g["iso"]:
             stamp.observed_at = _iso(g["riso"] or g["iso"])
+        elif g["fm"]:
+            stamp.observed_at = self._ctime(g["fm"], "%b %d %Y %H:%M:%S")
         elif g["bsd"]:
             b = g["bsd"]
             month = _MONTHS[b[:3]]
             day = int(b[4:6])
-            hh, mm, ss = (int(x) for x in b[7:].split(":"))
+            hh, mm, ss = (int(x) for x in b[7:15].split(":"))
             stamp.bsd = (month, day, hh, mm, ss)
         if stamp.observed_at is not None and not self._year_from_file:
             self._learn_year(datetime.fromtimestamp(stamp.observed_at, UTC).year)
@@ -304,10 +362,10 @@ class KernelLogSession:
             self._last_uptime = stamp.uptime
         return stamp, body
 
-    def _ctime(self, text: str) -> float:
+    def _ctime(self, text: str, fmt: str = "%a %b %d %H:%M:%S %Y") -> float:
         cached = self._ctime_cache.get(text)
         if cached is None:
-            dt = datetime.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y")
+            dt = datetime.strptime(" ".join(text.split()), fmt)
             cached = dt.replace(tzinfo=UTC).timestamp()
             if len(self._ctime_cache) > 4096:
                 self._ctime_cache.clear()
@@ -344,6 +402,10 @@ class KernelLogSession:
             self._apei_line(apei, stamp, body, ev, out)
             return
 
+        if not body.startswith("NVRM:"):
+            at = body.find("NVRM:")
+            if at > 0 and "Xid=" not in body:  # an unknown prefix before the driver message
+                body = body[at:]
         if body.startswith("NVRM:"):
             rest = body[5:]
             draft = self._nvrm
@@ -754,7 +816,44 @@ class KernelLogSession:
             r3 = _CAUSED_BY.search(msg)
             if r3 is not None:
                 attrs["caused_by"] = r3[1]
-        self._emit(out, "xid", str(n), _pci_entity(pci), stamp, msg, evidence, attrs)
+        entity = _pci_entity(pci)
+        burst = self._burst
+        if (
+            burst is not None
+            and burst.entity == entity
+            and burst.code == str(n)
+            and _close_in_time(burst.stamp, stamp)
+            and len(burst.evidence) < MAX_EVENT_LINES
+        ):
+            burst.evidence.extend(evidence)
+            burst.messages.append(msg)
+            return
+        self._flush_burst(out)
+        self._burst = _Burst(
+            entity=entity,
+            code=str(n),
+            stamp=stamp,
+            evidence=list(evidence),
+            messages=[msg],
+            attrs=attrs,
+            boot=self._boot,
+        )
+
+    def _flush_burst(self, out: list[Record]) -> None:
+        """Emit the Xid burst held back: Xid lines of one code and GPU within a second."""
+        b = self._burst
+        self._burst = None
+        if b is None:
+            return
+        message = " | ".join(b.messages)
+        if len(b.messages) > 1:
+            b.attrs["message"] = message[:500]
+            b.attrs["lines"] = str(len(b.messages))
+        now_boot, self._boot = self._boot, b.boot
+        try:
+            self._emit(out, "xid", b.code, b.entity, b.stamp, message, b.evidence, b.attrs)
+        finally:
+            self._boot = now_boot
 
     # ------------------------------------------------------------- APEI / AER
     def _apei_line(
@@ -846,7 +945,7 @@ class KernelLogSession:
         sev = m["sev"].lower()
         code = (
             "corrected"
-            if sev.startswith("corrected")
+            if sev.startswith("correct")
             else "uncorrected_fatal"
             if "(fatal)" in sev
             else "uncorrected_nonfatal"
@@ -1029,7 +1128,13 @@ _STAMPED = re.compile(
     + r" [ \d]\d \d\d:\d\d:\d\d \S+(?: kernel)?|"
     + _ISO
     + r"\s+\S+\s+kernel|"
-    r"[\w.:-]+:\s+kern:|kern\s*:)"
+    r"[\w.:-]+:\s+kern:|kern\s*:|\["
+    + _MON
+    + r" [ \d]?\d \d{4} [\d:]{8}\] \[|"
+    + _DAY
+    + r" "
+    + _ISO
+    + r")"
 )
 _DRIVER_WORDS = re.compile(r"NVRM:|\bXid\b|XidCriticalError|SXid|EDAC |AER: |\[Hardware Error\]")
 
@@ -1155,7 +1260,7 @@ class KernelLogCollector:
         self.sleep = sleep
         self.from_start = from_start
         self._closed = False
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def collect(self) -> list[Record]:
         """Return nothing: this collector streams (see :meth:`stream`)."""
@@ -1197,12 +1302,15 @@ class KernelLogCollector:
     def stream(self) -> Iterator[Event]:
         """Yield events as kernel-log lines arrive, until :meth:`close` is called.
 
+        Multi-line messages are finished when the source goes quiet for one poll
+        interval, so an event is never held back waiting for a next line.
+
         Raises:
             CollectorUnavailable: No source can be read.
         """
         kind = self._choose()
         if kind == "journal":
-            lines: Iterator[str] = self._journal()
+            lines: Iterator[str | None] = self._journal()
             name = "journal"
         elif kind == "kmsg":
             lines = self._kmsg()
@@ -1212,106 +1320,136 @@ class KernelLogCollector:
             lines = self._follow(self.path)
             name = self.path
         session = KernelLogSession(ctx=ParseContext(file=name, node=NodeName(self.node)))
-        for number, text in enumerate(lines, start=1):
-            records = session.feed([Line(number, text)])
-            yield from self._live(records)
+        number = 0
+        for text in lines:
+            if text is None:  # idle
+                yield from self._live(session.flush(), kind)
+            else:
+                number += 1
+                yield from self._live(session.feed([Line(number, text)]), kind)
             if self._closed:
                 break
-        yield from self._live(session.close())
+        yield from self._live(session.close(), kind)
 
-    def _live(self, records: Iterable[Record]) -> Iterator[Event]:
+    def _live(self, records: Iterable[Record], kind: str) -> Iterator[Event]:
+        """Stamp events without a time from the clock; journal and kmsg lines have no number."""
         for record in records:
             if not isinstance(record, Event):
                 continue
-            ev = (
-                tuple(replace(e, line=None) for e in record.evidence)
-                if self.source != "file"
-                else record.evidence
-            )
+            evidence = record.evidence
+            if kind != "file":
+                evidence = tuple(replace(e, line=None) for e in evidence)
             at = record.observed_at if record.observed_at is not None else self.clock()
-            yield replace(record, observed_at=at, evidence=ev)
+            yield replace(record, observed_at=at, evidence=evidence)
 
-    def _journal(self) -> Iterator[str]:
+    def _fd_lines(self, fd: int, *, records: bool) -> Iterator[str | None]:
+        """Read lines from a pipe or ``/dev/kmsg``; yield ``None`` after an idle poll interval."""
+        buffer = b""
+        while not self._closed:
+            ready, _, _ = select.select([fd], [], [], self.poll_interval_seconds)
+            if not ready:
+                yield None
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # /dev/kmsg: records overwritten, go on
+                    continue
+                raise CollectorUnavailable(f"kernel log read failed: {exc.strerror}") from exc
+            if not chunk:
+                return
+            if records:  # /dev/kmsg: one record per read
+                yield chunk.decode("utf-8", errors="replace").rstrip("\n")
+                continue
+            buffer += chunk
+            *complete, rest = buffer.split(b"\n")
+            buffer = rest
+            for raw in complete:
+                yield raw.decode("utf-8", errors="replace")
+
+    def _journal(self) -> Iterator[str | None]:
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 ["journalctl", "-k", "-f", "-n", "0", "-o", "short-iso", "--no-pager"],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                text=True,
-                errors="replace",
             )
         except OSError as exc:
             raise CollectorUnavailable(f"cannot run journalctl: {exc}") from exc
-        assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            if self._closed:
-                break
-            yield raw.rstrip("\n")
-        self.close()
-
-    def _kmsg(self) -> Iterator[str]:
+        self._proc = proc
+        assert proc.stdout is not None
         try:
-            handle = open("/dev/kmsg", encoding="utf-8", errors="replace")  # noqa: SIM115
+            yield from self._fd_lines(proc.stdout.fileno(), records=False)
+        finally:
+            self.close()
+            proc.stdout.close()
+            proc.wait(timeout=5)
+
+    def _kmsg(self) -> Iterator[str | None]:
+        try:
+            fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             raise CollectorUnavailable(f"cannot read /dev/kmsg: {exc.strerror}") from exc
-        with handle:
-            try:
-                handle.seek(0, os.SEEK_END)
-            except OSError:
-                logger.debug("cannot seek /dev/kmsg", exc_info=True)
-            for raw in handle:
-                if self._closed:
-                    break
-                text = kmsg_to_dmesg(raw.rstrip("\n"))
-                if text is not None:
-                    yield text
+        try:
+            os.lseek(fd, 0, os.SEEK_END)
+            for record in self._fd_lines(fd, records=True):
+                yield record if record is None else kmsg_to_dmesg(record)
+        finally:
+            os.close(fd)
 
-    def _follow(self, path: str) -> Iterator[str]:
+    def _follow(self, path: str) -> Iterator[str | None]:
         """Follow ``path`` like ``tail -F``: survive rotation and truncation; wait while gone."""
         handle = None
         inode: int | None = None
         buffer = ""
         first = True
-        while not self._closed:
-            if handle is None:
-                try:
-                    handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+        idle = False
+        try:
+            while not self._closed:
+                if handle is None:
+                    try:
+                        handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+                    except OSError:
+                        first = False
+                        yield None
+                        self.sleep(self.poll_interval_seconds)
+                        continue
                     inode = os.fstat(handle.fileno()).st_ino
                     if first and not self.from_start:
                         handle.seek(0, os.SEEK_END)
                     first = False
                     buffer = ""
-                except OSError:
-                    first = False
-                    self.sleep(self.poll_interval_seconds)
+                chunk = handle.read(65536)
+                if chunk:
+                    idle = False
+                    buffer += chunk
+                    *complete, buffer = buffer.split("\n")
+                    yield from complete
                     continue
-            chunk = handle.read(65536)
-            if chunk:
-                buffer += chunk
-                *complete, buffer = buffer.split("\n")
-                yield from complete
-                continue
-            try:
-                st = os.stat(path)
-            except OSError:
-                st = None
-            if st is None or st.st_ino != inode:  # rotated or removed: drained, reopen
-                handle.close()
-                handle = None
-                if buffer:
-                    yield buffer
+                try:
+                    st: os.stat_result | None = os.stat(path)
+                except OSError:
+                    st = None
+                if st is None or st.st_ino != inode:  # rotated or removed: drained, reopen
+                    handle.close()
+                    handle = None
+                    if buffer:
+                        yield buffer
+                        buffer = ""
+                    continue
+                if st.st_size < handle.tell():  # truncated in place
+                    handle.seek(0)
                     buffer = ""
-                continue_wait = st is None
-                if continue_wait:
-                    self.sleep(self.poll_interval_seconds)
-                continue
-            if st.st_size < handle.tell():  # truncated in place
-                handle.seek(0)
-                buffer = ""
-                continue
-            self.sleep(self.poll_interval_seconds)
-        if handle is not None:
-            handle.close()
+                    continue
+                if not idle:
+                    idle = True
+                    yield None
+                self.sleep(self.poll_interval_seconds)
+        finally:
+            if handle is not None:
+                handle.close()
 
 
 _KMSG = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")

@@ -32,7 +32,7 @@ import logging
 import math
 import re
 import xml.parsers.expat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -853,7 +853,10 @@ class _XmlSession(_BaseSession):
         if error is not None:
             line_index, reason = error
             number = self._line_number(line_index)
-            where = "truncated or not well-formed" if not has_root else "not well-formed"
+            if line_index >= len(self.lines):
+                where = "truncated (the document ends inside an element)"
+            else:
+                where = "not well-formed"
             self.issue(number, f"nvidia-smi XML {where}: {reason}")
         return records
 
@@ -904,6 +907,9 @@ class _XmlSession(_BaseSession):
             parser.Parse(text, True)
         except xml.parsers.expat.ExpatError as exc:
             error = (int(exc.lineno) + offset, xml.parsers.expat.ErrorString(exc.code) or str(exc))
+        except Exception as exc:  # a bad value must not crash the parse: report it
+            logger.debug("nvidia-smi XML handler failed: %s", exc)
+            error = (int(parser.CurrentLineNumber) + offset, f"cannot read element: {exc}")
         out.extend(mapper.finish_gpu())
         return out, error
 
@@ -1311,7 +1317,9 @@ class NvidiaSmiNvlinkParser:
         links = sum(
             1
             for ln in lines[:200]
-            if _NVL_LINK.match(ln.text) or re.search(r"all links are inactive", ln.text, re.I)
+            if _NVL_LINK.match(ln.text)
+            or re.match(r"^\s*Link\s+\d+\s*,", ln.text)
+            or re.search(r"all links are inactive", ln.text, re.I)
         )
         if links == 0:
             return 0
@@ -1350,6 +1358,8 @@ class _NvlinkSession(_BaseSession):
                 if s is not None:
                     out.append(s)
                 continue
+            if re.match(r"^\s*Link\s+\d+\s*,", line.text):
+                continue  # nvlink -c capabilities ("Link 0, P2P is supported: true")
             link = _NVL_LINK.match(line.text)
             if link is None:
                 if line.text.strip():
@@ -1477,11 +1487,6 @@ class _LspciSession(_BaseSession):
 
     def close(self) -> list[Record]:
         return []
-
-
-def iter_records(records: Iterable[Record]) -> list[Record]:
-    """Return ``records`` as a list (helper for tests and callers)."""
-    return list(records)
 
 
 PARSERS: tuple[ArtifactParser, ...] = (

@@ -73,8 +73,9 @@ PEER_THROUGHPUT_RATIO = 0.5
 degraded (fault-model.md: "for example under half the peer median")."""
 
 _NVSWITCH_MODELS = re.compile(
-    r"SXM[4-9]|HGX|DGX|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200|H800", re.I
+    r"SXM[3-9]|HGX|DGX|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200|H800", re.I
 )
+_BRIDGED_OR_PCIE = re.compile(r"\bNVL\b|PCIe", re.I)
 _NVLINK_MODELS = re.compile(
     r"SXM|HGX|DGX|NVL\b|NVL\d|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200", re.I
 )
@@ -564,8 +565,10 @@ def _nvswitch_system(obs: Observations, ctx: Context, node: str, entity: str) ->
         return True
     if obs.events("nvswitch_inventory", "absent", node=node):
         return False
+    if obs.events("fabric", "completed", node=node):
+        return True  # fabric registration happens only with NVSwitches / multi-node NVLink
     models = _models(obs, node, entity) or _models(obs, node, None)
-    if any(_NVSWITCH_MODELS.search(m) for m in models):
+    if any(_NVSWITCH_MODELS.search(m) and not _BRIDGED_OR_PCIE.search(m) for m in models):
         return True
     return None
 
@@ -645,6 +648,14 @@ _HARDWARE_TESTS = re.compile(
 )
 
 
+_UNUSABLE = re.compile(
+    r"busy or unavailable|cuCtxCreate|Unable to create CUDA context|cudaStreamCreate|"
+    r"cuInit|NV_ERR_RESET_REQUIRED",
+    re.I,
+)
+"""Diagnostic messages saying the test could not run on the GPU at all."""
+
+
 def dcgm_diag_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     """Judge DCGM diagnostic results.
 
@@ -653,6 +664,9 @@ def dcgm_diag_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
 
     * a GPU failing a memory, diagnostic or stress plugin: critical,
       ``service_hardware``;
+    * a failure whose messages say the test could not create a CUDA context
+      (device busy or unavailable): the GPU is unusable, not proven faulty:
+      critical, ``reset_gpu`` (then rerun the diagnostic);
     * a failure whose only messages are NVLink-down reports follows the NVLink
       rows (:func:`nvlink_verdict`), e.g. info on a system without NVLink;
     * an Integration (PCIe) failure: major, ``service_hardware``;
@@ -673,6 +687,10 @@ def dcgm_diag_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             if attrs.get("nvlink_only") == "yes":
                 severity, action, why = _diag_nvlink_verdict(obs, ctx, node, entity)
                 summary = f"DCGM {test} {result} rests only on NVLink-down reports ({why})"
+            elif result == "fail" and _UNUSABLE.search(attrs.get("message", "")):
+                severity, action = Severity.CRITICAL, Action.RESET_GPU
+                summary = f"DCGM {test} could not use {_gpu_name(entity)} (CUDA context or "
+                summary += "device busy/unavailable): reset the GPU, then rerun the diagnostic"
             elif result == "warn":
                 severity, action = Severity.WARNING, Action.NONE
                 summary = f"DCGM {test} warned: {attrs.get('message', '')[:160]}"
@@ -726,7 +744,11 @@ def _peer_throughput(obs: Observations) -> Iterator[Finding]:
                 value = float(event.attrs.get("value", ""))
             except ValueError:
                 continue
-            by_test[(group.node, group.code, event.attrs.get("unit", ""))][group.entity] = (
+            metric = event.attrs.get("metric", "")
+            unit = event.attrs.get("unit", "")
+            by_test[(group.node, group.code, f"{unit} ({metric})" if metric else unit)][
+                group.entity
+            ] = (
                 value,
                 group,
             )
@@ -831,8 +853,9 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     Below its capability AND below the median of its peers on the node: major,
     ``service_hardware`` (downtrained: reseat, riser, slot). Below capability but
     like its peers (a platform-wide limit such as a Gen4 switch), or with no peers
-    to compare with: info, ``none``. Generation is compared like width; GPUs lower
-    their generation at idle, which is why a peer comparison is required.
+    to compare with: info, ``none``. Generation is compared like width, but only a
+    GPU known to be busy counts as downtrained: GPUs lower their link speed at idle
+    (power saving), so an idle or unknown-load GPU at a lower generation is info.
     """
     del ctx
     source = f"gpu.pcie_link_rule ({NVML} nvmlDeviceGetCurrPcieLink*; lspci LnkCap/LnkSta)"
@@ -852,6 +875,8 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                     continue
                 peers = [v for e, v in currents.items() if e != entity]
                 below_peers = bool(peers) and cur.value < statistics.median(peers)
+                if below_peers and what == "generation" and not _busy(obs, node, entity):
+                    below_peers = False  # idle GPUs lower their link speed to save power
                 if below_peers:
                     yield _finding(
                         node=node,
@@ -874,10 +899,29 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                         severity=Severity.INFO,
                         action=Action.NONE,
                         summary=f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below "
-                        f"capability {cap.value:g}, like its peers (platform limit or idle)",
+                        f"capability {cap.value:g}, "
+                        + (
+                            "like its peers (platform limit or idle)"
+                            if peers
+                            else "no peers to compare with (platform limit or idle)"
+                        ),
                         evidence=_ev([cur, cap]),
                         source=source,
                     )
+
+
+def _busy(obs: Observations, node: str, entity: str) -> bool:
+    """True when the GPU is known to be working (utilization > 10 %, or not idle)."""
+    util = _sample(obs, node, entity, "gpu_utilization_ratio")
+    if util is not None:
+        return util.value > 0.1
+    for (n, e, m, labels), sample in obs.samples.items():
+        if (n, e, m) == (node, entity, "gpu_clock_event_active") and (
+            "reason",
+            "gpu_idle",
+        ) in labels:
+            return sample.value < 1
+    return False
 
 
 # ---------------------------------------------------------------------------- ERR!

@@ -7,11 +7,14 @@ GPU's link takes the GPU off the bus (Linux ``Documentation/PCI/pcieaer-howto.rs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from analytics.fault_model.engine import Context, EventGroup, Observations, Rule
 from analytics.fault_model.xid import keep_evidence, uuid_map
 from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, Severity
+
+logger = logging.getLogger(__name__)
 
 FAULT_MODEL = "docs/fault-model.md"
 
@@ -49,6 +52,9 @@ def _finding(
     for other in extra:
         keep_evidence(evidence, other.evidence)
         count += other.count
+    years = g.attr_values.get("year_assumed")
+    if years:
+        summary += f" (year {min(years)} assumed: the log's stamps carry none)"
     return Finding(
         node=g.node,
         entity=entity,

@@ -15,11 +15,14 @@ milder findings. Repeated messages of one kind on one GPU are one finding whose
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
 from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, NodeName, Severity
+
+logger = logging.getLogger(__name__)
 
 CATALOG = "NVIDIA Xid catalog (ecosystem-reference §9)"
 FAULT_MODEL = "docs/fault-model.md"
@@ -398,6 +401,10 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         except ValueError:
             continue
         sev, act, text, conf = _xid_verdict(n, g)
+        if conf < 1.0:
+            logger.info(
+                "Xid %s on %s is not in the Xid table; using the default verdict", n, entity
+            )
         root = add_root(
             _Root(
                 node=g.node,

@@ -49,8 +49,10 @@ def test_diag_nvlink_down_warnings_rejoined_mid_word() -> None:
     assert links == [0, 1, 2, 3, 4]
     assert all(s.entity == "gpu:0" and s.value == 0 for s in samples(records, "gpu_nvlink_state"))
     (fail,) = events(records, "dcgm_diag")
-    assert fail.code == "pcie" and fail.entity == "node"
-    assert fail.attrs["nvlink_only"] == "yes" and fail.attrs["result"] == "fail"
+    assert fail.code == "pcie"
+    assert fail.entity == "node"
+    assert fail.attrs["nvlink_only"] == "yes"
+    assert fail.attrs["result"] == "fail"
     assert "Run a field diagnostic on the GPU." in fail.attrs["message"]
     assert "fie ld" not in fail.attrs["message"]
 
@@ -62,7 +64,8 @@ def test_diag_memory_fail_with_thermal_violation() -> None:
     assert fail.attrs["nvlink_only"] == "no"
     assert "13.3 seconds started" in fail.attrs["message"]
     (thermal,) = events(records, "thermal_violation")
-    assert thermal.entity == "gpu:0" and thermal.attrs["seconds"] == "13.3"
+    assert thermal.entity == "gpu:0"
+    assert thermal.attrs["seconds"] == "13.3"
 
 
 def test_diag_deployment_error_row_remap_pending() -> None:
@@ -89,7 +92,8 @@ def test_diag_per_gpu_rows_and_perf() -> None:
     (fail,) = events(records, "dcgm_diag")
     assert (fail.code, fail.entity) == ("diagnostic", "gpu:1")
     (perf,) = events(records, "dcgm_diag_perf")
-    assert perf.entity == "gpu:0" and perf.attrs["value"] == "15000.00"
+    assert perf.entity == "gpu:0"
+    assert perf.attrs["value"] == "15000.00"
 
 
 def test_diag_json() -> None:
@@ -168,8 +172,11 @@ def test_dmon_last_xid_and_blanks() -> None:
 
 
 def test_blank_sentinels() -> None:
-    assert is_blank(0x7FFFFFFFFFFFFFF0) and is_blank(0x7FFFFFF2) and is_blank(float("nan"))
-    assert not is_blank(0) and not is_blank(2_500_000_000.0)
+    assert is_blank(0x7FFFFFFFFFFFFFF0)
+    assert is_blank(0x7FFFFFF2)
+    assert is_blank(float("nan"))
+    assert not is_blank(0)
+    assert not is_blank(2_500_000_000.0)
 
 
 # ---------------------------------------------------------------------------- nvlink
@@ -178,7 +185,8 @@ def test_blank_sentinels() -> None:
 def test_nvlink_link_status_all_down_no_switches() -> None:
     records, _ = parse(case_text("009"))
     states = samples(records, "gpu_nvlink_state")
-    assert len(states) == 36 and all(s.value == 0 for s in states)
+    assert len(states) == 36
+    assert all(s.value == 0 for s in states)
     assert [e.code for e in events(records, "nvswitch_inventory")] == ["absent"]
 
 
@@ -206,10 +214,12 @@ def test_nvlink_link_status_switches_and_disabled() -> None:
 
 def test_exporter_scrape_case() -> None:
     records, result = parse(case_text("033"))
-    assert result.kinds == ["dcgm_exporter"] and result.issues == []
+    assert result.kinds == ["dcgm_exporter"]
+    assert result.issues == []
     sm = samples(records, "gpu_sm_clock_hertz")
     assert [s.value for s in sm] == [135e6, 135e6]
-    assert sm[0].entity == "GPU-0a1b2c3d-1111-4e2f-8a01-5c6d7e8f9a01" and sm[0].node == "node-a"
+    assert sm[0].entity == "GPU-0a1b2c3d-1111-4e2f-8a01-5c6d7e8f9a01"
+    assert sm[0].node == "node-a"
     assert len(samples(records, "gpu_pcie_replays_total")) == 4
 
 
@@ -231,7 +241,8 @@ def test_exporter_mapping_sentinels_and_bad_line() -> None:
     assert (xid.entity, xid.node, xid.value) == ("0000:3b:00.0", "gpu-7", 79)
     assert samples(records, "gpu_memory_used_bytes")[0].value == 4 * 1024 * 1024
     rows = samples(records, "gpu_remapped_rows")[0]
-    assert rows.entity == "GPU-aaaa" and rows.labels == {"type": "uncorrectable"}
+    assert rows.entity == "GPU-aaaa"
+    assert rows.labels == {"type": "uncorrectable"}
     assert samples(records, "gpu_row_remap_failure") == []
     assert samples(records, "gpu_utilization_ratio")[0].entity == "gpu:2"
     assert [i.line for i in result.issues] == [7]
@@ -240,7 +251,7 @@ def test_exporter_mapping_sentinels_and_bad_line() -> None:
 class _Handler(http.server.BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server API
+    def do_GET(self) -> None:
         if self.path != "/metrics":
             self.send_error(404)
             return
@@ -249,15 +260,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(self.body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         del format, args
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    _Handler.body = (Path(cases_dir()) / next(
-        p.name for p in cases_dir().glob("033-*")
-    )).read_bytes() + SCRAPE.encode()
+    _Handler.body = (
+        Path(cases_dir()) / next(p.name for p in cases_dir().glob("033-*"))
+    ).read_bytes() + SCRAPE.encode()
     httpd = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -283,14 +294,59 @@ def test_collector_unavailable(server: str) -> None:
     with pytest.raises(CollectorUnavailable):
         DcgmExporterCollector(node="n", url=f"{server}/nope", timeout_seconds=2).collect()
     with pytest.raises(CollectorUnavailable):
-        DcgmExporterCollector(node="n", url="http://127.0.0.1:9/metrics", timeout_seconds=1).collect()
+        DcgmExporterCollector(
+            node="n", url="http://127.0.0.1:9/metrics", timeout_seconds=1
+        ).collect()
 
 
 def test_collector_rejects_bad_arguments() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="timeout_seconds"):
         DcgmExporterCollector(node="n", url="http://x/metrics", timeout_seconds=0)
 
 
 @pytest.mark.parametrize("text", ["", "{", "| Warning | x\n|   | y", "#Entity XIDER\nGPU x 1"])
 def test_garbage_never_raises(text: str) -> None:
     parse(text)
+
+
+def test_exporter_clock_event_bitmask_and_old_names() -> None:
+    text = (
+        'DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{gpu="0",UUID="GPU-aaaa",pci_bus_id="00000000:3B:00.0"}'
+        " 136\n"
+        'dcgm_gpu_temp{gpu="0",uuid="GPU-bbbb"} 40\n'
+    )
+    records, _ = parse(text)
+    active = {s.labels["reason"] for s in samples(records, "gpu_clock_event_active") if s.value}
+    assert active == {"hw_slowdown", "hw_power_brake"}
+    temp = samples(records, "gpu_temperature_celsius")[0]
+    assert (temp.entity, temp.value) == ("GPU-bbbb", 40)
+
+
+def test_hostengine_log_health_incidents() -> None:
+    text = (
+        "2025-12-22 10:00:01.123 ERROR [1514002:1514004] [[Health]] Detected a WARNING in health "
+        "system Thermal: 'Detected clocks event due to thermal violation in GPU 2. Verify that "
+        "the cooling on this machine is functional.' [/builds/dcgm/modules/health/Health.cpp:99]\n"
+        "2025-12-22 10:00:02.123 ERROR [1514002:1514004] [[Health]] Detected a FAILURE in health "
+        "system Memory: 'A DBE has occurred on GPU 1.' [/builds/dcgm/Health.cpp:99]\n"
+        "2025-12-22 10:00:03.000 DEBUG [1514002:1514004] [[Health]] nothing to see\n"
+    )
+    records, result = parse(text)
+    assert result.kinds == ["dcgm_log"]
+    (thermal,) = events(records, "thermal_violation")
+    assert thermal.entity == "gpu:2"
+    (health,) = events(records, "dcgm_health")
+    assert (health.entity, health.code) == ("gpu:1", "failure")
+
+
+def test_exporter_windowed_counts() -> None:
+    text = (
+        'DCGM_EXP_XID_ERRORS_COUNT{gpu="0",UUID="GPU-aaaa",xid="79",window_size_in_ms="300000"} 2\n'
+        'DCGM_EXP_XID_ERRORS_COUNT{gpu="1",UUID="GPU-bbbb",xid="13",window_size_in_ms="300000"} 0\n'
+        'DCGM_EXP_CLOCK_EVENTS_COUNT{gpu="0",UUID="GPU-aaaa",clock_event="hw_thermal"} 3\n'
+    )
+    records, _ = parse(text)
+    (xid,) = events(records, "xid")
+    assert (xid.entity, xid.code, xid.attrs["count"]) == ("GPU-aaaa", "79", "2")
+    (thermal,) = samples(records, "gpu_clock_event_active")
+    assert (thermal.labels["reason"], thermal.value) == ("hw_thermal", 1)

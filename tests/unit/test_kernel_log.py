@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from collectors.kernel_log import (
     parse_kernel_lines,
 )
 from core.errors import CollectorUnavailable
+from core.protocols import StreamingCollector
 from core.records import Event, NodeName
 from tests.conftest import cases_dir
 
@@ -31,7 +33,9 @@ def at(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-XID79 = "NVRM: Xid (PCI:0000:b1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID79 = (
+    "NVRM: Xid (PCI:0000:b1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+)
 
 
 @pytest.mark.parametrize(
@@ -42,8 +46,10 @@ XID79 = "NVRM: Xid (PCI:0000:b1:00): 79, pid='<unknown>', name=<unknown>, GPU ha
         (f"2024-04-05T21:29:39+0000 node-a kernel: {XID79}", at("2024-04-05T21:29:39")),
         (f"2024-04-05T23:29:39+02:00 node-a kernel: {XID79}", at("2024-04-05T21:29:39")),
         (f"2024-04-05T21:29:39.250000Z {XID79}", at("2024-04-05T21:29:39.25")),
-        (f"192.0.2.1: kern: warning: [2024-04-05T21:29:39.52643656Z]: {XID79}",
-         at("2024-04-05T21:29:39.526436")),
+        (
+            f"192.0.2.1: kern: warning: [2024-04-05T21:29:39.52643656Z]: {XID79}",
+            at("2024-04-05T21:29:39.526436"),
+        ),
         (f"kern  :warn  : [ 1843.308145] {XID79}", None),
         (XID79, None),
     ],
@@ -71,7 +77,7 @@ def test_yearless_takes_year_of_other_stamp_in_file() -> None:
         f"Mar 27 17:40:36 kernel: {XID79}",
         "[Thu Apr  4 18:03:56 2019] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.161.07",
     ]
-    xid = [e for e in events(lines) if e.kind == "xid"][0]
+    xid = next(e for e in events(lines) if e.kind == "xid")
     assert datetime.fromtimestamp(xid.observed_at or 0, UTC).year == 2019
     assert "year_assumed" not in xid.attrs
 
@@ -85,7 +91,8 @@ def test_yearless_assumes_current_year_and_says_so() -> None:
 def test_dmesg_T_continuation_joined() -> None:
     lines = [
         "[Fri Apr  5 21:29:39 2024] NVRM: GPU 0000:b1:00.0: GPU has fallen off the bus.",
-        "[Fri Apr  5 21:29:39 2024] NVRM: A GPU crash dump has been created. If possible, please run",
+        "[Fri Apr  5 21:29:39 2024] NVRM: A GPU crash dump has been created. "
+        "If possible, please run",
         "                           NVRM: nvidia-bug-report.sh as root to collect this data before",
         "                           NVRM: the NVIDIA kernel module is unloaded.",
     ]
@@ -155,7 +162,10 @@ def test_xid154_and_nvlink5_decode() -> None:
     assert e154.attrs["recovery_action"] == "Node Reboot Required"
     assert e154.attrs["recovery_action_code"] == "2"
     assert (e145.attrs["unit"], e145.attrs["fatal"], e145.attrs["status"]) == (
-        "RLW_RXPIPE", "no", "0x00000008")
+        "RLW_RXPIPE",
+        "no",
+        "0x00000008",
+    )
     assert e145.entity == "0018:01:00.0"
     assert e45.attrs["caused_by"] == "79"
     assert e45.attrs["process"] == "x"
@@ -169,7 +179,11 @@ def test_device_plugin_xid() -> None:
         "device marked unhealthy: GPU-91b3d5e7-2a4c-4f18-b6e0-3c7d9a1f5e28",
     ]
     (ev,) = events(lines)
-    assert (ev.kind, ev.code, ev.entity) == ("xid", "94", "GPU-91b3d5e7-2a4c-4f18-b6e0-3c7d9a1f5e28")
+    assert (ev.kind, ev.code, ev.entity) == (
+        "xid",
+        "94",
+        "GPU-91b3d5e7-2a4c-4f18-b6e0-3c7d9a1f5e28",
+    )
     assert ev.observed_at == pytest.approx(at("2024-08-09T13:32:51.873584"))
 
 
@@ -191,12 +205,19 @@ def test_host_and_pcie_lines() -> None:
     ]
     evs = {(e.kind, e.code): e for e in events(lines)}
     aer = evs[("pcie_aer", "uncorrected_fatal")]
-    assert (aer.entity, aer.attrs["vendor_id"], aer.attrs["driver"]) == ("0000:01:00.0", "10de", "nvidia")
+    assert (aer.entity, aer.attrs["vendor_id"], aer.attrs["driver"]) == (
+        "0000:01:00.0",
+        "10de",
+        "nvidia",
+    )
     assert len(aer.evidence) == 3
     assert evs[("host_memory", "CE")].attrs["count"] == "3"
     apei = evs[("pcie_aer", "uncorrected_nonfatal")]
     assert (apei.entity, apei.attrs["vendor_id"], apei.attrs["device_id"]) == (
-        "0000:5e:00.0", "144d", "a808")
+        "0000:5e:00.0",
+        "144d",
+        "a808",
+    )
     assert len(apei.evidence) == 5
     assert evs[("pcie_bandwidth_limited", "limited")].entity == "0000:04:00.0"
 
@@ -229,7 +250,7 @@ def test_reboot_counted_from_uptime() -> None:
 def test_nvidia_smi_error_lines() -> None:
     lines = [
         "Unable to determine the device handle for GPU0000:B1:00.0: Unknown Error",
-        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system",
+        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot",
         "No devices were found",
         "'CUDA-capable device(s) is/are busy or unavailable'",
     ]
@@ -279,8 +300,10 @@ def test_detect_scores() -> None:
     assert kl.detect(dmesg, None) >= 50
     assert kl.detect([Line(1, f"[ 1.0] {XID79}")], None) >= 90
     assert kl.detect([Line(1, "Mar 27 17:40:36 host kernel: eth0: link up")], None) >= 50
-    smi_q = [Line(1, "    Product Name                          : NVIDIA A100-SXM4-80GB"),
-             Line(2, "    Driver Version                        : 510.73.08")]
+    smi_q = [
+        Line(1, "    Product Name                          : NVIDIA A100-SXM4-80GB"),
+        Line(2, "    Driver Version                        : 510.73.08"),
+    ]
     assert kl.detect(smi_q, "nvidia-smi -q") == 0
     nccl = [Line(1, "node-a:1234:5678 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE")]
     assert kl.detect(nccl, None) == 0
@@ -320,13 +343,14 @@ def test_kmsg_format() -> None:
 class _Script:
     """An injected sleep that changes the followed file between polls."""
 
-    def __init__(self, steps: list) -> None:  # type: ignore[type-arg]
+    def __init__(self, steps: list[Callable[[], None]]) -> None:
         self.steps = steps
         self.calls = 0
 
     def __call__(self, seconds: float) -> None:
         assert seconds == pytest.approx(0.001)
         self.calls += 1
+        assert self.calls < 100, "follower never delivered"
         if self.steps:
             self.steps.pop(0)()
 
@@ -335,10 +359,11 @@ def test_follow_file_survives_rotation_and_truncation(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text(f"[ 1.0] {XID79}\n")  # before start: skipped (tail -F starts at the end)
 
-    def append(text: str):  # type: ignore[no-untyped-def]
+    def append(text: str) -> Callable[[], None]:
         def do() -> None:
             with log.open("a") as fh:
                 fh.write(text)
+
         return do
 
     def rotate() -> None:
@@ -360,8 +385,12 @@ def test_follow_file_survives_rotation_and_truncation(tmp_path: Path) -> None:
     ]
     sleep = _Script(steps)
     collector = KernelLogCollector(
-        node="n1", path=str(log), source="file", clock=lambda: 42.0,
-        poll_interval_seconds=0.001, sleep=sleep,
+        node="n1",
+        path=str(log),
+        source="file",
+        clock=lambda: 42.0,
+        poll_interval_seconds=0.001,
+        sleep=sleep,
     )
     got: list[tuple[str, str, float | None]] = []
     for ev in collector.stream():
@@ -374,6 +403,7 @@ def test_follow_file_survives_rotation_and_truncation(tmp_path: Path) -> None:
         ("48", "0000:03:00.0", 42.0),
     ]
     assert collector.collect() == []
+    assert isinstance(collector, StreamingCollector)
 
 
 def test_collector_arguments() -> None:
@@ -384,3 +414,69 @@ def test_collector_arguments() -> None:
     collector = KernelLogCollector(node="n", source="file")
     with pytest.raises(CollectorUnavailable):
         next(collector.stream())
+
+
+def test_journal_source_with_fake_journalctl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "journalctl"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-f*) ;; *) exit 0;; esac\n'
+        "echo '2024-04-05T21:29:39+0000 node-a kernel: NVRM: Xid (PCI:0000:b1:00): 79, pid=1, "
+        "name=a, GPU has fallen off the bus.'\n"
+        "echo '2024-04-05T21:29:40+0000 node-a kernel: usb 1-1: new device'\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    collector = KernelLogCollector(node="n1", clock=lambda: 1.0, poll_interval_seconds=0.5)
+    got = list(collector.stream())
+    assert [(e.code, e.entity, e.observed_at) for e in got] == [
+        ("79", "0000:b1:00.0", at("2024-04-05T21:29:39"))
+    ]
+    assert got[0].evidence[0].line is None
+    assert got[0].evidence[0].file == "journal"
+
+
+def test_auto_without_any_source_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda _name: None)
+    monkeypatch.setattr("os.access", lambda *_a: False)
+    collector = KernelLogCollector(node="n1")
+    with pytest.raises(CollectorUnavailable, match="no readable kernel log"):
+        next(collector.stream())
+
+
+def test_fabric_manager_log_lines() -> None:
+    lines = [
+        "[Mar 27 2024 17:40:36] [ERROR] [tid 1234] detected NVSwitch fatal error 20034 on fid 0 "
+        "on NVSwitch pci bus id 00000000:05:00.0 physical id 0 port 30",
+        "Mar 27 17:40:36 host systemd[1]: nvidia-fabricmanager.service: "
+        "Failed with result 'exit-code'.",
+    ]
+    sxid, fm = events(lines)
+    assert (sxid.kind, sxid.code, sxid.entity, sxid.attrs["fatal"]) == (
+        "sxid",
+        "20034",
+        "0000:05:00.0",
+        "yes",
+    )
+    assert sxid.observed_at == at("2024-03-27T17:40:36")
+    assert (fm.kind, fm.code) == ("fabric_manager", "start_failed")
+    assert KernelLogParser().detect([Line(1, lines[0])], None) >= 50
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "Mar 27 17:40:36.123456 host kernel:",
+        "Wed 2024-03-27 17:40:36 CET host kernel:",
+        "[Mar27 17:40]",
+        "[  +0.000012]",
+        "<4>1 2024-03-27T17:40:36.123Z host kernel - - -",
+        "2024-03-27T17:40:36,123456+0100",
+    ],
+)
+def test_more_stamp_formats(prefix: str) -> None:
+    ctx = ParseContext(file="k.log", node=NodeName("n1"), default_year=2024)
+    (ev,) = events([f"{prefix} {XID79}"], ctx)
+    assert (ev.kind, ev.code, ev.entity) == ("xid", "79", "0000:b1:00.0")

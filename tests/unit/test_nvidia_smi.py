@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -48,7 +49,8 @@ def check_records(records: Sequence[Record]) -> None:
         if isinstance(r, Sample):
             assert r.metric in BY_NAME
             assert r.value == r.value
-            assert r.evidence is not None and r.evidence.line is not None
+            assert r.evidence is not None
+            assert r.evidence.line is not None
         else:
             assert r.evidence
 
@@ -123,25 +125,28 @@ def test_q_a10_pending_remap() -> None:
     records, _ = parse_file(str(FIXTURES / "nvidia-smi" / "a10-q.txt"))
     pending = samples(records, "gpu_row_remap_pending", "0000:07:00.0")
     assert [s.value for s in pending] == [1.0]
-    assert pending[0].evidence is not None and "Pending" in pending[0].evidence.text
+    assert pending[0].evidence is not None
+    assert "Pending" in pending[0].evidence.text
     unc = [s for s in samples(records, "gpu_remapped_rows") if s.labels["type"] == "uncorrectable"]
     assert unc[0].value == 4
 
 
 def test_q_legacy_ecc_all_na_emits_nothing() -> None:
-    records, result = parse_file(str(FIXTURES / "nvidia-smi" / "titan-v-q.txt"))
+    records, _result = parse_file(str(FIXTURES / "nvidia-smi" / "titan-v-q.txt"))
     check_records(records)
     assert samples(records, "gpu_ecc_errors_total") == []
     assert samples(records, "gpu_remapped_rows") == []
     gens = {s.labels["bound"]: s.value for s in samples(records, "gpu_pcie_link_generation")}
-    assert gens["max"] == 3 and gens["current"] == 1
+    assert gens["max"] == 3
+    assert gens["current"] == 1
 
 
 def test_q_mig_device_ecc_is_not_gpu_level() -> None:
     records, _ = parse_file(str(FIXTURES / "nvidia-smi" / "h100-80gb-hbm3-mig-q.txt"))
     ecc = samples(records, "gpu_ecc_errors_total")
     locations = {(s.labels["scope"], s.labels["location"]) for s in ecc}
-    assert ("volatile", "sram_parity") in locations and ("volatile", "sram") in locations
+    assert ("volatile", "sram_parity") in locations
+    assert ("volatile", "sram") in locations
     assert samples(records, "gpu_recovery_action")[0].value == 0
     assert samples(records, "gpu_power_watts")[0].value == pytest.approx(432.21)
 
@@ -184,7 +189,8 @@ def test_q_throttle_reasons_old_name_and_recovery_and_err() -> None:
     assert samples(records, "gpu_sram_threshold_exceeded")[0].value == 1
     assert samples(records, "gpu_retired_pages_pending")[0].value == 1
     fabric = events(records, "fabric")[0]
-    assert fabric.attrs["status"] == "Failure" and len(fabric.evidence) == 2
+    assert fabric.attrs["status"] == "Failure"
+    assert len(fabric.evidence) == 2
 
 
 def test_q_reset_required_flag_becomes_recovery_action() -> None:
@@ -212,7 +218,8 @@ def test_xml_full_document() -> None:
     assert samples(records, "gpu_temperature_celsius", entity)[0].value == 27
     assert len(samples(records, "gpu_clock_event_active", entity)) == 9
     ecc = samples(records, "gpu_ecc_errors_total", entity)
-    assert len(ecc) == 8 and all(s.value == 0 for s in ecc)
+    assert len(ecc) == 8
+    assert all(s.value == 0 for s in ecc)
 
 
 def test_xml_truncated_fragment_is_an_issue_never_an_alarm() -> None:
@@ -224,7 +231,7 @@ def test_xml_truncated_fragment_is_an_issue_never_an_alarm() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "<nvidia_smi_log>\n<gpu id=\"00000000:01:00.0\">\n<ecc_errors><volatile><dram_unc",
+        '<nvidia_smi_log>\n<gpu id="00000000:01:00.0">\n<ecc_errors><volatile><dram_unc',
         "<ecc_errors>\n<volatile>\n<<<>>>\n",
         "<product_name>A100</product_name>\n</gpu>\n</nvidia_smi_log>\n",
     ],
@@ -242,6 +249,9 @@ def test_xml_fragment_without_root_is_wrapped() -> None:
         "    <remapped_row_unc>2</remapped_row_unc>\n"
         "    <remapped_row_pending>Yes</remapped_row_pending>\n"
         "    <remapped_row_failure>No</remapped_row_failure>\n"
+        "    <row_remapper_histogram>\n"
+        "        <row_remapper_histogram_none>1 bank(s)</row_remapper_histogram_none>\n"
+        "    </row_remapper_histogram>\n"
         "</remapped_rows>\n"
         "<gpu_recovery_action>Reset</gpu_recovery_action>\n"
     )
@@ -249,6 +259,8 @@ def test_xml_fragment_without_root_is_wrapped() -> None:
     assert result.issues == []
     assert samples(records, "gpu_row_remap_pending")[0].value == 1
     assert samples(records, "gpu_recovery_action")[0].value == 1
+    hist = samples(records, "gpu_row_remap_bank_availability")[0]
+    assert (hist.labels["availability"], hist.value) == ("none", 1)
     assert samples(records, "gpu_row_remap_pending")[0].evidence.line == 4  # type: ignore[union-attr]
 
 
@@ -257,8 +269,10 @@ def test_xml_fragment_without_root_is_wrapped() -> None:
 
 def test_csv_noheader_fields_from_command() -> None:
     records, _ = parse_file(case("008"))
-    actions = {s.entity: s.value for s in samples(records, "gpu_recovery_action")}
-    assert actions["gpu:1"] == 1 and actions["gpu:0"] == 0 and len(actions) == 8
+    actions: dict[str, float] = {s.entity: s.value for s in samples(records, "gpu_recovery_action")}
+    assert actions["gpu:1"] == 1
+    assert actions["gpu:0"] == 0
+    assert len(actions) == 8
 
 
 def test_csv_header_units_and_na() -> None:
@@ -270,7 +284,7 @@ def test_csv_header_units_and_na() -> None:
         "0, 00000000:1A:00.0, 35, 71.20 W, 4 MiB, 50 %, [N/A], Not Active\n"
         "1, 00000000:40:00.0, 36, ERR!, 4 MiB, 0 %, Yes, Active\n"
     )
-    records, result = parse(text)
+    records, _result = parse(text)
     check_records(records)
     assert samples(records, "gpu_power_watts", "0000:1a:00.0")[0].value == pytest.approx(71.2)
     assert samples(records, "gpu_memory_used_bytes", "0000:1a:00.0")[0].value == 4 * 1024 * 1024
@@ -279,7 +293,8 @@ def test_csv_header_units_and_na() -> None:
     assert samples(records, "gpu_row_remap_pending", "0000:40:00.0")[0].value == 1
     assert [e.code for e in events(records, "nvidia_smi_err")] == ["power.draw"]
     reason = samples(records, "gpu_clock_event_active", "0000:40:00.0")[0]
-    assert reason.labels["reason"] == "hw_slowdown" and reason.value == 1
+    assert reason.labels["reason"] == "hw_slowdown"
+    assert reason.value == 1
 
 
 def test_csv_noheader_without_command_is_an_issue() -> None:
@@ -336,7 +351,8 @@ def test_lspci_link_of_nvidia_gpus_only() -> None:
     assert {r.entity for r in records} == {"0000:1a:00.0"}
     width = {s.labels["bound"]: s.value for s in samples(records, "gpu_pcie_link_width")}
     gen = {s.labels["bound"]: s.value for s in samples(records, "gpu_pcie_link_generation")}
-    assert width == {"max": 16, "current": 8} and gen == {"max": 5, "current": 4}
+    assert width == {"max": 16, "current": 8}
+    assert gen == {"max": 5, "current": 4}
 
 
 # --------------------------------------------------------------------------- robust
@@ -353,3 +369,29 @@ def test_helpers() -> None:
     assert nvidia_smi.number("16x") == (16.0, "x")
     assert nvidia_smi.is_missing("[Not Supported]")
     assert nvidia_smi.gpu_entity(uuid="...", index=None) is None
+
+
+def test_nvlink_capabilities_are_not_issues() -> None:
+    text = (
+        "$ nvidia-smi nvlink -c\n"
+        "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-11111111-2222-3333-4444-555555555555)\n"
+        "\t Link 0, P2P is supported: true\n"
+        "\t Link 0, Access to system memory supported: true\n"
+    )
+    records, result = parse(text)
+    assert result.issues == []
+    assert samples(records, "gpu_nvlink_state") == []
+
+
+def test_cut_and_mangled_inputs_never_raise() -> None:
+    rng = random.Random(7)
+    files = sorted(cases_dir().glob("0*")) + sorted((FIXTURES / "nvidia-smi").glob("*-q*"))
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        for _ in range(8):
+            lines = text[: rng.randrange(0, len(text) + 1)]
+            for _ in range(3):
+                if lines:
+                    i = rng.randrange(len(lines))
+                    lines[i] = lines[i][: rng.randrange(len(lines[i]) + 1)]
+            parse("\n".join(lines))
