@@ -21,8 +21,11 @@ Event kinds emitted (``Event.kind`` / ``Event.code``):
   ``recovery_action`` (``GPU Reset Required``...), ``recovery_action_code``; NVLink5
   Xids 144-150 add ``unit``, ``fatal`` (``yes``/``no``), ``link``, ``intrinfo``,
   ``status``; Xid 45 adds ``caused_by`` when its message names the Xid behind it.
-* ``gpu_lost`` / ``fallen_off_bus`` | ``nvml_gpu_is_lost``.
-* ``gpu_init_failure`` / ``rm_init_adapter`` | ``probe_failed`` | ``gsp_init_failure``.
+  Xid lines of one code on one GPU within a second (a multi-line Xid 13 report) are
+  one event holding all the lines (attr ``lines``).
+* ``gpu_lost`` / ``fallen_off_bus`` | ``gpu_is_lost`` (NV_ERR_GPU_IS_LOST) | ``nvml_gpu_is_lost``.
+* ``gpu_init_failure`` / ``rm_init_adapter`` | ``probe_failed`` | ``gsp_init_failure`` |
+  ``power_cables``.
 * ``gsp_error`` / ``heartbeat_timeout`` | ``memsys_error`` | ``pmu_halted`` (attr ``at_boot``).
 * ``gsp_rpc_timeout`` / ``back_to_back`` | ``rpc_recv_poll`` | ``rpc_timeout`` (RPC
   history tables joined into the event).
@@ -145,6 +148,12 @@ _RECOVERY = re.compile(
 _NVLINK5 = re.compile(
     r"(?P<unit>[A-Z][A-Z0-9_]+)\s+(?P<fatal>Fatal|Non-?fatal)\s+XC\d+\s+i\d+\s+Link\s+(?P<link>-?\d+)"
     r"\s*\((?P<intr>0x[0-9a-fA-F]+)\s+(?P<status>0x[0-9a-fA-F]+)",
+    re.I,
+)
+_GSP_INIT = re.compile(
+    r"kgspInitRm|GSP init|kgspWaitForRmInitDone|"
+    r"(?:failed to|cannot|unable to) (?:boot|bootstrap|load|initiali[sz]e)\b.{0,30}GSP|"
+    r"GSP.{0,40}(?:boot|bootstrap|init)\w* failed",
     re.I,
 )
 _CAUSED_BY = re.compile(r"caused by (?:previous |prior )?Xid\s*(\d+)", re.I)
@@ -279,6 +288,7 @@ class KernelLogSession:
     _seen_stamp: bool = False
     _bumped: bool = False
     _driver_loaded_up: float | None = None
+    _driver_loaded_at: float | None = None
     _ctime_cache: dict[str, float] = field(default_factory=dict)
     _burst: _Burst | None = None
 
@@ -412,7 +422,7 @@ class KernelLogSession:
             if draft is not None and (
                 continuation
                 or rest.startswith("  ")
-                or (draft.key == "rpc_timeout" and _is_rpc_history(rest))
+                or (draft.key == "rpc_timeout" and _is_rpc_history(rest, draft.parts[0]))
                 or _continues(draft, stamp, rest)
             ):
                 draft.add(rest.strip(), ev)
@@ -631,6 +641,7 @@ class KernelLogSession:
         m = _DRIVER.search(body)
         if m is not None:
             self._driver_loaded_up = stamp.uptime
+            self._driver_loaded_at = stamp.observed_at
             self._emit(
                 out,
                 "driver_load",
@@ -644,7 +655,22 @@ class KernelLogSession:
             return
         entity = _entity_of(msg)
         low = msg.lower()
-        if "fallen off the bus" in low:
+        if "nv_err_gpu_is_lost" in low or "gpu lost from the bus" in low:
+            self._emit(
+                out, "gpu_lost", "gpu_is_lost", entity, stamp, msg, evidence, {"message": msg}
+            )
+        elif "power cables" in low or "power connector" in low:
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "power_cables",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "fallen off the bus" in low:
             self._emit(
                 out, "gpu_lost", "fallen_off_bus", entity, stamp, msg, evidence, {"message": msg}
             )
@@ -738,12 +764,7 @@ class KernelLogSession:
                 evidence,
                 {"message": msg, "at_boot": self._at_boot(stamp)},
             )
-        elif re.search(
-            r"kgspInitRm|GSP init|failed to (?:boot|load|initialize) GSP|"
-            r"GSP.{0,40}(?:boot|bootstrap|init)\w* failed|kgspWaitForRmInitDone",
-            msg,
-            re.I,
-        ):
+        elif _GSP_INIT.search(msg):
             self._emit(
                 out,
                 "gpu_init_failure",
@@ -762,17 +783,20 @@ class KernelLogSession:
     def _at_boot(self, stamp: _Stamp) -> str:
         """Whether a GSP failure happened while the driver was bringing the GPU up.
 
-        Judged from uptime stamps: within 600 s of boot, or within 300 s of a driver
-        load line in the same log.
+        Judged from uptime stamps (within 600 s of boot), or from a driver load
+        line of the same log within the 300 s before (uptime or wall-clock stamps).
         """
-        if stamp.uptime is None:
-            return "unknown"
-        if stamp.uptime < 600.0:
-            return "yes"
-        loaded = self._driver_loaded_up
-        if loaded is not None and 0 <= stamp.uptime - loaded < 300.0:
-            return "yes"
-        return "no"
+        if stamp.uptime is not None:
+            if stamp.uptime < 600.0:
+                return "yes"
+            loaded = self._driver_loaded_up
+            if loaded is not None and 0 <= stamp.uptime - loaded < 300.0:
+                return "yes"
+            return "no"
+        loaded_at = self._driver_loaded_at
+        if stamp.observed_at is not None and loaded_at is not None:
+            return "yes" if 0 <= stamp.observed_at - loaded_at < 300.0 else "no"
+        return "unknown"
 
     def _xid(
         self,
@@ -1067,8 +1091,15 @@ def _continues(draft: _Draft, stamp: _Stamp, rest: str) -> bool:
     return bool(text) and (text[0].islower() or text[0] == "(") and last[-1:] not in (".", "!", ":")
 
 
-def _is_rpc_history(rest: str) -> bool:
-    return "RPC history" in rest or "RPC event history" in rest or "_kgspLogRpcTimeout" in rest
+_FUNC = re.compile(r"^\s*(?:GPU\d+ )?(\w+):")
+
+
+def _is_rpc_history(rest: str, banner: str) -> bool:
+    """Whether an NVRM line belongs to the GSP-timeout report opened by ``banner``."""
+    if "RPC history" in rest or "RPC event history" in rest or "Serial Number" in rest:
+        return True
+    a, b = _FUNC.match(rest), _FUNC.match(banner)
+    return a is not None and b is not None and a[1] == b[1]
 
 
 def _iso(text: str) -> float | None:

@@ -95,7 +95,9 @@ STALLING_NONFATAL_SXIDS = frozenset({11004})
 
 LOST_KINDS = frozenset({"gpu_lost", "gpu_init_failure"})
 _ROOT_PRIORITY = (
+    "power_cables",
     "fallen_off_bus",
+    "gpu_is_lost",
     "nvml_gpu_is_lost",
     "rm_init_adapter",
     "gsp_init_failure",
@@ -222,6 +224,13 @@ def _xid_verdict(n: int, group: EventGroup) -> tuple[Severity, Action, str, floa
         return Severity.CRITICAL, Action.REBOOT_NODE, f"{label}: GPU lost, reboot the node", 1.0
     if n == 48:
         return Severity.CRITICAL, Action.RESET_GPU, f"{label}: reset the GPU before reuse", 1.0
+    if n == 64:
+        return (
+            Severity.CRITICAL,
+            Action.RESET_GPU,
+            f"{label}: catalog RESET_GPU; an RMA candidate if it recurs after the reset",
+            1.0,
+        )
     if n in RESET_GPU_XIDS:
         return (
             Severity.CRITICAL,
@@ -361,7 +370,12 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             )
         root.take(g)
     for root in lost.values():
-        if len(root.boots) >= 2:
+        if root.code == "power_cables":
+            root.action = Action.SERVICE_HARDWARE
+            root.summary += (
+                ": connect or re-seat the GPU's power cables (catalog CHECK_MECHANICALS)"
+            )
+        elif len(root.boots) >= 2:
             root.action = Action.SERVICE_HARDWARE
             root.summary += (
                 "; it recurred after a reboot: hardware service (PCIe link, riser, power, RMA)"
@@ -556,6 +570,8 @@ def _lost_summary(g: EventGroup, entity: str) -> str:
         "79": "Xid 79: GPU has fallen off the bus",
         "fallen_off_bus": "GPU has fallen off the bus (no Xid)",
         "nvml_gpu_is_lost": "NVML reports GPU_IS_LOST",
+        "gpu_is_lost": "the driver reports NV_ERR_GPU_IS_LOST",
+        "power_cables": "the GPU lacks its power cables",
         "rm_init_adapter": "the driver cannot initialise the GPU (RmInitAdapter failed)",
         "probe_failed": "the NVIDIA probe routine failed",
         "gsp_init_failure": "GSP firmware failed to initialise",

@@ -415,3 +415,54 @@ def test_multiline_xid13_burst_is_one_event() -> None:
         1,
     )
     assert len(f.evidence) == 3
+
+
+def test_other_driver_wordings_of_gpu_loss() -> None:
+    found = judge(
+        [
+            "[ 900.0] NVRM: nvCheckOkFailedNoLog: Check failed: GPU lost from the bus "
+            "[NV_ERR_GPU_IS_LOST] (0x0000000F) returned from x",
+        ]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.REBOOT_NODE)
+    found = judge(["[ 5.2] NVRM: GPU0 kgspInitRm_IMPL: cannot bootstrap riscv/gsp: 0x62"])
+    assert top(found) == (Severity.CRITICAL, Action.REBOOT_NODE)
+    found = judge(
+        ["[ 9.0] NVRM: GPU 0000:3c:00.0: GPU does not have the necessary power cables connected."]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.SERVICE_HARDWARE)
+
+
+def test_xid119_gsp_timeout_report_is_one_event() -> None:
+    found = judge(
+        [
+            xid(119, "Timeout after 6s of waiting for RPC response from GPU1 GSP!", up=5000.0),
+            "[ 5000.1] NVRM: GPU1 _kgspLogXid119: ************** GSP Timeout **************",
+            "[ 5000.2] NVRM: GPU1 _kgspLogXid119: Note: Please also check logs above.",
+            "[ 5000.3] NVRM: GPU1 GPU Board Serial Number: 1234",
+            "[ 5000.4] NVRM: GPU1 RPC history (CPU -> GSP):",
+            "[ 5000.5] NVRM:     entry function  sequence",
+        ]
+    )
+    assert [(f.code, f.severity, f.action) for f in found] == [
+        ("119", Severity.CRITICAL, Action.RESET_GPU)
+    ]
+    assert len(found[0].evidence) == 6
+
+
+def test_gsp_heartbeat_after_driver_load_in_journal_is_boot_failure() -> None:
+    day = "2024-03-27T17:40"
+    boot = judge(
+        [
+            f"{day}:00+0000 h kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.86.15",
+            f"{day}:20+0000 h kernel: NVRM: GPU2 _kgspIsHeartbeatTimedOut: Heartbeat timed out",
+        ]
+    )
+    assert (boot[0].kind, top(boot)) == ("gpu_lost", (Severity.CRITICAL, Action.REBOOT_NODE))
+    runtime = judge(
+        [
+            f"{day}:20+0000 h kernel: NVRM: GPU2 _kgspIsHeartbeatTimedOut: timed out "
+            "Heartbeat timed out"
+        ]
+    )
+    assert (runtime[0].kind, top(runtime)) == ("gsp_error", (Severity.CRITICAL, Action.RESET_GPU))
