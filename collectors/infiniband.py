@@ -634,7 +634,19 @@ class IbqueryerrorsParser:
 # --- ethtool -S ------------------------------------------------------------------------
 
 _ETH_LINE = re.compile(r"^\s*(?P<name>[A-Za-z0-9_.\-\[\]]+):\s*(?P<value>-?\d+)\s*$")
-_ETH_PRIO = re.compile(r"^(?P<dir>rx|tx)_prio(?P<prio>\d)_(?P<what>bytes|packets|pause)$")
+_ETH_PRIO = re.compile(
+    # mlx5 "rx_prio3_bytes", "tx_prio3_pause"; bnxt_en "rx_bytes_pri3",
+    # "rx_pfc_ena_frames_pri3"; ice "rx_priority_3_xoff" (PFC pause frames).
+    r"^(?P<dir>rx|tx)_(?:prio(?P<prio>\d)_(?P<what>bytes|packets|pause)"
+    r"|(?P<what2>bytes|packets|pfc_ena_frames)_pri(?P<prio2>\d)"
+    r"|priority_(?P<prio3>\d)_xoff)(?:\.nic)?$"
+)
+_PRIO_METRIC = {
+    "bytes": "net_prio_bytes_total",
+    "packets": "net_prio_packets_total",
+    "pause": "net_prio_pause_frames_total",
+    "pfc_ena_frames": "net_prio_pause_frames_total",
+}
 _ETH_QUEUE = re.compile(r"^(?:(?:rx|tx|ch|ptp|xdp|rq|sq)\d+_|(?:rx|tx)_queue_\d+|queue_\d+)")
 _ETH_CMD = re.compile(r"ethtool\s+(?:-S|--statistics)\s+(?:--\S+\s+)*(?P<if>[\w.:@-]+)")
 _ETH_TITLE = re.compile(r"^\s*NIC statistics:\s*$")
@@ -674,12 +686,9 @@ class EthtoolStatsSession:
         iface = self._interface
         prio = _ETH_PRIO.match(name)
         if prio:
-            metric = {
-                "bytes": "net_prio_bytes_total",
-                "packets": "net_prio_packets_total",
-                "pause": "net_prio_pause_frames_total",
-            }[prio["what"]]
-            labels = {"interface": iface, "direction": prio["dir"], "priority": prio["prio"]}
+            metric = _PRIO_METRIC[prio["what"] or prio["what2"] or "pause"]
+            priority = prio["prio"] or prio["prio2"] or prio["prio3"]
+            labels = {"interface": iface, "direction": prio["dir"], "priority": priority}
         elif _ETH_QUEUE.match(name):
             return None
         else:

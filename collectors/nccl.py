@@ -135,12 +135,17 @@ _NCCL = re.compile(
 )
 _UNWIND = re.compile(r"^(?P<src>[\w./-]+\.(?:cc|c|cu|h|cpp):\d+) -> (?P<code>\d+)\b")
 _COMPLETION = re.compile(
-    r"Got completion(?: from peer (?P<peer>\S+?))?,?\s+with\s+"
-    r"(?:status\s*=\s*|error\s+)(?P<status>\d+)",
+    r"Got completion(?: from peer(?:\s+(?P<peer>(?!with\b)\S+?))?)?,?\s+with\s+"
+    r"(?:status\s*=\s*|error\s+)(?:(?P<status>\d+)|(?P<name>IBV_WC_[A-Z_]+)(?:\((?P<num>\d+)\))?)",
     re.IGNORECASE,
 )
-_OPCODE = re.compile(r"opcode[=\s]\s*(?P<v>\d+)")
-_VENDOR = re.compile(r"vendor err\s*(?P<v>\d+)")
+_OPCODE = re.compile(r"opcode[=\s]\s*(?:\w+\()?(?P<v>\d+)")
+_VENDOR = re.compile(r"vendor[ _]err[=\s]\s*(?P<v>\d+)")
+_ASYNC = re.compile(
+    r"(?P<dev>[a-z][\w-]*\d+):(?P<port>\d+)\s+(?:Got\s+)?async\s+(?:fatal\s+)?event"
+    r"(?:\s+on\s+\w+)?\s*:\s*(?P<what>.+?)\s*$",
+    re.IGNORECASE,
+)
 _DIRECTION = re.compile(r"\((?P<v>Recv|Send|Write|Read|Flush)\)")
 _HCA = re.compile(r"\b(?:hca|dev(?:ice)?)\s+(?P<v>[a-z][\w-]*\d+)(?::(?P<port>\d+))?")
 _LOCAL_GID = re.compile(r"localGid\s*(?P<v>[0-9a-fA-F:.]+)")
@@ -161,7 +166,25 @@ _UCX_ERROR = re.compile(
     r"^(?P<reason>[A-Za-z][\w \-]*?)(?: error)? on (?P<dev>[\w-]+):(?P<port>\d+)/(?P<ll>\w+)"
     r"(?:\s*\((?:synd 0x(?P<synd>[0-9a-fA-F]+))?(?:\s*vend 0x(?P<vend>[0-9a-fA-F]+))?)?"
 )
-_UCX_QP = re.compile(r"\b(?:DCI|RC|DC|UD)?\s*QP 0x[0-9a-f]+ .*?\brlid (?P<rlid>\d+)")
+_UCX_QP = re.compile(
+    r"\bQP 0x[0-9a-fA-F]+\b.*?(?:\b[rd]lid (?P<rlid>\d+)|\bdgid (?P<gid>[0-9a-fA-F:.]+))"
+)
+WC_STATUS_TEXT: dict[str, int] = {
+    "local length error": 1,
+    "local qp operation error": 2,
+    "local protection error": 4,
+    "work request flushed error": 5,
+    "bad response error": 7,
+    "local access error": 8,
+    "remote invalid request error": 9,
+    "remote access error": 10,
+    "remote operation error": 11,
+    "transport retry counter exceeded": 12,
+    "rnr retry counter exceeded": 13,
+    "fatal error": 19,
+    "response timeout error": 20,
+}
+"""rdma-core ``ibv_wc_status_str()`` texts (``libibverbs/enum_strs.c``) to status values."""
 
 _TORCH_TIME = re.compile(
     r"\[[IWEF](?P<mon>\d{1,2}?)(?P<day>\d{2}) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
@@ -189,6 +212,18 @@ _TESTS_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<v>[\d.]+)")
 _TESTS_META = re.compile(r"^#\s*(?:nThread|Using devices|\s*Rank\s+\d+|Collective test)")
 _TESTS_STRONG = (_TESTS_HEADER, _TESTS_AVG, _TESTS_OOB, _TESTS_RANK)
 _PERF_BINARY = re.compile(r"\b(?P<op>[a-z_]+)_perf(?:_mpi)?\b")
+
+
+_STATUS_BY_NAME = {name: code for code, name in IBV_WC_STATUS.items()}
+
+
+def _status_of(completion: re.Match[str]) -> int:
+    """Return the status number of a completion match (``12`` or ``IBV_WC_..(12)``)."""
+    if completion["status"]:
+        return int(completion["status"])
+    if completion["num"]:
+        return int(completion["num"])
+    return _STATUS_BY_NAME.get(completion["name"].upper(), -1)
 
 
 def _evidence(ctx: ParseContext, line: Line) -> Evidence:
@@ -353,6 +388,9 @@ class CollectiveLogSession:
         if _RESULT_NAME.search(body) or _COMPLETION.search(body):
             self._summary_line(line, body, self._ctx.node, at, out)
 
+    def _malformed(self, line: Line, reason: str) -> None:
+        self.issues.append(ParseIssue(file=self._ctx.file, line=line.number, reason=reason))
+
     # --- NCCL --------------------------------------------------------------
 
     def _nccl_line(self, line: Line, m: re.Match[str], at: float | None, out: list[Record]) -> None:
@@ -378,9 +416,30 @@ class CollectiveLogSession:
             self._keep_node_evidence(line)
             return
         completion = _COMPLETION.search(msg)
+        if completion is None and "Got completion" in msg:
+            self._malformed(line, "NCCL completion line without a status")
+            return
         if completion:
             event = self._completion_event(node, completion, msg, line, at, m)
             self._pending = _Pending(event=event, thread=thread)
+            return
+        async_event = _ASYNC.search(msg)
+        if async_event and level != "INFO":
+            device = f"{async_event['dev']}:{async_event['port']}"
+            what = async_event["what"].strip().rstrip(".").lower()
+            out.append(
+                Event(
+                    kind="rdma_async",
+                    code=what[:64],
+                    node=node,
+                    entity=EntityId(device),
+                    observed_at=at,
+                    message=msg.strip(),
+                    attrs={"device": device, "pid": m["pid"]},
+                    evidence=(_evidence(self._ctx, line),),
+                    source=self._source,
+                )
+            )
             return
         if level in {"WARN", "ERROR", "ABORT"} and _NVLS.search(msg) and _NVLS_FAIL.search(msg):
             out.append(
@@ -410,7 +469,7 @@ class CollectiveLogSession:
         at: float | None,
         m: re.Match[str] | None,
     ) -> Event:
-        status = int(completion["status"])
+        status = _status_of(completion)
         attrs: dict[str, str] = {"status_name": wc_status_name(status)}
         tail = msg[completion.end() :]
         for key, pattern in (
@@ -503,11 +562,12 @@ class CollectiveLogSession:
         pending = self._pending
         qp = _UCX_QP.search(msg)
         if qp and pending is not None and pending.thread == thread:
-            peer = f"lid:{qp['rlid']}"
+            peer = f"lid:{qp['rlid']}" if qp["rlid"] else f"gid:{qp['gid']}"
             old = pending.event
             attrs = dict(old.attrs)
             attrs["peer"] = peer
-            attrs["rlid"] = qp["rlid"]
+            if qp["rlid"]:
+                attrs["rlid"] = qp["rlid"]
             pending.event = Event(
                 kind=old.kind,
                 code=old.code,
@@ -524,6 +584,7 @@ class CollectiveLogSession:
         self._flush_pending(out)
         err = _UCX_ERROR.match(msg)
         if not err:
+            self._ucx_verbs_line(line, m, msg, at, out)
             return
         status = self._ucx_status(err)
         if status is None:
@@ -552,6 +613,30 @@ class CollectiveLogSession:
             source=self._source,
         )
         self._pending = _Pending(event=event, thread=thread)
+
+    def _ucx_verbs_line(
+        self, line: Line, m: re.Match[str], msg: str, at: float | None, out: list[Record]
+    ) -> None:
+        """A UCX verbs-transport line naming an ``ibv_wc_status_str()`` text."""
+        low = msg.lower()
+        if "error" not in low and "exceeded" not in low:
+            return
+        for text, status in WC_STATUS_TEXT.items():
+            if text in low:
+                out.append(
+                    Event(
+                        kind="rdma_transport",
+                        code=str(status),
+                        node=NodeName(m["host"]),
+                        entity=NODE_ENTITY,
+                        observed_at=at,
+                        message=msg,
+                        attrs={"status_name": wc_status_name(status), "pid": m["pid"]},
+                        evidence=(_evidence(self._ctx, line),),
+                        source=self._source,
+                    )
+                )
+                return
 
     @staticmethod
     def _ucx_status(err: re.Match[str]) -> int | None:
@@ -599,6 +684,8 @@ class CollectiveLogSession:
         work = _WORK.search(body)
         seq = watchdog["seq"] if watchdog else work["seq"] if work else None
         if seq is None:
+            if "Watchdog caught" in body:
+                self._malformed(line, "watchdog timeout line without SeqNum/OpType")
             return
         node = self._ctx.node
         key = (node, seq)

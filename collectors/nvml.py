@@ -57,6 +57,13 @@ _REASONS = {
     21: "no_data", 27: "not_ready", 999: "unknown",
 }
 
+_HINTS = {
+    12: "no NVIDIA driver: libnvidia-ml.so.1 not found",
+    9: "the NVIDIA kernel driver is not loaded",
+    18: "the NVIDIA user-space library and kernel driver versions differ (reboot after upgrade?)",
+    4: "no permission to use NVML",
+}
+
 
 class _Skip(Exception):
     """The field could not be read; it is omitted."""
@@ -153,7 +160,13 @@ class NvmlCollector:
         return lib
 
     def _discover(self, lib: Any, index: int) -> _Gpu:
-        handle = lib.nvmlDeviceGetHandleByIndex(index)
+        """Return the GPU at ``index``; one that is lost gets no handle (retried per collect)."""
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+        except lib.NVMLError as exc:
+            if self._code(lib, exc) != getattr(lib, "NVML_ERROR_GPU_IS_LOST", _ERR_GPU_IS_LOST):
+                raise
+            return _Gpu(index=index, handle=None, entity=EntityId(gpu_index_entity(index)))
         uuid = pci = ""
         try:
             uuid = str(self._text(lib.nvmlDeviceGetUUID(handle)))
@@ -192,9 +205,11 @@ class NvmlCollector:
 
     def _describe(self, lib: Any, exc: BaseException) -> str:
         try:
-            return str(exc) or type(exc).__name__
+            text = str(exc) or type(exc).__name__
         except Exception:
-            return type(exc).__name__
+            text = type(exc).__name__
+        hint = _HINTS.get(self._code(lib, exc) or 0)
+        return f"{hint} ({text})" if hint else text
 
     def _reason(self, lib: Any, exc: BaseException) -> str:
         code = self._code(lib, exc)
@@ -279,9 +294,12 @@ class NvmlCollector:
         if slow:
             self._slow_at = now
         out: list[Sample | Event] = []
-        for gpu in self._gpus:
+        for position, known in enumerate(self._gpus):
+            gpu = known
             records: list[Sample | Event] = []
             try:
+                if gpu.handle is None:
+                    gpu = self._rediscover(position, known)
                 self._fast(gpu, now, records)
                 if slow:
                     self._slow(gpu, now, records)
@@ -293,9 +311,27 @@ class NvmlCollector:
                                    gpu.entity, gpu.index)
                     out.append(self._lost_event(gpu, now, str(lost)))
                 continue
+            except _Skip:
+                continue
             gpu.lost = False
             out.extend(records)
         return out
+
+    def _rediscover(self, position: int, gpu: _Gpu) -> _Gpu:
+        """Try again to get a handle for a GPU that was lost at start-up.
+
+        Raises:
+            _Lost: It is still lost.
+        """
+        lib = self._lib
+        try:
+            found = self._discover(lib, gpu.index)
+        except lib.NVMLError as exc:
+            raise _Skip("handle") from exc
+        if found.handle is None:
+            raise _Lost("handle")
+        self._gpus[position] = found
+        return found
 
     def _lost_event(self, gpu: _Gpu, now: float, what: str) -> Event:
         text = f"NVML: GPU {gpu.index} ({gpu.entity}) is lost (GPU_IS_LOST while reading {what})"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from core.clock import Clock, system_clock
+from core.errors import CollectorUnavailable
 from core.records import NODE_ENTITY, Event, NodeName, Sample
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,10 @@ class ProbeCollector:
         Returns:
             ``probe_rtt_seconds{peer,method}`` (mean of the probes that answered; omitted
             when none did) and ``probe_loss_ratio{peer,method}`` for each peer.
+
+        Raises:
+            CollectorUnavailable: ``method="icmp"`` but ICMP datagram sockets are not
+                permitted for this process.
         """
         if not self.peers:
             return []
@@ -184,9 +189,11 @@ class ProbeCollector:
         packet = struct.pack("!BBHHH", 8, 0, _checksum(header + payload), 0, self._seq) + payload
         try:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
-        except OSError:
+        except OSError as exc:
             self.errors_total["icmp_socket"] += 1
-            return None
+            raise CollectorUnavailable(
+                f"ICMP probes not permitted ({exc.strerror}): net.ipv4.ping_group_range must "
+                "include this process's group, or use method = \"tcp\"") from exc
         with sock:
             deadline = time.perf_counter() + self.timeout_seconds
             start = time.perf_counter()

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -35,23 +36,27 @@ def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
 
 
 class _Group(click.Group):
-    """A click group whose usage errors exit with 64 instead of click's 2."""
+    """A click group whose usage errors exit with 64 (EX_USAGE) instead of click's 2."""
 
-    def main(self, *args: object, **kwargs: object) -> object:
-        kwargs["standalone_mode"] = False
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
         try:
-            return super().main(*args, **kwargs)  # type: ignore[arg-type]
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
-            sys.exit(EXIT_USAGE)
+            return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as exc:
-            exc.show()
-            sys.exit(EXIT_USAGE)
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(130)
-        except click.exceptions.Exit as exc:
-            sys.exit(exc.exit_code)
+            setattr(exc, "exit_code", EXIT_USAGE)  # noqa: B010 (a ClassVar on click's class)
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            setattr(exc, "exit_code", EXIT_USAGE)  # noqa: B010 (a ClassVar on click's class)
+            raise
 
 
 @click.group(cls=_Group)
@@ -123,16 +128,25 @@ def run(config_path: str | None) -> None:
 @click.option("--context", "context", multiple=True, metavar="KEY=VALUE",
               help="Machine facts, as for diagnose (repeatable).")
 @click.option("--audit-log", type=click.Path(dir_okay=False), default=None,
-              help="Also write the dry-run decisions to this JSONL audit log.")
+              help="Also append the dry-run decisions to this JSONL audit log.")
+@click.option("--max-disrupted-fraction", type=click.FloatRange(0.0, 1.0), default=0.10,
+              show_default=True, help="Disruption budget: fraction of the replayed nodes.")
+@click.option("--cluster-size", type=click.IntRange(min=1), default=None,
+              help="Nodes in the cluster for the budget (default: the nodes replayed).")
 def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
-           audit_log: str | None) -> None:
-    """Feed recorded files through the run pipeline; print findings, alerts and dry-run actions."""
-    from gpuhealth.replay import render_text
+           audit_log: str | None, max_disrupted_fraction: float,
+           cluster_size: int | None) -> None:
+    """Feed recorded files through the run pipeline; print findings, alerts and dry-run actions.
+
+    Each file is its own node (named after the file) unless --context node=NAME is given.
+    """
+    from gpuhealth.replay import render_text, to_json
     from gpuhealth.replay import replay as run_replay
 
-    report = run_replay(list(paths), facts=_parse_context(context), audit_log_path=audit_log)
+    report = run_replay(list(paths), facts=_parse_context(context), audit_log_path=audit_log,
+                        max_disrupted_fraction=max_disrupted_fraction, cluster_size=cluster_size)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(json.dumps(to_json(report), indent=2))
     else:
         click.echo(render_text(report))
 

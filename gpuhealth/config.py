@@ -300,15 +300,23 @@ class Settings(BaseModel):
     model_config = _FROZEN
 
     node: NodeSettings = NodeSettings()
+    """``[node]``: name and data folder."""
     metrics: MetricsSettings = MetricsSettings()
+    """``[metrics]``: the ``/metrics`` listener."""
     collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
+    """``[collectors.<name>]`` by table name, with :data:`DEFAULT_COLLECTORS` merged in."""
     storage: StorageSettings = StorageSettings()
+    """``[storage]``: the store and its write buffer."""
     analytics: AnalyticsSettings = AnalyticsSettings()
+    """``[analytics]``: rule evaluation cadence."""
     alerting: AlertingSettings = AlertingSettings()
+    """``[alerting]``: severity floor and webhook."""
     remediation: RemediationSettings = RemediationSettings()
+    """``[remediation]``: dry-run, audit log and disruption budget."""
     inventory: dict[str, str] = Field(default_factory=dict)
     """Free-form machine facts for the rules (``nvlink = "absent"``, ``ib_unused = "mlx5_1:1"``)."""
     time: TimeSettings = TimeSettings()
+    """``[time]``: reading stamps without a zone or a year."""
 
     source: str = "(defaults)"
     """The file the settings came from, for messages."""

@@ -150,6 +150,7 @@ class Pipeline:
         )
         self._audit = AuditLog(path=audit_log_path) if audit_log_path else None
         if audit_log_path:
+            # Incidents still open in the log keep their budget slot until they resolve here.
             self._policy.restore(read_audit_log(audit_log_path))
         self._backlogs: list[list[Alert]] = [[] for _ in notifiers]
 

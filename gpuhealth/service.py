@@ -23,7 +23,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -121,11 +121,16 @@ class Service:
     Args:
         settings: Loaded settings.
         stop: Set to stop; one is made when ``None``.
+        collectors: Ready-made collectors by name, instead of building the enabled
+            ``[collectors.*]`` tables (for tests and embedding); polled every
+            ``interval_seconds`` of the table of the same name, else every second.
     """
 
-    def __init__(self, settings: Settings, *, stop: threading.Event | None = None) -> None:
+    def __init__(self, settings: Settings, *, stop: threading.Event | None = None,
+                 collectors: Mapping[str, Collector] | None = None) -> None:
         self.settings = settings
         self.stop = stop or threading.Event()
+        self._given = dict(collectors) if collectors is not None else None
         self.exporter = MetricsExporter()
         storage = settings.storage
         self.buffer = RecordBuffer(max_records=storage.queue_max_records)
@@ -157,7 +162,10 @@ class Service:
             "gpuhealth.stores", s.storage.type,
             {"path": str(s.storage_path), "retention_seconds": s.storage.retention_seconds},
             expect=Store)
-        self._build_collectors()
+        if self._given is None:
+            self._build_collectors()
+        else:
+            self.collectors = dict(self._given)
         self.pipeline = self._build_pipeline()
         if s.metrics.enabled:
             self.server = MetricsServer(exporter=self.exporter,
@@ -177,7 +185,8 @@ class Service:
             if isinstance(collector, StreamingCollector):
                 target, args = self._stream_loop, (name, collector)
             else:
-                interval = s.collectors[name].poll_interval_seconds
+                table = s.collectors.get(name)
+                interval = table.poll_interval_seconds if table else 1.0
                 target, args = self._poll_loop, (name, collector, interval)  # type: ignore[assignment]
             thread = threading.Thread(target=target, args=args, name=f"gpuhealth-{name}",
                                       daemon=True)
@@ -219,7 +228,7 @@ class Service:
                 logger.error("notifier %r disabled: %s", kind, exc)  # noqa: TRY400 (expected: no traceback)
         try:
             return Pipeline(
-                facts=dict(s.inventory), notifiers=notifiers,
+                facts={"node": s.node.name, **s.inventory}, notifiers=notifiers,
                 audit_log_path=str(s.audit_log_path), dry_run=s.remediation.dry_run,
                 max_disrupted_fraction=s.remediation.max_disrupted_fraction,
                 cluster_size=s.remediation.cluster_size,
@@ -245,7 +254,7 @@ class Service:
         own = self._errors.get(name, _Counters()).by_reason
         reported = getattr(self.collectors.get(name), "errors_total", None)
         merged: collections.Counter[str] = collections.Counter(own)
-        if isinstance(reported, collections.abc.Mapping):
+        if isinstance(reported, Mapping):
             for reason, count in reported.items():
                 if isinstance(count, int | float):
                     merged[str(reason)] += int(count)

@@ -328,7 +328,7 @@ class RemediationPolicy:
         self.clock = clock
         self._done: set[str] = set()
         self._incident: dict[str, int] = {}
-        self._active: set[str] = set()
+        self._active: dict[str, str] = {}
         self._out_of_service: dict[str, set[str]] = {}
         self._held: dict[str, Finding] = {}
         self._shared: dict[str, dict[tuple[str, str, str, str], tuple[str, set[str]]]] = {}
@@ -342,6 +342,11 @@ class RemediationPolicy:
     def out_of_service(self) -> frozenset[str]:
         """Nodes out of service because of gpuhealth now (in dry-run: would be)."""
         return frozenset(self._out_of_service)
+
+    @property
+    def open_incidents(self) -> dict[str, str]:
+        """Fingerprints the policy decided on and that have not resolved, with their node."""
+        return dict(self._active)
 
     @property
     def held(self) -> frozenset[str]:
@@ -390,7 +395,7 @@ class RemediationPolicy:
             "code": finding.code,
         }
         result = PolicyResult()
-        self._active.add(fp)
+        self._active[fp] = node
         held_before: str | None = None
         any_held = False
         for planned in ladder(finding, gpu_level_drain=self.gpu_level_drain):
@@ -505,7 +510,7 @@ class RemediationPolicy:
         now = self.clock()
         prefix, incident = self._prefix(fingerprint)
         result = PolicyResult()
-        self._active.discard(fingerprint)
+        self._active.pop(fingerprint, None)
         self._incident[fingerprint] = incident + 1
         details = {"fingerprint": fingerprint, "incident": str(incident)}
         result.audit.append(
@@ -569,7 +574,7 @@ class RemediationPolicy:
                 if record.decision == DECISION_REQUESTED:
                     self._done.add(record.idempotency_key)
                 if record.step != RemediationStep.RESUME:
-                    self._active.add(fp)
+                    self._active[fp] = record.node
                 if record.details.get("disrupts_node") == "true":
                     self._out_of_service.setdefault(record.node, set()).add(fp)
                 step_id = _step_id_of_record(record)
@@ -577,7 +582,7 @@ class RemediationPolicy:
                     steps = self._shared.setdefault(record.node, {})
                     steps.setdefault(step_id, (record.idempotency_key, set()))[1].add(fp)
             elif record.decision == DECISION_RESOLVED:
-                self._active.discard(fp)
+                self._active.pop(fp, None)
                 self._incident[fp] = int(record.details.get("incident", "1")) + 1
                 self._unshare(record.node, fp)
                 holders = self._out_of_service.get(record.node)

@@ -127,16 +127,36 @@ SIDE_EFFECT_METRICS: tuple[str, ...] = (
 )
 """Counters that alone mean congestion or filtering (``ibqueryerrors -c`` "side effect")."""
 
+ERROR_METRICS = frozenset(PHYSICAL_ERROR_METRICS) | (
+    frozenset(SIDE_EFFECT_METRICS) - {"ib_port_xmit_wait_total"}
+)
+"""IB counters that count errors or drops (not data, packets or wait ticks)."""
+
 ROCE_LOSS_COUNTERS: tuple[str, ...] = (
     "local_ack_timeout_err",
     "out_of_sequence",
     "packet_seq_err",
     "implied_nak_seq_err",
+    # bnxt_re (Broadcom) equivalents: ack timeouts, sequence-error NAKs, out-of-order drops.
+    "to_retransmits",
+    "seq_err_naks_rcvd",
+    "missing_resp",
+    "res_oos_drop_count",
 )
-"""mlx5 ``hw_counters`` that count lost packets on RC connections."""
+"""RDMA ``hw_counters`` that count lost packets on RC connections (mlx5, bnxt_re)."""
 
-ROCE_CNP_COUNTERS: tuple[str, ...] = ("np_cnp_sent", "rp_cnp_handled", "np_ecn_marked_roce_packets")
-"""mlx5 ``hw_counters`` that count congestion notifications (ECN/DCQCN)."""
+ROCE_CNP_COUNTERS: tuple[str, ...] = (
+    "np_cnp_sent",
+    "rp_cnp_handled",
+    "np_ecn_marked_roce_packets",
+    "rx_cnp_pkts",
+    "tx_cnp_pkts",
+    "rx_ecn_marked_pkts",
+    "cnpSent",
+    "cnpHandled",
+    "RxECNMrkd",
+)
+"""RDMA ``hw_counters`` that count congestion notifications, ECN/DCQCN (mlx5, bnxt_re, irdma)."""
 
 NIC_LOSS_COUNTERS: tuple[str, ...] = (
     "rx_discards_phy",
@@ -210,6 +230,10 @@ def _network_root_nodes(obs: Observations, ctx: Context) -> set[str]:
             nodes.add(group.node)
     for group in obs.events("nvls"):
         nodes.add(group.node)
+    for group in obs.events("rdma_async"):
+        verdict = async_verdict(group.code)
+        if verdict is not None and verdict.severity.rank >= Severity.MAJOR.rank:
+            nodes.add(group.node)
     for group in obs.events("collective", "wrong_results"):
         nodes.add(group.node)
     return nodes
@@ -323,6 +347,87 @@ def _orphan_symptoms(
         )
 
 
+ASYNC_VERDICTS: tuple[tuple[str, WcVerdict], ...] = (
+    (
+        "port error",
+        WcVerdict(
+            Severity.MAJOR,
+            Action.CHECK_NETWORK,
+            "the port left the Active state (IBV_EVENT_PORT_ERR): link down",
+        ),
+    ),
+    (
+        "local catastrophic error",
+        WcVerdict(
+            Severity.MAJOR,
+            Action.REBOOT_NODE,
+            "the HCA reported a fatal error (IBV_EVENT_DEVICE_FATAL): the device needs a reset",
+        ),
+    ),
+    (
+        "work queue",
+        WcVerdict(
+            Severity.WARNING,
+            Action.RESTART_APP,
+            "a queue pair hit an error (IBV_EVENT_QP_*): application or memory registration",
+        ),
+    ),
+    (
+        "cq error",
+        WcVerdict(
+            Severity.WARNING, Action.RESTART_APP, "a completion queue overran (IBV_EVENT_CQ_ERR)"
+        ),
+    ),
+)
+"""``ibv_event_type_str`` texts (rdma-core ``libibverbs/enum_strs.c``) to verdicts; other
+async events (port active, LID/SM change, reregistration) are benign and give no finding."""
+
+
+def async_verdict(code: str) -> WcVerdict | None:
+    """Return the verdict of an RDMA async event text, or ``None`` when it is benign.
+
+    Examples:
+        >>> async_verdict("port error").action.value
+        'check_network'
+        >>> async_verdict("port active") is None
+        True
+    """
+    for text, verdict in ASYNC_VERDICTS:
+        if text in code.lower():
+            return verdict
+    return None
+
+
+def rdma_async_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge RDMA asynchronous events reported by NCCL (``ibv_get_async_event``).
+
+    Follows rdma-core ``enum ibv_event_type`` (``ibv_get_async_event(3)``):
+    ``IBV_EVENT_PORT_ERR`` (a port left Active) is major ``check_network`` like a
+    port that is not Active (fault-model.md); ``IBV_EVENT_DEVICE_FATAL`` is major
+    ``reboot_node``; queue-pair and CQ errors are application-level warnings.
+    """
+    del ctx
+    for group in obs.events("rdma_async"):
+        verdict = async_verdict(group.code)
+        if verdict is None:
+            continue
+        first, last = _span([group])
+        yield Finding(
+            node=group.node,
+            entity=group.entity,
+            kind="rdma_async",
+            code=group.code,
+            severity=verdict.severity,
+            action=verdict.action,
+            summary=f"RDMA async event '{group.code}' on {group.entity}: {verdict.meaning}",
+            evidence=tuple(_evidence([group])),
+            source="network.rdma_async_rule: rdma-core ibv_event_type; " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=group.count,
+        )
+
+
 # --- IB ports --------------------------------------------------------------------------
 
 
@@ -404,7 +509,10 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             ports[(node, entity)][metric] = sample
     for (node, entity), metrics in sorted(ports.items()):
         saturated_groups = obs.events("ib_counter_saturated", node=node, entity=entity)
-        saturated = {next(iter(g.attr_values.get("metric", {""}))) for g in saturated_groups}
+        saturated_groups = [
+            g for g in saturated_groups if g.attr_values.get("metric", set()) & ERROR_METRICS
+        ]
+        saturated = {m for g in saturated_groups for m in g.attr_values["metric"]} & ERROR_METRICS
 
         def value(metric: str, m: dict[str, Sample] = metrics) -> float:
             sample = m.get(metric)
@@ -735,6 +843,7 @@ def nvls_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 
 RULES: tuple[Rule, ...] = (
     rdma_transport_rule,
+    rdma_async_rule,
     ib_port_state_rule,
     ib_counter_rule,
     roce_qos_rule,

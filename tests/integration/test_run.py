@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth.config import load_settings
-from gpuhealth.service import run
+from core.records import EntityId, NodeName, Sample
+from gpuhealth.config import Settings, load_settings
+from gpuhealth.service import Service, run
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, no proxy
 _RUN = ("import sys; from gpuhealth.config import load_settings; "
@@ -122,6 +123,14 @@ def test_run_serves_metrics_stores_samples_and_stops_cleanly(tmp_path: Path, pee
         assert 'net_rx_bytes_total{entity="' in body
         db = tmp_path / "data" / "gpuhealth.sqlite"
         assert _wait_for(lambda: _sample_count(db) > 0, 15)
+        with open(tmp_path / "kern.log", "a") as log:  # the kernel log collector follows it
+            log.write("[Fri Apr  5 21:29:39 2024] NVRM: Xid (PCI:0000:b1:00): 79, "
+                      "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+        assert _wait_for(lambda: 'gpu_xid_events_total{entity="0000:b1:00.0"' in (
+            _scrape(port) or ""), 15)
+        # ... and the pipeline turns it into a finding (evaluated every second here)
+        assert _wait_for(lambda: 'gpuhealth_findings_total{severity="critical"}' in (
+            _scrape(port) or ""), 15)
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -136,6 +145,12 @@ def test_run_serves_metrics_stores_samples_and_stops_cleanly(tmp_path: Path, pee
     assert "NVML unavailable" in stderr_text
     assert "Traceback" not in stderr_text
     assert _sample_count(tmp_path / "data" / "gpuhealth.sqlite") > 0
+    conn = sqlite3.connect(tmp_path / "data" / "gpuhealth.sqlite")
+    kinds = {row[0] for row in conn.execute("SELECT kind || ':' || code FROM events")}
+    conn.close()
+    assert "xid:79" in kinds
+    audit = (tmp_path / "data" / "audit.jsonl").read_text()
+    assert '"dry_run":true' in audit
 
 
 def test_deleted_kernel_log_does_not_stop_the_service(tmp_path: Path, peer: str) -> None:
@@ -165,3 +180,87 @@ def _written(port: int) -> float:
         if line.startswith("gpuhealth_samples_written_total "):
             return float(line.split()[1])
     return -1.0
+
+
+class _Good:
+    name = "good"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def collect(self) -> list[Sample]:
+        self.calls += 1
+        return [Sample(metric="gpu_power_watts", value=float(self.calls), observed_at=time.time(),
+                       node=NodeName("n1"), entity=EntityId("GPU-a"))]
+
+
+class _Broken:
+    name = "broken"
+
+    def collect(self) -> list[Sample]:
+        raise RuntimeError("boom")
+
+
+class _Burst:
+    """Yields many samples once, then nothing."""
+
+    name = "burst"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.done = threading.Event()
+
+    def collect(self) -> list[Sample]:
+        if self.done.is_set():
+            return []
+        self.done.set()
+        now = time.time()
+        return [Sample(metric="gpu_temperature_celsius", value=float(i), observed_at=now - i,
+                       node=NodeName("n1"), entity=EntityId("GPU-b")) for i in range(self.n)]
+
+
+def _quiet_settings(tmp_path: Path, flush: str) -> Settings:
+    path = tmp_path / "quiet.toml"
+    path.write_text(f"""
+[node]
+data_dir = "{tmp_path / 'data'}"
+[metrics]
+enabled = false
+[storage]
+flush_interval_seconds = "{flush}"
+flush_max_records = 1000000
+[collectors.good]
+type = "probe"
+interval_seconds = "50ms"
+[collectors.broken]
+type = "probe"
+interval_seconds = "50ms"
+""")
+    return load_settings(path, env={})
+
+
+def test_failing_collector_is_counted_and_never_stops_the_others(tmp_path: Path) -> None:
+    settings = _quiet_settings(tmp_path, "100ms")
+    good = _Good()
+    service = Service(settings, collectors={"good": good, "broken": _Broken()})
+    service.start()
+    try:
+        assert _wait_for(lambda: good.calls >= 5, 10)
+        errors = service.exporter.value("gpuhealth_collector_errors_total",
+                                        {"collector": "broken", "reason": "RuntimeError"})
+        assert errors is not None
+        assert errors >= 2
+    finally:
+        service.shutdown()
+    assert _sample_count(tmp_path / "data" / "gpuhealth.sqlite") >= 5
+
+
+def test_shutdown_writes_everything_buffered(tmp_path: Path) -> None:
+    settings = _quiet_settings(tmp_path, "1h")  # nothing is flushed before the stop
+    burst = _Burst(5000)
+    service = Service(settings, collectors={"good": burst})
+    service.start()
+    assert burst.done.wait(10)
+    assert _wait_for(lambda: len(service.buffer) == 5000, 10)
+    service.shutdown()
+    assert _sample_count(tmp_path / "data" / "gpuhealth.sqlite") == 5000

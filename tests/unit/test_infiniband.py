@@ -264,3 +264,17 @@ def test_truncated_ibstat_port_is_issue_not_event():
 def test_detect_does_not_claim_other_text():
     plain = lines("[  12.3] NVRM: Xid (PCI:0000:b1:00): 79, GPU has fallen off the bus.")
     assert all(p.detect(plain, None) == 0 for p in PARSERS)
+
+
+def test_other_nic_priority_counters():
+    text = "NIC statistics:\n     rx_bytes_pri3: 500\n     tx_pfc_ena_frames_pri3: 4\n     rx_priority_5_xoff: 2\n"
+    records, _ = parse(text)
+    got = {
+        (s.metric, s.labels.get("direction"), s.labels.get("priority"), s.value)
+        for s in samples(records)
+    }
+    assert got == {
+        ("net_prio_bytes_total", "rx", "3", 500.0),
+        ("net_prio_pause_frames_total", "tx", "3", 4.0),
+        ("net_prio_pause_frames_total", "rx", "5", 2.0),
+    }

@@ -246,3 +246,68 @@ def test_truncated_table_row_is_an_issue():
     )
     _, result = parse(text)
     assert [i.line for i in result.issues] == [11]
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "entity"),
+    [
+        (
+            "[2026-09-09 10:46:33] u2:3:4 [1] transport/net_ib/p2p.cc:648 NCCL WARN NET/IB: Got completion from peer 10.1.2.3<40554> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_RECV_RDMA_WITH_IMM(129) vendor_err=129 localGid ::ffff:1.1.2.2 remoteGids::ffff:1.1.1.4 hca mlx5_1",
+            "12",
+            "u2<->10.1.2.3",
+        ),
+        (
+            "h:1:2 [0] NCCL WARN NET/IB: Got completion from peer with status=IBV_WC_REM_ACCESS_ERR(10)",
+            "10",
+            "node",
+        ),
+        (
+            "h:1:2 [0] NCCL WARN NET/IB: Got completion from peer with status=IBV_WC_WR_FLUSH_ERR",
+            "5",
+            "node",
+        ),
+        (
+            "h:1:2 [0] NCCL WARN NET/IB/GIN: Got completion from peer 10.0.0.1<1> with status=12 opcode=0 len=0 vendor err 129 (Recv) hca mlx5_7",
+            "12",
+            "h<->10.0.0.1",
+        ),
+    ],
+)
+def test_newest_wordings(line, code, entity):
+    records, _ = parse(line)
+    (event,) = events(records, "rdma_transport")
+    assert (event.code, event.entity) == (code, entity)
+
+
+def test_async_events():
+    text = (
+        "h:1:2 [0] NCCL WARN NET/IB : mlx5_0:1 Got async event : port error\n"
+        "h:1:2 [0] NCCL WARN NET/IB: ibp19s0:1 async fatal event on QP: local access violation work queue error\n"
+    )
+    records, _ = parse(text)
+    found = events(records, "rdma_async")
+    assert [(e.entity, e.code) for e in found] == [
+        ("mlx5_0:1", "port error"),
+        ("ibp19s0:1", "local access violation work queue error"),
+    ]
+
+
+def test_ucx_dgid_peer_and_verbs_text():
+    text = (
+        "[h3:7:0:7] ib_mlx5_log.c:177  Transport retry count exceeded on mlx5_1:1/RoCE (synd 0x15 vend 0x81 hw_synd 0/0)\n"
+        "[h3:7:0:7] ib_mlx5_log.c:177  RC QP 0x2b0c2 wqe[0]: SEND s-e [rqpn 0x22c7d dgid fe80::1] [va 0x7f len 8]\n"
+        "[h3:8:0:8] ib_iface.c:700  send completion with error: remote access error\n"
+    )
+    records, _ = parse(text)
+    found = events(records, "rdma_transport")
+    assert [(e.code, e.entity) for e in found] == [("12", "h3<->gid:fe80::1"), ("10", "node")]
+
+
+def test_malformed_lines_become_issues():
+    text = (
+        "h:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.1<1> with status=\n"
+        "[E321 02:07:08.4 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(\n"
+    )
+    records, result = parse(text)
+    assert not events(records, "rdma_transport")
+    assert [i.line for i in result.issues] == [1, 2]

@@ -255,3 +255,26 @@ def test_every_finding_has_evidence_and_source():
     for finding in findings:
         assert finding.evidence
         assert "fault-model.md" in finding.source
+
+
+def test_async_port_error_is_major_and_benign_events_are_not_findings():
+    assert verdict(judge("h:1:2 [0] NCCL WARN NET/IB : mlx5_0:1 Got async event : port error")) == (
+        "major",
+        ["check_network"],
+    )
+    assert judge("h:1:2 [0] NCCL WARN NET/IB : mlx5_0:1 Got async event : port active") == []
+    qp = "h:1:2 [0] NCCL WARN NET/IB: ibp1:1 async fatal event on QP: local access violation work queue error"
+    assert verdict(judge(qp)) == ("warning", ["restart_app"])
+
+
+def test_roce_on_broadcom_counters():
+    text = "\n".join(
+        ["$ ethtool -S ens2", *(f"     rx_bytes_pri{p}: {1000 if p == 0 else 0}" for p in range(8))]
+    )
+    hw = "\n$ grep '' /sys/class/infiniband/bnxt_re0/ports/1/hw_counters/*\n/sys/class/infiniband/bnxt_re0/ports/1/hw_counters/to_retransmits:77\n"
+    assert verdict(judge(text + "\n" + hw)) == ("major", ["fix_config"])
+
+
+def test_saturated_data_counters_are_not_error_findings():
+    text = "# Port counters: Lid 3 port 1 (CapMask: 0x1600)\nPortXmitData:....................4294967295\nPortXmitWait:....................4294967295\nSymbolErrorCounter:..............0\n"
+    assert judge(text) == []

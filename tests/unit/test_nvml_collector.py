@@ -267,7 +267,7 @@ def test_lost_gpu_gives_one_event_and_others_are_served() -> None:
 
 def test_no_library_raises_collector_unavailable() -> None:
     c = NvmlCollector(node="n1", nvml=FakeNvml(no_library=True))
-    with pytest.raises(CollectorUnavailable, match="NVML unavailable: NVML Shared Library"):
+    with pytest.raises(CollectorUnavailable, match="NVML unavailable: no NVIDIA driver"):
         list(c.collect())
 
 
@@ -295,3 +295,21 @@ def test_real_gpu_samples_are_catalogued() -> None:
 def test_rejects_bad_intervals() -> None:
     with pytest.raises(ValueError, match="interval"):
         NvmlCollector(node="n1", fast_interval_seconds=0)
+
+
+def test_gpu_lost_at_start_is_reported_and_the_rest_is_read() -> None:
+    fake = FakeNvml(gpus=2)
+    real = fake.nvmlDeviceGetHandleByIndex
+
+    def handle(i: int) -> str:
+        if i == 0:
+            raise NVMLError_GpuIsLost()
+        return real(i)
+
+    fake.nvmlDeviceGetHandleByIndex = handle  # type: ignore[method-assign]
+    c = NvmlCollector(node="n1", nvml=fake)
+    records = list(c.collect())
+    events = [r for r in records if isinstance(r, Event)]
+    assert [(e.kind, e.entity) for e in events] == [("gpu_lost", "gpu:0")]
+    assert {r.entity for r in records if isinstance(r, Sample)} == {"GPU-h1"}
+    assert not [r for r in c.collect() if isinstance(r, Event)]

@@ -157,6 +157,14 @@ def test_decide_produces_requests_with_keys_and_audit():
     ]
 
 
+def test_open_incidents_follow_decide_and_resolve():
+    p = policy()
+    p.decide(XID79, fingerprint="fp79")
+    assert p.open_incidents == {"fp79": "gpu-001"}
+    p.resolve(fingerprint="fp79", node="gpu-001")
+    assert p.open_incidents == {}
+
+
 def test_same_incident_twice_yields_duplicates_only():
     p = policy()
     p.decide(XID79, fingerprint="fp79")

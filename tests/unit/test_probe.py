@@ -8,6 +8,7 @@ import pytest
 
 from collectors.probe import ProbeCollector, icmp_allowed
 from core.clock import FakeClock
+from core.errors import CollectorUnavailable
 from core.protocols import Collector
 from core.records import Sample
 
@@ -95,3 +96,17 @@ def test_auto_picks_tcp_when_icmp_is_not_allowed(monkeypatch: pytest.MonkeyPatch
 def test_rejects_bad_arguments(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011
         ProbeCollector(node="n1", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(icmp_allowed(), reason="ICMP datagram sockets are permitted here")
+def test_icmp_not_permitted_is_unavailable_not_loss() -> None:
+    c = ProbeCollector(node="n1", peers=["127.0.0.1"], method="icmp", count=1)
+    with pytest.raises(CollectorUnavailable, match="ping_group_range"):
+        list(c.collect())
+
+
+@pytest.mark.skipif(not icmp_allowed(), reason="ICMP datagram sockets are not permitted here")
+def test_icmp_echo_to_loopback() -> None:
+    c = ProbeCollector(node="n1", peers=["127.0.0.1"], method="icmp", count=2)
+    records = [r for r in c.collect() if isinstance(r, Sample)]
+    assert _values(records, "probe_loss_ratio") == {"127.0.0.1": 0.0}
