@@ -119,6 +119,9 @@ NCCL_RESULT: dict[int, str] = {
 MAX_PENDING_COLLECTIVES = 256
 """Collectives held back at most while their ranks' watchdog lines are gathered."""
 
+MAX_UNWIND_EVIDENCE = 8
+"""Unwind lines (``file.cc:N -> R``) kept as evidence of one completion error."""
+
 MAX_WRONG_EVIDENCE = 8
 """Result-table rows kept as evidence of a ``wrong_results`` event."""
 
@@ -403,7 +406,8 @@ class CollectiveLogSession:
             code = int(unwind["code"])
             pending = self._pending
             if pending is not None and pending.thread == thread:
-                pending.extra.append(_evidence(self._ctx, line))
+                if len(pending.extra) < MAX_UNWIND_EVIDENCE:
+                    pending.extra.append(_evidence(self._ctx, line))
                 return
             if code in NCCL_RESULT:
                 self._flush_pending(out)
@@ -549,7 +553,7 @@ class CollectiveLogSession:
                 observed_at=event.observed_at,
                 message=event.message,
                 attrs=event.attrs,
-                evidence=event.evidence + tuple(pending.extra[:8]),
+                evidence=event.evidence + tuple(pending.extra),
                 source=event.source,
             )
         out.append(event)
