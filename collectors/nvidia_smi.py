@@ -80,6 +80,17 @@ RECOVERY_ACTIONS: dict[str, int] = {
     "drain and reset": 4,
     "drain_and_reset": 4,
     "drain and reset recommended": 4,
+    "gpu_reset_required": 1,
+    "reset required": 1,
+    "reset_required": 1,
+    "node reboot recommended": 2,
+    "reboot required": 2,
+    "reboot_required": 2,
+    "drain p2p required": 3,
+    "drain_and_reset_required": 4,
+    "drain and reset required": 4,
+    "recover imex domain": 5,
+    "recover_imex_domain": 5,
 }
 """``nvidia-smi`` recovery-action texts to NVML enum values (NVML API reference:
 ``NVML_GPU_RECOVERY_ACTION_NONE`` 0, ``_GPU_RESET`` 1, ``_NODE_REBOOT`` 2,
@@ -101,6 +112,39 @@ CLOCK_REASONS: dict[str, str] = {
 }
 """Clock event (throttle) reason names, text and XML, to dcgm-exporter label values
 (ecosystem-reference §1.4; same bits under the deprecated "throttle" names)."""
+
+CLOCK_EVENT_BITS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "clocks_setting",
+    0x004: "power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal",
+    0x040: "hw_thermal",
+    0x080: "hw_power_brake",
+    0x100: "display_clocks",
+}
+"""NVML ``nvmlClocksEventReason*`` bits (ecosystem-reference §1.4) to reason labels, for
+``clocks_event_reasons.active`` (``0x0000000000000004``) and DCGM bitmask fields."""
+
+
+def _bitmask(value: str) -> int | None:
+    """Parse a bitmask printed as hex (``0x...``) or decimal; ``None`` otherwise.
+
+    Examples:
+        >>> _bitmask("0x0000000000000088"), _bitmask("4"), _bitmask("[N/A]")
+        (136, 4, None)
+    """
+    v = value.strip().lower()
+    try:
+        if v.startswith("0x"):
+            return int(v, 16)
+        if v.isdigit():
+            return int(v)
+    except ValueError:
+        return None
+    return None
+
 
 _ECC_LOCATIONS: dict[str, str] = {
     "device_memory": "dram",
@@ -287,6 +331,48 @@ class _BaseSession:
 # ------------------------------------------------------------- -q / -q -x field mapping
 
 
+_FABRIC_HEALTH_FIELDS: dict[str, tuple[str, ...]] = {
+    "bandwidth": ("degraded",),
+    "route_recovery_in_progress": ("true", "yes"),
+    "route_unhealthy": ("true", "yes"),
+    "access_timeout_recovery": ("true", "yes"),
+    "incorrect_configuration": (),
+}
+"""Sub-fields of ``Fabric / Health`` (NVML ``nvmlGpuFabricInfo_v3`` health mask:
+``NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW``, ``_ROUTE_RECOVERY``, ``_ROUTE_UNHEALTHY``,
+``_ACCESS_TIMEOUT_RECOVERY``, ``_INCORRECT_CONFIGURATION``) and the values that mean
+"not healthy"; ``incorrect_configuration`` is unhealthy unless it reads None/No."""
+
+
+def _fabric_health(attrs: Mapping[str, str]) -> str | None:
+    """Derive the fabric health summary from its sub-fields when no Summary line is given.
+
+    Examples:
+        >>> _fabric_health({"health_bandwidth": "Degraded", "health_route_unhealthy": "False"})
+        'Unhealthy (bandwidth Degraded)'
+        >>> _fabric_health({"health_bandwidth": "Full"})
+        'Healthy'
+        >>> _fabric_health({}) is None
+        True
+    """
+    seen = False
+    bad: list[str] = []
+    for name, unhealthy in _FABRIC_HEALTH_FIELDS.items():
+        value = attrs.get(f"health_{name}")
+        if value is None or is_missing(value):
+            continue
+        seen = True
+        v = value.strip().lower()
+        if name == "incorrect_configuration":
+            if v not in {"none", "no", "false", "0"}:
+                bad.append(f"incorrect configuration {value}")
+        elif v in unhealthy:
+            bad.append(f"{name.replace('_', ' ')} {value}")
+    if not seen:
+        return None
+    return f"Unhealthy ({', '.join(bad)})" if bad else "Healthy"
+
+
 @dataclass(slots=True)
 class _GpuState:
     """What one GPU section of ``-q`` / ``-q -x`` said, for the records built at its end."""
@@ -383,6 +469,8 @@ class _FieldMapper:
                 if name == "summary":
                     name = "health_summary"
                 gpu.fabric[name] = (value, line)
+            elif "health" in path[:-1] and key in _FABRIC_HEALTH_FIELDS:
+                gpu.fabric[f"health_{key}"] = (value, line)
             return []
         if is_missing(value):
             return []
@@ -640,6 +728,10 @@ class _FieldMapper:
         state = gpu.fabric.get("state")
         if state is not None and not is_missing(state[0]):
             attrs = {k: v for k, (v, _l) in gpu.fabric.items() if k != "state"}
+            if "health_summary" not in attrs:
+                derived = _fabric_health(attrs)
+                if derived is not None:
+                    attrs["health_summary"] = derived
             lines = [ln for _v, ln in gpu.fabric.values()]
             out.append(
                 Event(
@@ -1117,6 +1209,11 @@ class NvidiaSmiCsvParser:
         """Score from the command (``--query-gpu``) or a header of known field names."""
         if not lines:
             return 0
+        pasted = _comment_command(lines[0].text)
+        if pasted is not None:
+            command, lines = pasted, lines[1:]
+            if not lines:
+                return 0
         if command and "--query-gpu" in command and "csv" in command:
             return 95
         first = [_csv_field(f) for f in lines[0].text.split(",")]
@@ -1128,6 +1225,24 @@ class NvidiaSmiCsvParser:
     def open(self, ctx: ParseContext) -> _CsvSession:
         """Start parsing a CSV section."""
         return _CsvSession(ctx)
+
+
+_COMMENT_COMMAND = re.compile(
+    r"^\s*#\s*(?P<cmd>(?:sudo\s+)?nvidia-smi\s.*--query-gpu.*?)\s*$"
+)
+
+
+def _comment_command(text: str) -> str | None:
+    """The command of a root-prompt line ``# nvidia-smi --query-gpu=...`` pasted before CSV.
+
+    Examples:
+        >>> _comment_command("# nvidia-smi --query-gpu=index,uuid --format=csv")
+        'nvidia-smi --query-gpu=index,uuid --format=csv'
+        >>> _comment_command("index, uuid") is None
+        True
+    """
+    match = _COMMENT_COMMAND.match(text)
+    return match["cmd"] if match else None
 
 
 def _command_fields(command: str | None) -> list[str] | None:
@@ -1152,6 +1267,11 @@ class _CsvSession(_BaseSession):
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         out: list[Record] = []
         for line in lines:
+            pasted = _comment_command(line.text)
+            if pasted is not None:
+                self.noheader = "noheader" in pasted
+                self.fields = _command_fields(pasted) if self.noheader else None
+                continue
             cells = [c.strip() for c in line.text.split(",")]
             if self.fields is None:
                 header = [_csv_field(c) for c in cells]
@@ -1224,7 +1344,13 @@ class _CsvSession(_BaseSession):
     @staticmethod
     def _numeric(name: str, value: str, add: _Adder) -> None:
         flag = yes_no(value)
-        reason = re.match(r"^clocks_(?:event|throttle)_reasons\.(\w+)$", name)
+        reason = re.match(r"^clocks?_(?:event|throttle)_reasons?\.(\w+)$", name)
+        if reason and reason[1] == "active":
+            mask = _bitmask(value)
+            if mask is not None:
+                for bit, label in CLOCK_EVENT_BITS.items():
+                    add("gpu_clock_event_active", 1.0 if mask & bit else 0.0, {"reason": label})
+            return
         if reason:
             mapped = CLOCK_REASONS.get(reason[1])
             if mapped and flag is not None:

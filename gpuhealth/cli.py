@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 EXIT_USAGE = 64
 """Exit status for usage errors (BSD sysexits EX_USAGE, as fault-model.md asks)."""
 
+EXIT_CONFIG = 78
+"""Exit status of ``run`` for an invalid configuration (BSD sysexits EX_CONFIG)."""
+
 
 def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
     facts: dict[str, str] = {}
@@ -109,16 +112,23 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               envvar="GPUHEALTH_CONFIG", help="TOML settings file (default: embedded defaults).")
-def run(config_path: str | None) -> None:
-    """Run the service: collect, store, analyse, alert and plan remediation (dry-run)."""
+@click.pass_context
+def run(ctx: click.Context, config_path: str | None) -> None:
+    """Run the service: collect, store, analyse, alert and plan remediation (dry-run).
+
+    Stops cleanly on SIGTERM or Ctrl-C after writing everything buffered. Exit
+    status 0 on a clean stop, 1 when start-up fails, 78 for an invalid configuration.
+    """
     from gpuhealth.config import load_settings
     from gpuhealth.service import run as run_service
 
+    if not ctx.find_root().params.get("quiet") and logging.getLogger().level > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)  # a service says where its data goes
     try:
         settings = load_settings(config_path)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(EXIT_CONFIG)
     sys.exit(run_service(settings))
 
 
@@ -159,14 +169,18 @@ def config() -> None:
 @config.command("check")
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
 def config_check(path: str | None) -> None:
-    """Validate a settings file (and GPUHEALTH_* overrides); exit 0 when valid."""
-    from gpuhealth.config import load_settings
+    """Validate a settings file and GPUHEALTH_* overrides; print the result, exit 1 if invalid.
 
-    try:
-        settings = load_settings(path)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
+    Without PATH, checks the embedded defaults (plus the environment overrides).
+    """
+    from gpuhealth.config import check, load_settings
+
+    problems = check(path)
+    if problems:
+        for line in problems:
+            click.echo(f"error: {line}", err=True)
         sys.exit(1)
+    settings = load_settings(path)
     click.echo(f"{path or 'embedded defaults'}: valid")
     click.echo(json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True))
 
