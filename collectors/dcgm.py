@@ -628,34 +628,127 @@ class _HealthSession(_Session):
             yield self._event(entity, verdict, details, [anchor, verdict_line])
 
     def _table(self, lines: Sequence[Line]) -> Iterator[Record]:
-        name = ""
-        verdict = ""
-        message: list[str] = []
-        used: list[Line] = []
+        """Both table layouts.
+
+        DCGM 1.x: ``| GPU ID: 0 | Warning |`` then message rows
+        (``PCIe system: Warning - ...``). DCGM 2.x and later: ``| Overall Health |
+        Warning |``, ``| GPU |``, ``| -> 0 | Warning |``, ``|    -> Errors |``,
+        ``|       -> PCIe system | Warning |`` then the wrapped message. One event per
+        GPU (its verdict, the subsystems and messages); the overall verdict is a node
+        event when no GPU is named (or when it is Healthy).
+        """
+        overall: tuple[str, list[Line]] | None = None
+        entries: list[_HealthEntry] = []
+        current: _HealthEntry | None = None
+        in_gpus = False
         for kind, line, match in _table_rows(lines):
             if kind != "row" or match is None:
                 continue
             cell_name = match["name"].strip()
             value = match["value"].strip()
-            if cell_name:
-                if name and verdict:
-                    yield self._finish(name, verdict, message, used)
-                name, verdict, message, used = cell_name, "", [], [line]
-                word = _HEALTH_WORDS.match(value)
+            if not cell_name:
+                if current is not None and value:
+                    current.message.append(value)
+                    current.lines.append(line)
+                continue
+            label = re.sub(r"^(?:->\s*)+", "", cell_name).strip()
+            arrow = cell_name.startswith("->")
+            joined = f"{cell_name} {value}"
+            over = re.search(r"Overall Health\s*:?\s*(\w+)?", joined, re.I)
+            if over is not None:
+                word = _HEALTH_WORDS.match(over[1] or value)
                 if word:
-                    verdict = word[1]
-                elif value:
-                    message.append(value)
-            elif name:
-                message.append(value)
-                used.append(line)
-        if name and verdict:
-            yield self._finish(name, verdict, message, used)
+                    overall = (word[1], [line])
+                continue
+            gpu = re.match(r"^(?:GPU(?:\s*ID)?\s*:?\s*)?(\d+)$", label, re.I)
+            if gpu is not None and (arrow or label.upper().startswith("GPU") or in_gpus):
+                word = _HEALTH_WORDS.match(value)
+                current = _HealthEntry(entity=_gpu(gpu[1]), verdict=word[1] if word else "")
+                current.lines.append(line)
+                if value and not word:
+                    current.message.append(value)
+                entries.append(current)
+                continue
+            if label.lower() in {"gpu", "gpus"}:
+                in_gpus = True
+                continue
+            if label.lower() in {"errors", "incidents", "warnings"}:
+                continue
+            # a subsystem ("PCIe system", "Memory system"...) or another entity kind
+            if current is None:
+                current = _HealthEntry(entity=NODE_ENTITY, verdict="")
+                entries.append(current)
+            word = _HEALTH_WORDS.match(value)
+            current.message.append(f"{label}: {value}" if value else label)
+            current.lines.append(line)
+            if word and not current.verdict:
+                current.verdict = word[1]
+        named = [e for e in entries if e.verdict]
+        if overall is not None and (not named or overall[0].lower() == "healthy"):
+            yield self._event(NODE_ENTITY, overall[0], "", overall[1])
+        for entry in named:
+            message = " ".join(m for m in entry.message if m)
+            yield self._event(entry.entity, entry.verdict, message, entry.lines)
+            yield from self._known(entry, message)
 
-    def _finish(self, name: str, verdict: str, message: list[str], used: list[Line]) -> Event:
-        gpu = re.search(r"GPU(?: ID)?:?\s*(\d+)", name)
-        entity = _gpu(gpu[1]) if gpu else NODE_ENTITY
-        return self._event(entity, verdict, " ".join(m for m in message if m), used)
+    def _known(self, entry: _HealthEntry, message: str) -> Iterator[Record]:
+        """Known DCGM health messages (``dcgm_errors.h``) as the records other rules read."""
+        text = re.sub(r"\s+", " ", message)
+        for pattern, code in (*_DEPLOY, *_HEALTH_KNOWN):
+            for match in pattern.finditer(text):
+                yield Event(
+                    kind="dcgm_diag_error",
+                    code=code,
+                    node=self.ctx.node,
+                    entity=_gpu(match[1]),
+                    observed_at=None,
+                    message=match[0],
+                    attrs={"category": "health"},
+                    evidence=tuple(evidence(self.ctx, ln) for ln in entry.lines[:12]),
+                    source="dcgmi_health",
+                )
+        for match in _VOLATILE_DBE.finditer(text):
+            line = entry.lines[-1] if entry.lines else None
+            s = make_sample(
+                self.ctx,
+                "gpu_ecc_errors_total",
+                float(match["count"]),
+                _gpu(match["gpu"]),
+                line,
+                {"type": "uncorrected", "scope": "volatile", "location": "total"},
+            )
+            if s is not None:
+                yield s
+
+
+@dataclass(slots=True)
+class _HealthEntry:
+    """One GPU (or the node) in a health table: its verdict, messages and lines."""
+
+    entity: EntityId
+    verdict: str
+    message: list[str] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+
+
+_HEALTH_KNOWN = (
+    (
+        re.compile(
+            r"GPU\s*(\d+) had uncorrectable memory errors and (?:\d+ )?pages? "
+            r"(?:were|was|are|is) pending retirement",
+            re.I,
+        ),
+        "retired_pages_pending",
+    ),
+    (re.compile(r"pending (?:retired )?page.*? detected (?:in|on|for) GPU\s*(\d+)", re.I),
+     "retired_pages_pending"),
+)
+"""Health messages (DCGM ``DCGM_FR_PENDING_PAGE_RETIREMENTS``...) beyond the diag ones."""
+
+_VOLATILE_DBE = re.compile(
+    r"Detected (?P<count>\d+) volatile double-bit ECC error\(?s?\)? in GPU\s*(?P<gpu>\d+)", re.I
+)
+"""``DCGM_FR_VOLATILE_DBE_DETECTED``: a volatile uncorrectable ECC count."""
 
 
 def _texts_deep(value: Any) -> list[str]:

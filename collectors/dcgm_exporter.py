@@ -116,10 +116,43 @@ CLOCK_EVENT_BITS: dict[int, str] = {
 """NVML ``nvmlClocksEventReason*`` bits (ecosystem-reference §1.4) to reason labels."""
 
 
-def _mapping(name: str) -> tuple[str, float, dict[str, str]] | None:
+LEGACY_NAMES: dict[str, str] = {
+    "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+    "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "dcgm_mem_copy_utilization": "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE",
+    "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+    "dcgm_retired_pages_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+    "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_data_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "dcgm_clock_throttle_reasons": "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+}
+"""dcgm-exporter 1.x names (``etc/1.x-compatibility-metrics.csv``) whose ``DCGM_FI_*``
+name is not their upper-cased suffix; the others (``dcgm_gpu_temp``...) are."""
+
+
+def canonical_name(name: str) -> str:
+    """The ``DCGM_FI_*`` name of a series, translating dcgm-exporter 1.x ``dcgm_*`` names.
+
+    Examples:
+        >>> canonical_name("dcgm_ecc_dbe_volatile_total")
+        'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL'
+        >>> canonical_name("dcgm_gpu_temp"), canonical_name("DCGM_FI_DEV_GPU_TEMP")
+        ('DCGM_FI_DEV_GPU_TEMP', 'DCGM_FI_DEV_GPU_TEMP')
+    """
     if name.startswith("dcgm_"):
-        # dcgm-exporter 1.x names (etc/1.x-compatibility-metrics.csv): dcgm_gpu_temp...
-        name = "DCGM_FI_DEV_" + name[len("dcgm_") :].upper()
+        return LEGACY_NAMES.get(name) or "DCGM_FI_DEV_" + name[len("dcgm_") :].upper()
+    return name
+
+
+def _mapping(name: str) -> tuple[str, float, dict[str, str]] | None:
+    name = canonical_name(name)
     extra = EXTRA_SERIES.get(name)
     if extra is not None:
         return extra
@@ -175,7 +208,8 @@ def parse_exposition(
             continue
         for family in families:
             for sample in family.samples:
-                if sample.name in CLOCK_EVENT_SERIES:
+                name = canonical_name(sample.name)
+                if name in CLOCK_EVENT_SERIES:
                     result.records.extend(
                         _clock_events(
                             dict(sample.labels),
@@ -188,9 +222,9 @@ def parse_exposition(
                         )
                     )
                     continue
-                if sample.name in {"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT"}:
+                if name in {"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT"}:
                     counted = _windowed_count(
-                        sample.name,
+                        name,
                         dict(sample.labels),
                         float(sample.value),
                         line,

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue
+from collectors.artifact import MIN_SCORE, ArtifactParser, Line, ParseContext, ParseIssue
 from core.catalog import BY_NAME
 from core.ids import gpu_index_entity, normalize_pci_bus_id
 from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
@@ -95,6 +95,27 @@ RECOVERY_ACTIONS: dict[str, int] = {
 """``nvidia-smi`` recovery-action texts to NVML enum values (NVML API reference:
 ``NVML_GPU_RECOVERY_ACTION_NONE`` 0, ``_GPU_RESET`` 1, ``_NODE_REBOOT`` 2,
 ``_DRAIN_P2P`` 3, ``_DRAIN_AND_RESET`` 4)."""
+
+def recovery_code(value: str) -> int | None:
+    """Return the NVML recovery-action enum value of an ``nvidia-smi`` text, or ``None``.
+
+    Accepts the texts of several driver versions, NVML enum names and the number.
+
+    Examples:
+        >>> recovery_code("Node Reboot Required"), recovery_code("NVML_GPU_RECOVERY_ACTION_GPU_RESET")
+        (2, 1)
+        >>> recovery_code("Drain and Reset"), recovery_code("0"), recovery_code("banana")
+        (4, 0, None)
+    """
+    v = re.sub(r"^nvml_gpu_recovery_action_", "", value.strip().lower())
+    v = re.sub(r"[\s_]+", " ", v).strip().rstrip(".")
+    if v.isdigit():
+        return int(v)
+    code = RECOVERY_ACTIONS.get(v)
+    if code is None:
+        code = RECOVERY_ACTIONS.get(v.replace(" ", "_"))
+    return code
+
 
 CLOCK_REASONS: dict[str, str] = {
     "idle": "gpu_idle",
@@ -546,7 +567,7 @@ class _FieldMapper:
             return out
         # recovery action
         if key == "gpu_recovery_action":
-            code = RECOVERY_ACTIONS.get(value.lower())
+            code = recovery_code(value)
             if code is None:
                 self._unknown(line, f"unknown GPU recovery action {value!r}")
                 return out
@@ -1057,14 +1078,45 @@ class NvidiaSmiTableParser:
         return _TableSession(ctx)
 
 
+_TABLE_LINE = re.compile(r"^\s*[|+]")
+
+
 class _TableSession(_BaseSession):
+    """Rows of the table; text of another ``nvidia-smi`` kind pasted right after the
+    table without a prompt or blank line (``-q`` text, CSV...) goes to that kind's
+    parser instead of being dropped."""
+
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.row1: tuple[Line, re.Match[str]] | None = None
+        self.foreign: list[Line] = []
+
+    def _flush_foreign(self) -> list[Record]:
+        lines, self.foreign = self.foreign, []
+        if not lines:
+            return []
+        best: ArtifactParser | None = None
+        score = 0
+        for parser in _EMBEDDED_PARSERS:
+            s = parser.detect(lines, None)
+            if s > score:
+                best, score = parser, s
+        if best is None or score < MIN_SCORE:
+            return []
+        session = best.open(self.ctx)
+        out = list(session.feed(lines))
+        out.extend(session.close())
+        self.issues.extend(session.issues)
+        return out
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         out: list[Record] = []
         for line in lines:
+            if not _TABLE_LINE.match(line.text):
+                self.foreign.append(line)
+                continue
+            if self.foreign:
+                out.extend(self._flush_foreign())
             m1 = _TABLE_ROW1.match(line.text)
             if (
                 m1 is not None
@@ -1167,7 +1219,7 @@ class _TableSession(_BaseSession):
         if self.row1 is not None:
             self.issue(self.row1[0].number, "nvidia-smi table row cut off after its first line")
             self.row1 = None
-        return []
+        return self._flush_foreign()
 
 
 # -------------------------------------------------------------------------------- CSV
@@ -1328,9 +1380,7 @@ class _CsvSession(_BaseSession):
             elif name in {"vbios_version", "driver_version"}:
                 info[name] = value
             elif name == "gpu_recovery_action":
-                code = RECOVERY_ACTIONS.get(value.lower())
-                if code is None and value.isdigit():
-                    code = int(value)
+                code = recovery_code(value)
                 if code is None:
                     self.issue(line.number, f"unknown GPU recovery action {value!r}")
                 else:
@@ -1624,3 +1674,6 @@ PARSERS: tuple[ArtifactParser, ...] = (
     LspciParser(),
 )
 """The ``nvidia-smi`` and ``lspci`` artifact parsers."""
+
+_EMBEDDED_PARSERS: tuple[ArtifactParser, ...] = PARSERS[1:5]
+"""Kinds that may follow a table in the same block (``-q``, XML, CSV, nvlink)."""

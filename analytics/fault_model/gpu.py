@@ -77,8 +77,16 @@ _NVSWITCH_MODELS = re.compile(
 )
 _BRIDGED_OR_PCIE = re.compile(r"\bNVL\b|PCIe", re.I)
 _NVLINK_MODELS = re.compile(
-    r"SXM|HGX|DGX|NVL\b|NVL\d|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200", re.I
+    r"SXM|HGX|DGX|NVL\b|NVL\d|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200|\bH20\b", re.I
 )
+_NO_NVLINK_MODELS = re.compile(
+    r"\b(?:L40S?|L4|L20|L2|T4|A10G?|A10M|A16|A2|RTX\s+\d{4}\s+Ada|RTX\s+PRO\s+\d{4})\b"
+    r"(?!.*\bNVL)",
+    re.I,
+)
+"""Boards without an NVLink connector (PCIe data-center and workstation cards: L40S,
+L4, T4, A10, A16, A2, RTX Ada): NVLink-down reports on them are the known false
+positive (NVML says "all links are inActive")."""
 
 _SamplesByEntity = dict[tuple[NodeName, EntityId], list[Sample]]
 
@@ -584,6 +592,8 @@ def _nvlink_expected(obs: Observations, ctx: Context, node: str, entity: str) ->
     models = _models(obs, node, entity) or _models(obs, node, None)
     if any(_NVLINK_MODELS.search(m) for m in models):
         return True
+    if models and all(_NO_NVLINK_MODELS.search(m) for m in models):
+        return False
     return None
 
 
@@ -608,6 +618,12 @@ def nvlink_verdict(
     return Severity.WARNING, Action.NONE, "NVLink topology unknown: verify topology"
 
 
+def _link_order(sample: Sample) -> tuple[int, str]:
+    """Sort key of a link label: numbers in order, then names such as ``all``/``total``."""
+    link = sample.labels.get("link", "")
+    return (int(link), "") if link.isdigit() else (1 << 30, link)
+
+
 def nvlink_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     """Judge NVLink link states against the expected topology.
 
@@ -617,9 +633,7 @@ def nvlink_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     A passing diagnostic does not clear a down link.
     """
     for (node, entity), samples in sorted(_by_entity(obs, "gpu_nvlink_state").items()):
-        down = sorted(
-            (s for s in samples if s.value < 1), key=lambda s: int(s.labels.get("link", "0") or 0)
-        )
+        down = sorted((s for s in samples if s.value < 1), key=_link_order)
         if not down:
             continue
         all_down = len(down) == len(samples)
