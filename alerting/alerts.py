@@ -5,18 +5,28 @@ An :class:`~core.records.Alert` is the notification form of a
 Prometheus/Alertmanager vocabulary (``alertname``, ``severity``, ``node``,
 ``entity``, ``kind``, ``code``) and its fingerprint is a hash of the labels, so a
 receiver can deduplicate on it. :class:`AlertTracker` keeps the lifecycle across
-evaluations: a finding at or above ``min_severity`` fires, a finding that
-disappears resolves, and an alert already sent is not sent again unless it
-changed or ``resend_interval_seconds`` passed.
+evaluations: a finding at or above ``min_severity`` becomes pending, then
+fires once its fault class's policy (:class:`AlertPolicy`: a for-duration and a
+count-in-window debounce) is met; a finding that disappears resolves (after
+``keep_firing_for_seconds``), and an alert already sent is not sent again unless
+it changed or ``resend_interval_seconds`` passed.
+
+Fault classes are named ``kind`` or ``kind:code`` (``xid:13``, ``collective``);
+the most specific policy wins. By default every class alerts on first sight:
+states that persist (a port down, a counter that already shows damage, a GPU
+lost) must not wait, and the fault model already folds repeats into one finding.
+Transient signals that operators want debounced get a policy in ``[alerting]``
+(for example ``xid:13`` needing three occurrences in ten minutes).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.clock import Clock, system_clock
@@ -28,7 +38,20 @@ MAX_EVIDENCE_LINES = 5
 """Evidence lines copied into the ``evidence`` annotation (the first ones)."""
 
 NETWORK_KINDS = frozenset(
-    {"ib_port", "ib_counters", "rdma_transport", "roce", "ethernet", "network", "collective"}
+    {
+        "ib_port",
+        "ib_counters",
+        "rdma_transport",
+        "rdma_async",
+        "rdma_counters",
+        "roce",
+        "roce_qos",
+        "nic_port",
+        "nccl",
+        "ethernet",
+        "network",
+        "collective",
+    }
 )
 """Finding kinds about the network; their alert names start with ``Net``."""
 
@@ -40,7 +63,9 @@ def alert_name(kind: str, code: str) -> str:
 
     The prefix is ``Host`` for host kinds (``host_*``), ``Net`` for network
     kinds (:data:`NETWORK_KINDS`), else ``Gpu``; kind and code are turned into
-    CamelCase words.
+    CamelCase words. Only the part of the code before a ``:`` counts (a code such
+    as ``uncorrected_nonfatal:0000:5e:00.0`` carries an address, and an alert name
+    must stay one per fault class, never one per device).
 
     Args:
         kind: Finding kind, e.g. ``xid`` or ``row_remap``.
@@ -58,6 +83,8 @@ def alert_name(kind: str, code: str) -> str:
         'HostMemoryEdacUe'
         >>> alert_name("ib_port", "Down")
         'NetIbPortDown'
+        >>> alert_name("pcie", "uncorrected_nonfatal:0000:5e:00.0")
+        'GpuPcieUncorrectedNonfatal'
     """
     if kind.startswith("host_"):
         prefix, kind_words = "Host", kind[len("host_") :]
@@ -65,7 +92,7 @@ def alert_name(kind: str, code: str) -> str:
         prefix, kind_words = "Net", kind
     else:
         prefix, kind_words = "Gpu", kind
-    words = _WORD.findall(kind_words) + _WORD.findall(code)
+    words = _WORD.findall(kind_words) + _WORD.findall(code.split(":", 1)[0])
     return prefix + "".join(w[:1].upper() + w[1:].lower() for w in words)
 
 
@@ -142,9 +169,19 @@ def alert_for(
     starts_at: float,
     state: AlertState = AlertState.FIRING,
     runbook_base_url: str = "docs/runbooks",
+    extra_labels: Mapping[str, str] | None = None,
 ) -> Alert:
-    """Return the alert for ``finding`` in ``state``, started at ``starts_at`` (epoch seconds)."""
-    labels = alert_labels(finding)
+    """Return the alert for ``finding`` in ``state``, started at ``starts_at`` (epoch seconds).
+
+    Args:
+        finding: The diagnosis.
+        starts_at: Epoch seconds the alert started.
+        state: Lifecycle state.
+        runbook_base_url: Prefix of the ``runbook_url`` annotation.
+        extra_labels: Site labels added to every alert (``cluster``); the finding's
+            own labels win on a clash.
+    """
+    labels = {**extra_labels, **alert_labels(finding)} if extra_labels else alert_labels(finding)
     return Alert(
         fingerprint=fingerprint(labels),
         labels=labels,
@@ -167,6 +204,82 @@ def alert_to_json(alert: Alert) -> dict[str, Any]:
     }
 
 
+def alert_from_json(data: Mapping[str, Any]) -> Alert:
+    """Return the alert written by :func:`alert_to_json`.
+
+    Raises:
+        ValueError: Missing or invalid fields.
+    """
+    try:
+        ends_at = data.get("ends_at")
+        return Alert(
+            fingerprint=str(data["fingerprint"]),
+            labels={str(k): str(v) for k, v in data["labels"].items()},
+            annotations={str(k): str(v) for k, v in data["annotations"].items()},
+            state=AlertState(data["state"]),
+            starts_at=float(data["starts_at"]),
+            ends_at=float(ends_at) if ends_at is not None else None,
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"invalid alert JSON: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertPolicy:
+    """When a fault class alerts, and how long it keeps firing.
+
+    Attributes:
+        for_seconds: How long a finding must hold (pending) before it fires,
+            seconds; 0 fires on first sight (Prometheus ``for``).
+        debounce_count: Occurrences needed within ``debounce_window_seconds``
+            before the alert becomes pending; 1 means no debounce. Counted from
+            the finding's ``occurrences`` as seen at successive evaluations.
+        debounce_window_seconds: The debounce window, seconds.
+        keep_firing_for_seconds: How long a firing alert stays firing after its
+            finding disappears, seconds (Prometheus ``keep_firing_for``; anti-flap).
+
+    Raises:
+        ValueError: A negative duration, a count below 1, or a count above 1
+            with a zero window.
+    """
+
+    for_seconds: float = 0.0
+    debounce_count: int = 1
+    debounce_window_seconds: float = 0.0
+    keep_firing_for_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.for_seconds, self.debounce_window_seconds,
+               self.keep_firing_for_seconds) < 0:
+            raise ValueError("alert policy durations must be >= 0")
+        if self.debounce_count < 1:
+            raise ValueError(f"debounce_count must be >= 1, got {self.debounce_count!r}")
+        if self.debounce_count > 1 and self.debounce_window_seconds <= 0:
+            raise ValueError("debounce_count > 1 needs debounce_window_seconds > 0")
+
+
+FIRST_SIGHT = AlertPolicy()
+"""The default policy: fire on first sight, resolve as soon as the finding is gone."""
+
+
+def policy_for(policies: Mapping[str, AlertPolicy], kind: str, code: str) -> AlertPolicy:
+    """Return the policy of a fault class: ``kind:code``, then ``kind``, then ``*``.
+
+    Examples:
+        >>> p = {"xid:13": AlertPolicy(debounce_count=3, debounce_window_seconds=600)}
+        >>> policy_for(p, "xid", "13").debounce_count
+        3
+        >>> policy_for(p, "xid", "79") is FIRST_SIGHT
+        True
+    """
+    return (
+        policies.get(f"{kind}:{code}")
+        or policies.get(kind)
+        or policies.get("*")
+        or FIRST_SIGHT
+    )
+
+
 @dataclass(slots=True)
 class _Tracked:
     """What the tracker remembers about one ongoing fault."""
@@ -174,6 +287,12 @@ class _Tracked:
     alert: Alert
     finding: Finding
     last_sent_at: float
+    firing: bool = False
+    pending_since: float = 0.0
+    missing_since: float | None = None
+    history: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=64)
+    )
 
 
 class AlertTracker:
@@ -182,14 +301,17 @@ class AlertTracker:
     Call :meth:`update` with the complete set of current findings at each
     evaluation. It returns the alerts to send now:
 
-    - a finding at or above ``min_severity`` not seen before fires (``info``
-      findings never alert);
-    - a finding still present is sent again only when its severity or
+    - a finding at or above ``min_severity`` not seen before becomes pending
+      (``info`` findings never alert); once its class's debounce count is
+      reached within the window and it has been pending for ``for_seconds``,
+      it fires (with the default policy, at once);
+    - a firing finding still present is sent again only when its severity or
       occurrences changed, or ``resend_interval_seconds`` passed since it was
       last sent; a severity change changes the labels and so the fingerprint:
       the old alert resolves and the new one fires;
-    - a finding that is gone (or fell below ``min_severity``) resolves, with
-      ``ends_at`` set to now.
+    - a firing finding that is gone (or fell below ``min_severity``) resolves,
+      with ``ends_at`` set to now, once ``keep_firing_for_seconds`` passed; a
+      pending one is dropped silently.
 
     Faults are identified by the finding's ``(node, entity, kind, code)``.
 
@@ -199,6 +321,8 @@ class AlertTracker:
             long, seconds (default 4 h, as Alertmanager's ``repeat_interval``).
         runbook_base_url: Prefix of the ``runbook_url`` annotation.
         clock: Returns now, epoch seconds.
+        policies: Alert policy per fault class (``kind:code``, ``kind`` or ``*``).
+        extra_labels: Labels added to every alert (``cluster``).
 
     Raises:
         ValueError: ``resend_interval_seconds`` is not positive.
@@ -211,6 +335,8 @@ class AlertTracker:
         resend_interval_seconds: float = 4 * 3600.0,
         runbook_base_url: str = "docs/runbooks",
         clock: Clock = system_clock,
+        policies: Mapping[str, AlertPolicy] | None = None,
+        extra_labels: Mapping[str, str] | None = None,
     ) -> None:
         if resend_interval_seconds <= 0:
             raise ValueError(
@@ -220,8 +346,36 @@ class AlertTracker:
         self.resend_interval_seconds = resend_interval_seconds
         self.runbook_base_url = runbook_base_url
         self.clock = clock
+        self.policies = dict(policies or {})
+        self.extra_labels = dict(extra_labels or {})
         self._threshold = max(self.min_severity.rank, Severity.WARNING.rank)
         self._active: dict[tuple[str, str, str, str], _Tracked] = {}
+        self._by_fingerprint: dict[str, _Tracked] = {}
+
+    def _new_alert(self, finding: Finding, now: float, state: AlertState) -> Alert:
+        return alert_for(
+            finding,
+            starts_at=now,
+            state=state,
+            runbook_base_url=self.runbook_base_url,
+            extra_labels=self.extra_labels,
+        )
+
+    def _ready(self, tracked: _Tracked, policy: AlertPolicy, now: float) -> bool:
+        """Whether a pending fault passes its debounce and for-duration now."""
+        if policy.debounce_count > 1:
+            history = tracked.history
+            current = tracked.finding.occurrences
+            baseline = 0
+            for at, occurrences in history:
+                if at <= now - policy.debounce_window_seconds:
+                    baseline = occurrences
+                else:
+                    break
+            if current - baseline < policy.debounce_count:
+                tracked.pending_since = now
+                return False
+        return now - tracked.pending_since >= policy.for_seconds
 
     def update(self, findings: Iterable[Finding]) -> list[Alert]:
         """Account for the current findings; return the alerts to send now.
@@ -240,20 +394,47 @@ class AlertTracker:
             if finding.severity.rank >= self._threshold:
                 current[finding.key] = finding
         for key in [k for k in self._active if k not in current]:
-            gone = self._active.pop(key)
-            resolved.append(self._resolve(gone.alert, now))
+            gone = self._active[key]
+            if not gone.firing:
+                self._forget(key)
+                continue
+            keep = policy_for(self.policies, gone.finding.kind, gone.finding.code)
+            if gone.missing_since is None:
+                gone.missing_since = now
+            if now - gone.missing_since >= keep.keep_firing_for_seconds:
+                self._forget(key)
+                resolved.append(self._resolve(gone.alert, now))
         for key, finding in current.items():
             tracked = self._active.get(key)
+            policy = policy_for(self.policies, finding.kind, finding.code)
             if tracked is None:
-                alert = alert_for(finding, starts_at=now, runbook_base_url=self.runbook_base_url)
-                self._active[key] = _Tracked(alert=alert, finding=finding, last_sent_at=now)
-                firing.append(alert)
-                continue
+                alert = self._new_alert(finding, now, AlertState.PENDING)
+                tracked = _Tracked(alert=alert, finding=finding, last_sent_at=now,
+                                   pending_since=now)
+                tracked.history.append((now, 0))
+                self._track(key, tracked)
+            tracked.missing_since = None
+            if tracked.history[-1][1] != finding.occurrences:
+                tracked.history.append((now, finding.occurrences))
             old = tracked.finding
+            if not tracked.firing:
+                tracked.finding = finding
+                if finding.severity != old.severity:
+                    alert = self._new_alert(finding, tracked.pending_since, AlertState.PENDING)
+                    self._retrack(key, tracked, alert)
+                if self._ready(tracked, policy, now):
+                    alert = self._new_alert(finding, now, AlertState.FIRING)
+                    self._retrack(key, tracked, alert)
+                    tracked.firing = True
+                    tracked.last_sent_at = now
+                    firing.append(alert)
+                continue
             if finding.severity != old.severity:
                 resolved.append(self._resolve(tracked.alert, now))
-                alert = alert_for(finding, starts_at=now, runbook_base_url=self.runbook_base_url)
-                self._active[key] = _Tracked(alert=alert, finding=finding, last_sent_at=now)
+                alert = self._new_alert(finding, now, AlertState.FIRING)
+                tracked.finding = finding
+                tracked.last_sent_at = now
+                self._retrack(key, tracked, alert)
                 firing.append(alert)
             elif (
                 finding.occurrences != old.occurrences
@@ -263,7 +444,9 @@ class AlertTracker:
                     tracked.alert,
                     annotations=alert_annotations(finding, runbook_base_url=self.runbook_base_url),
                 )
-                self._active[key] = _Tracked(alert=alert, finding=finding, last_sent_at=now)
+                tracked.finding = finding
+                tracked.last_sent_at = now
+                self._retrack(key, tracked, alert)
                 firing.append(alert)
             else:
                 tracked.finding = finding
@@ -271,16 +454,32 @@ class AlertTracker:
             logger.debug("alert %s (%s) resolved", alert.labels["alertname"], alert.fingerprint)
         return resolved + firing
 
+    def _track(self, key: tuple[str, str, str, str], tracked: _Tracked) -> None:
+        self._active[key] = tracked
+        self._by_fingerprint[tracked.alert.fingerprint] = tracked
+
+    def _retrack(self, key: tuple[str, str, str, str], tracked: _Tracked, alert: Alert) -> None:
+        if alert.fingerprint != tracked.alert.fingerprint:
+            self._by_fingerprint.pop(tracked.alert.fingerprint, None)
+        tracked.alert = alert
+        self._track(key, tracked)
+
+    def _forget(self, key: tuple[str, str, str, str]) -> None:
+        tracked = self._active.pop(key)
+        self._by_fingerprint.pop(tracked.alert.fingerprint, None)
+
     def active(self) -> list[Alert]:
         """Return the alerts firing now."""
-        return [t.alert for t in self._active.values()]
+        return [t.alert for t in self._active.values() if t.firing]
+
+    def pending(self) -> list[Alert]:
+        """Return the alerts pending now (waiting for their debounce or for-duration)."""
+        return [t.alert for t in self._active.values() if not t.firing]
 
     def finding_of(self, fingerprint: str) -> Finding | None:
         """Return the latest finding behind the firing alert ``fingerprint``, or ``None``."""
-        for tracked in self._active.values():
-            if tracked.alert.fingerprint == fingerprint:
-                return tracked.finding
-        return None
+        tracked = self._by_fingerprint.get(fingerprint)
+        return tracked.finding if tracked is not None and tracked.firing else None
 
     @staticmethod
     def _resolve(alert: Alert, now: float) -> Alert:

@@ -8,6 +8,11 @@ HMAC-SHA256 of ``"{id}.{timestamp}.{body}"`` under the secret. A secret written
 ``whsec_<base64>`` is base64-decoded first (the Standard Webhooks form); any
 other string is used as its UTF-8 bytes.
 
+The receiving side is :class:`WebhookVerifier`: it checks a signature over the
+exact raw body in constant time, accepts any of several signatures (key
+rotation), rejects a timestamp outside the tolerance (5 min) and a ``webhook-id``
+already seen within that window (replay protection).
+
 Errors are translated at one seam: connection errors, timeouts, 5xx and 429
 raise :class:`~core.errors.NotifierUnavailable` (with ``Retry-After`` as
 ``retry_after_seconds`` when the server sent one); other 3xx and 4xx raise
@@ -24,7 +29,8 @@ import hmac
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 
 import httpx
 
@@ -179,3 +185,100 @@ class WebhookNotifier:
                 f"webhook {self.url} answered {status}", retry_after_seconds=retry_after
             )
         raise PermanentError(f"webhook {self.url} answered {status}: {response.text[:200]}")
+
+
+class SignatureError(ValueError):
+    """A webhook request whose signature, timestamp or id is not acceptable."""
+
+
+DEFAULT_TOLERANCE_SECONDS = 300.0
+"""Accepted clock skew and replay window of a received webhook (Standard Webhooks: 5 min)."""
+
+
+class WebhookVerifier:
+    """Verifies Standard Webhooks signatures on the receiving side, with a replay guard.
+
+    Args:
+        secrets: Current signing secrets (``whsec_...`` or plain); a signature by
+            any of them is accepted, for key rotation.
+        tolerance_seconds: Largest accepted difference between ``webhook-timestamp``
+            and now, either way, seconds.
+        clock: Returns now, epoch seconds.
+        max_remembered_ids: Bound on the ``webhook-id`` values kept for the replay guard.
+
+    Raises:
+        ValueError: No secret, or a malformed one, or a non-positive tolerance.
+    """
+
+    def __init__(
+        self,
+        *,
+        secrets: tuple[str, ...],
+        tolerance_seconds: float = DEFAULT_TOLERANCE_SECONDS,
+        clock: Clock = system_clock,
+        max_remembered_ids: int = 100_000,
+    ) -> None:
+        if not secrets:
+            raise ValueError("WebhookVerifier needs at least one secret")
+        if tolerance_seconds <= 0:
+            raise ValueError(f"tolerance_seconds must be > 0, got {tolerance_seconds!r}")
+        self.secrets = secrets
+        self.tolerance_seconds = tolerance_seconds
+        self.clock = clock
+        self.max_remembered_ids = max_remembered_ids
+        self._keys = [secret_key(s) for s in secrets]
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def __repr__(self) -> str:
+        """Return a representation that never shows the secrets."""
+        return f"WebhookVerifier({len(self._keys)} secret(s), tolerance={self.tolerance_seconds})"
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> str:
+        """Check one request; return its ``webhook-id``.
+
+        Args:
+            headers: Request headers (names compared case-insensitively).
+            body: The exact raw body bytes, before any JSON parsing.
+
+        Raises:
+            SignatureError: A header is missing, the timestamp is outside the
+                tolerance, no signature matches, or the id was already accepted
+                within the window (a replay).
+        """
+        lower = {k.lower(): v for k, v in headers.items()}
+        msg_id = lower.get("webhook-id")
+        stamp = lower.get("webhook-timestamp")
+        signatures = lower.get("webhook-signature")
+        if not msg_id or not stamp or not signatures:
+            raise SignatureError("missing webhook-id, webhook-timestamp or webhook-signature")
+        try:
+            timestamp = int(stamp)
+        except ValueError:
+            raise SignatureError(f"bad webhook-timestamp {stamp!r}") from None
+        now = self.clock()
+        if abs(now - timestamp) > self.tolerance_seconds:
+            raise SignatureError(f"webhook-timestamp {timestamp} outside the tolerance "
+                                 f"of {self.tolerance_seconds:.0f} s")
+        offered = [part.strip() for part in signatures.split(" ") if part.strip()]
+        good = False
+        for key in self._keys:
+            expected = sign(key, msg_id, timestamp, body)
+            if any(hmac.compare_digest(expected, candidate) for candidate in offered):
+                good = True
+        if not good:
+            raise SignatureError("no valid signature")
+        self._forget_old(now)
+        if msg_id in self._seen:
+            raise SignatureError(f"replayed webhook-id {msg_id!r}")
+        self._seen[msg_id] = float(timestamp)
+        while len(self._seen) > self.max_remembered_ids:
+            self._seen.popitem(last=False)
+        return msg_id
+
+    def _forget_old(self, now: float) -> None:
+        horizon = now - 2 * self.tolerance_seconds
+        while self._seen:
+            oldest_id, at = next(iter(self._seen.items()))
+            if at >= horizon:
+                break
+            del self._seen[oldest_id]

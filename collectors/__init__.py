@@ -1,4 +1,3 @@
 """gpuhealth collectors package."""
 
 from __future__ import annotations
-

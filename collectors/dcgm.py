@@ -32,6 +32,7 @@ Events and samples written (read by ``analytics.fault_model.gpu``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -163,7 +164,9 @@ _THERMAL = re.compile(
 _DEPLOY = (
     (
         re.compile(
-            r"GPU\s*(\d+) has uncorrectable memory errors and row remappings are pending", re.I
+            r"GPU\s*(\d+) (?:has|had) (?:uncorrectable )?memory errors and row remappings "
+            r"are pending",
+            re.I,
         ),
         "row_remap_pending",
     ),
@@ -171,7 +174,10 @@ _DEPLOY = (
         re.compile(r"GPU\s*(\d+) (?:has|had) (?:a )?row remap(?:ping)? failure", re.I),
         "row_remap_failure",
     ),
-    (re.compile(r"GPU\s*(\d+) .*row remapping failed", re.I), "row_remap_failure"),
+    (
+        re.compile(r"GPU\s*(\d+)\b(?:(?!GPU\s*\d).)*?row remapping failed", re.I),
+        "row_remap_failure",
+    ),
     (
         re.compile(r"GPU\s*(\d+) has (?:pending page retirements|retired pages pending)", re.I),
         "retired_pages_pending",
@@ -403,21 +409,9 @@ class _DiagSession(_Session):
                     source="dcgmi_diag",
                 )
             )
-        for pattern, code in _DEPLOY:
-            for match in pattern.finditer(text):
-                out.append(
-                    Event(
-                        kind="dcgm_diag_error",
-                        code=code,
-                        node=ctx.node,
-                        entity=_gpu(match[1]),
-                        observed_at=None,
-                        message=match[0],
-                        attrs={"category": cell.category},
-                        evidence=tuple(evidence(ctx, ln) for ln in cell.lines()[:12]),
-                        source="dcgmi_diag",
-                    )
-                )
+        out.extend(
+            known_messages(ctx, text, NODE_ENTITY, cell.lines(), cell.category, source="dcgmi_diag")
+        )
         if test is not None:
             for match in _PERF.finditer(text):
                 out.append(
@@ -634,27 +628,34 @@ class _HealthSession(_Session):
         (``PCIe system: Warning - ...``). DCGM 2.x and later: ``| Overall Health |
         Warning |``, ``| GPU |``, ``| -> 0 | Warning |``, ``|    -> Errors |``,
         ``|       -> PCIe system | Warning |`` then the wrapped message. One event per
-        GPU (its verdict, the subsystems and messages); the overall verdict is a node
-        event when no GPU is named (or when it is Healthy).
+        GPU (its verdict, the subsystems and messages) and one node event for the
+        overall verdict. Messages are rejoined like diag cells (DCGM cuts them at the
+        cell width, even mid-word).
         """
         overall: tuple[str, list[Line]] | None = None
         entries: list[_HealthEntry] = []
         current: _HealthEntry | None = None
         in_gpus = False
+        width = 0
         for kind, line, match in _table_rows(lines):
             if kind != "row" or match is None:
                 continue
             cell_name = match["name"].strip()
-            value = match["value"].strip()
+            raw = match["value"]
+            value = raw.strip()
+            if match["close"]:
+                width = max(width, len(raw) - 2)  # one space each side; text fills the rest
             if not cell_name:
                 if current is not None and value:
-                    current.message.append(value)
+                    if not current.cells:
+                        current.cells.append(_Cell(category="health", name=""))
+                    piece = (raw[1:] if raw.startswith(" ") else raw).rstrip()
+                    current.cells[-1].pieces.append((piece, line))
                     current.lines.append(line)
                 continue
             label = re.sub(r"^(?:->\s*)+", "", cell_name).strip()
             arrow = cell_name.startswith("->")
-            joined = f"{cell_name} {value}"
-            over = re.search(r"Overall Health\s*:?\s*(\w+)?", joined, re.I)
+            over = re.search(r"Overall Health\s*:?\s*(\w+)?", f"{cell_name} {value}", re.I)
             if over is not None:
                 word = _HEALTH_WORDS.match(over[1] or value)
                 if word:
@@ -666,7 +667,7 @@ class _HealthSession(_Session):
                 current = _HealthEntry(entity=_gpu(gpu[1]), verdict=word[1] if word else "")
                 current.lines.append(line)
                 if value and not word:
-                    current.message.append(value)
+                    current.cells.append(_Cell(category="health", name="", pieces=[(value, line)]))
                 entries.append(current)
                 continue
             if label.lower() in {"gpu", "gpus"}:
@@ -679,56 +680,136 @@ class _HealthSession(_Session):
                 current = _HealthEntry(entity=NODE_ENTITY, verdict="")
                 entries.append(current)
             word = _HEALTH_WORDS.match(value)
-            current.message.append(f"{label}: {value}" if value else label)
+            current.cells.append(
+                _Cell(category="health", name=f"{label}: {value}" if value else label)
+            )
             current.lines.append(line)
+            current.subsystems.append(label)
             if word and not current.verdict:
                 current.verdict = word[1]
-        named = [e for e in entries if e.verdict]
-        if overall is not None and (not named or overall[0].lower() == "healthy"):
+        if overall is not None:
             yield self._event(NODE_ENTITY, overall[0], "", overall[1])
-        for entry in named:
-            message = " ".join(m for m in entry.message if m)
-            yield self._event(entry.entity, entry.verdict, message, entry.lines)
-            yield from self._known(entry, message)
-
-    def _known(self, entry: _HealthEntry, message: str) -> Iterator[Record]:
-        """Known DCGM health messages (``dcgm_errors.h``) as the records other rules read."""
-        text = re.sub(r"\s+", " ", message)
-        for pattern, code in (*_DEPLOY, *_HEALTH_KNOWN):
-            for match in pattern.finditer(text):
-                yield Event(
-                    kind="dcgm_diag_error",
-                    code=code,
-                    node=self.ctx.node,
-                    entity=_gpu(match[1]),
-                    observed_at=None,
-                    message=match[0],
-                    attrs={"category": "health"},
-                    evidence=tuple(evidence(self.ctx, ln) for ln in entry.lines[:12]),
-                    source="dcgmi_health",
+        for entry in entries:
+            if not entry.verdict:
+                continue
+            parts: list[str] = []
+            known: list[Record] = []
+            unexplained = 0
+            for cell in entry.cells:
+                cell.width = width
+                text = cell.joined()[0] if cell.pieces else ""
+                parts.append(" ".join(p for p in (cell.name, text) if p))
+                found = list(
+                    known_messages(
+                        self.ctx, text, entry.entity, cell.lines() or entry.lines, "health"
+                    )
                 )
-        for match in _VOLATILE_DBE.finditer(text):
-            line = entry.lines[-1] if entry.lines else None
-            s = make_sample(
-                self.ctx,
-                "gpu_ecc_errors_total",
-                float(match["count"]),
-                _gpu(match["gpu"]),
-                line,
-                {"type": "uncorrected", "scope": "volatile", "location": "total"},
+                known.extend(found)
+                if text and not found:
+                    unexplained += 1
+            message = re.sub(r"\s+", " ", " ".join(parts)).strip()
+            event = self._event(entry.entity, entry.verdict, message, entry.lines)
+            if known and not unexplained:
+                # every message has a specific record: the rules for those judge it
+                event = dataclasses.replace(event, attrs={**event.attrs, "explained": "yes"})
+            down = list(_NVLINK_DOWN.finditer(message))
+            if down and entry.subsystems and all("nvlink" in x.lower() for x in entry.subsystems):
+                event = dataclasses.replace(event, attrs={**event.attrs, "nvlink_only": "yes"})
+            yield event
+            for match in down:
+                s = make_sample(
+                    self.ctx,
+                    "gpu_nvlink_state",
+                    0.0,
+                    _gpu(match["gpu"]),
+                    entry.lines[-1] if entry.lines else None,
+                    {"link": match["link"]},
+                )
+                if s is not None:
+                    yield s
+            yield from known
+
+
+def known_messages(
+    ctx: ParseContext,
+    text: str,
+    entity: EntityId,
+    lines: Sequence[Line],
+    category: str,
+    *,
+    source: str = "dcgmi_health",
+) -> Iterator[Record]:
+    """Records for DCGM messages with a known meaning (``dcgm_errors.h`` texts).
+
+    Row-remap and page-retirement states become ``dcgm_diag_error`` events (judged
+    by the row-remap and retired-page rules); ``Detected XID n for GPU m`` and the
+    uncontained-error message become ``xid`` events; volatile DBE counts become ECC
+    samples; thermal clock throttling becomes a ``thermal_violation`` event.
+    ``entity`` is the GPU the message is filed under, for messages naming none.
+    """
+    text = re.sub(r"\s+", " ", text)
+    ev = tuple(evidence(ctx, ln) for ln in lines[:12])
+    for pattern, code in (*_DEPLOY, *_HEALTH_KNOWN):
+        for match in pattern.finditer(text):
+            yield Event(
+                kind="dcgm_diag_error",
+                code=code,
+                node=ctx.node,
+                entity=_gpu(match[1]),
+                observed_at=None,
+                message=match[0],
+                attrs={"category": category},
+                evidence=ev,
+                source=source,
             )
-            if s is not None:
-                yield s
+    for match in _XID_MSG.finditer(text):
+        gpu = match["gpu"]
+        xid = str(int(match["xid"] or match["xid2"]))
+        yield Event(
+            kind="xid",
+            code=xid,
+            node=ctx.node,
+            entity=_gpu(gpu) if gpu is not None else entity,
+            observed_at=None,
+            message=match[0],
+            attrs={"xid": xid, "message": match[0]},
+            evidence=ev,
+            source=source,
+        )
+    for match in _VOLATILE_DBE.finditer(text):
+        s = make_sample(
+            ctx,
+            "gpu_ecc_errors_total",
+            float(match["count"]),
+            _gpu(match["gpu"]),
+            lines[-1] if lines else None,
+            {"type": "uncorrected", "scope": "volatile", "location": "total"},
+        )
+        if s is not None:
+            yield s
+    for match in _THERMAL_THROTTLE.finditer(text):
+        yield Event(
+            kind="thermal_violation",
+            code=source,
+            node=ctx.node,
+            entity=_gpu(match[1]),
+            observed_at=None,
+            message=match[0],
+            attrs={"test": category},
+            evidence=ev,
+            source=source,
+        )
 
 
 @dataclass(slots=True)
 class _HealthEntry:
-    """One GPU (or the node) in a health table: its verdict, messages and lines."""
+    """One GPU (or the node) in a health table: its verdict, subsystems and message cells."""
 
     entity: EntityId
     verdict: str
-    message: list[str] = field(default_factory=list)
+    cells: list[_Cell] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
+    subsystems: list[str] = field(default_factory=list)
 
 
 _HEALTH_KNOWN = (
@@ -740,15 +821,34 @@ _HEALTH_KNOWN = (
         ),
         "retired_pages_pending",
     ),
-    (re.compile(r"pending (?:retired )?page.*? detected (?:in|on|for) GPU\s*(\d+)", re.I),
-     "retired_pages_pending"),
+    (
+        re.compile(r"pending retired page has been detected (?:in|on|for) GPU\s*(\d+)", re.I),
+        "retired_pages_pending",
+    ),
+    (
+        re.compile(
+            r"Pending page retirements together with a DBE were detected on GPU\s*(\d+)", re.I
+        ),
+        "retired_pages_pending",
+    ),
 )
-"""Health messages (DCGM ``DCGM_FR_PENDING_PAGE_RETIREMENTS``...) beyond the diag ones."""
+"""DCGM messages (``DCGM_FR_PENDING_PAGE_RETIREMENTS``, ``..._DBE_PENDING_PAGE_...``)
+beyond the deployment ones in ``_DEPLOY``."""
 
 _VOLATILE_DBE = re.compile(
     r"Detected (?P<count>\d+) volatile double-bit ECC error\(?s?\)? in GPU\s*(?P<gpu>\d+)", re.I
 )
 """``DCGM_FR_VOLATILE_DBE_DETECTED``: a volatile uncorrectable ECC count."""
+
+_XID_MSG = re.compile(
+    r"Detected XID (?P<xid>\d+) (?:for|on) GPU\s*(?P<gpu>\d+)"
+    r"|uncontained error \(XID (?P<xid2>95)\)",
+    re.I,
+)
+"""``DCGM_FR_XID_ERROR`` ("Detected XID 79 for GPU 3") and ``DCGM_FR_UNCONTAINED_ERROR``."""
+
+_THERMAL_THROTTLE = re.compile(r"clock throttling due to thermal violation in GPU\s*(\d+)", re.I)
+"""``DCGM_FR_CLOCK_THROTTLE_THERMAL``: thermal slowdown (a cooling problem)."""
 
 
 def _texts_deep(value: Any) -> list[str]:

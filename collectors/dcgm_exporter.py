@@ -23,11 +23,14 @@ plus :data:`EXTRA_SERIES` for series that share a catalogued metric with another
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +74,28 @@ EXTRA_SERIES: dict[str, tuple[str, float, dict[str, str]]] = {
         1.0,
         {"type": "uncorrected", "scope": "aggregate", "location": "total"},
     ),
+    "DCGM_FI_DEV_ECC_DBE_VOL_DEV": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "uncorrected", "scope": "volatile", "location": "dram"},
+    ),
+    "DCGM_FI_DEV_ECC_DBE_VOL_SRM": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "uncorrected", "scope": "volatile", "location": "sram"},
+    ),
+    "DCGM_FI_DEV_ECC_DBE_AGG_DEV": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "uncorrected", "scope": "aggregate", "location": "dram"},
+    ),
+    "DCGM_FI_DEV_ECC_DBE_AGG_SRM": (
+        "gpu_ecc_errors_total",
+        1.0,
+        {"type": "uncorrected", "scope": "aggregate", "location": "sram"},
+    ),
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": ("gpu_recovery_action", 1.0, {}),
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION": ("gpu_recovery_action", 1.0, {}),
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": (
         "gpu_nvlink_errors_total",
         1.0,
@@ -395,6 +420,9 @@ class DcgmExporterParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Score ``DCGM_FI_*`` series lines and their HELP/TYPE comments."""
+        head = "\n".join(ln.text for ln in lines[:200])
+        if '"__name__"' in head and _QUERY_SERIES.search(head):
+            return 85  # a Prometheus query API answer about DCGM series
         series = 0
         for line in lines[:200]:
             text = line.text.lstrip()
@@ -411,12 +439,53 @@ class DcgmExporterParser:
         return _ExporterSession(ctx)
 
 
+_QUERY_SERIES = re.compile(r'"__name__"\s*:\s*"(?:DCGM_(?:FI|EXP)_\w+|dcgm_\w+)"')
+
+
+def query_result_lines(doc: Any, lines: Sequence[Line]) -> list[Line]:
+    """Exposition lines for a Prometheus HTTP API answer (``/api/v1/query``).
+
+    Each vector sample (``{"metric": {"__name__": ..., labels}, "value": [t, "v"]}``)
+    or the newest point of a matrix series (``"values"``) becomes one
+    ``name{labels} v`` line, numbered with the input line that names the series.
+    """
+    data = doc.get("data", doc) if isinstance(doc, dict) else doc
+    results = data.get("result", []) if isinstance(data, dict) else data
+    out: list[Line] = []
+    if not isinstance(results, list):
+        return out
+    for item in results:
+        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+            continue
+        labels = {str(k): str(v) for k, v in item["metric"].items()}
+        name = labels.pop("__name__", "")
+        point = item.get("value")
+        if point is None and isinstance(item.get("values"), list) and item["values"]:
+            point = item["values"][-1]
+        if not name or not isinstance(point, list) or len(point) != 2:
+            continue
+        rendered = ",".join(
+            f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+            for k, v in labels.items()
+        )
+        number = next((ln.number for ln in lines if f'"{name}"' in ln.text), lines[0].number)
+        out.append(Line(number, f"{name}{{{rendered}}} {point[1]}"))
+    return out
+
+
 class _ExporterSession:
     def __init__(self, ctx: ParseContext) -> None:
         self.ctx = ctx
         self.issues: list[ParseIssue] = []
+        self.json_lines: list[Line] = []
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
+        if self.json_lines or (lines and lines[0].text.lstrip().startswith(("{", "["))):
+            self.json_lines.extend(lines)
+            return []
+        return self._parse(lines)
+
+    def _parse(self, lines: Sequence[Line]) -> list[Record]:
         result = parse_exposition(lines, file=self.ctx.file, node=self.ctx.node, observed_at=None)
         for number, reason in result.bad_lines:
             self.issues.append(ParseIssue(file=self.ctx.file, line=number, reason=reason))
@@ -425,7 +494,22 @@ class _ExporterSession:
         return result.records
 
     def close(self) -> list[Record]:
-        return []
+        lines, self.json_lines = self.json_lines, []
+        if not lines:
+            return []
+        try:
+            doc = json.loads("\n".join(ln.text for ln in lines))
+        except json.JSONDecodeError as exc:
+            index = max(1, min(exc.lineno, len(lines)))
+            self.issues.append(
+                ParseIssue(
+                    file=self.ctx.file,
+                    line=lines[index - 1].number,
+                    reason=f"Prometheus query answer: invalid JSON ({exc.msg})",
+                )
+            )
+            return []
+        return self._parse(query_result_lines(doc, lines))
 
 
 class DcgmExporterCollector:

@@ -265,9 +265,9 @@ def _int(text: str) -> int | None:
 # --- ibstat / ibstatus -----------------------------------------------------------
 
 _CA = re.compile(r"^CA '(?P<ca>[^']+)'\s*$")
-_IBSTAT_PORT = re.compile(r"^\s+Port (?P<port>\d+):\s*$")
+_IBSTAT_PORT = re.compile(r"^\s*Port (?P<port>\d+):\s*$")
 _IBSTATUS_PORT = re.compile(r"^Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:\s*$")
-_KEYVAL = re.compile(r"^\s+(?P<key>[A-Za-z][\w /]*?):\s*(?P<value>.*?)\s*$")
+_KEYVAL = re.compile(r"^\s*(?P<key>[A-Za-z][\w /]*?):\s*(?P<value>.*?)\s*$")
 
 
 @dataclass(slots=True)
@@ -431,7 +431,7 @@ class IbstatParser:
             text = line.text
             if _CA.match(text) or _IBSTATUS_PORT.match(text) or _IBSTAT_PORT.match(text):
                 heads += 1
-            elif re.match(r"^\s+(?:State|Physical state|state|phys state):", text):
+            elif re.match(r"^\s*(?:State|Physical state|state|phys state):", text):
                 states += 1
         if heads and states:
             return 90
@@ -926,11 +926,422 @@ class SysfsDumpParser:
         return SysfsDumpSession(ctx)
 
 
+# --- rdma statistic (iproute2) ------------------------------------------------------------
+
+_RDMA_STAT = re.compile(r"^\s*link (?P<dev>[\w.-]+)/(?P<port>\d+)\s+(?P<rest>\S.*?)\s*$")
+_RDMA_PAIR = re.compile(r"(?P<name>[A-Za-z_][\w]*)\s+(?P<value>\d+)\b")
+
+
+class RdmaStatisticSession:
+    """Parse ``rdma statistic show [link DEV/PORT]`` (iproute2 ``rdma-statistic(8)``).
+
+    Each line is ``link DEV/PORT name value name value ...``; the names are the
+    driver's ``hw_counters`` (mlx5 ``out_of_sequence``, ``local_ack_timeout_err``...)
+    and become ``rdma_hw_counter_total`` samples like a sysfs dump.
+    """
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each line gives its samples at once."""
+        out: list[Record] = []
+        for line in lines:
+            m = _RDMA_STAT.match(line.text)
+            if m is None:
+                if line.text.strip():
+                    self.issues.append(
+                        _issue(self._ctx, line, f"not an rdma statistic line: {line.text[:80]!r}")
+                    )
+                continue
+            dev, port = m["dev"], m["port"]
+            ev = _ev(self._ctx, line)
+            for pair in _RDMA_PAIR.finditer(m["rest"]):
+                if pair["name"] == "lifespan":
+                    continue
+                out.append(
+                    Sample(
+                        metric="rdma_hw_counter_total",
+                        value=float(int(pair["value"])),
+                        observed_at=None,
+                        node=self._ctx.node,
+                        entity=port_entity(dev, port),
+                        labels={"device": dev, "port": port, "counter": pair["name"]},
+                        evidence=ev,
+                    )
+                )
+        return out
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class RdmaStatisticParser:
+    """``rdma statistic show`` output (iproute2)."""
+
+    kind = "rdma_statistic"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 when most lines are ``link DEV/PORT name value ...``."""
+        del command
+        sample = lines[:200]
+        hits = sum(
+            1
+            for line in sample
+            if (m := _RDMA_STAT.match(line.text)) and _RDMA_PAIR.search(m["rest"])
+        )
+        return 90 if hits and hits * 2 >= len(sample) else 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return RdmaStatisticSession(ctx)
+
+
+# --- ip -s link (iproute2) -----------------------------------------------------------------
+
+_IP_LINK = re.compile(
+    r"^\s*\d+:\s+(?P<if>[\w.:-]+)(?:@[\w.-]+)?:\s+<(?P<flags>[^>]*)>.*?"
+    r"(?:\bstate (?P<state>[A-Z]+))?(?:\s|$)"
+)
+_IP_HEADER = re.compile(r"^\s*(?P<dir>RX|TX)(?P<errs> errors)?:\s+(?P<cols>[a-z][a-z_ ]*?)\s*$")
+_IP_VALUES = re.compile(r"^\s*\d+(?:\s+\d+)*\s*$")
+IP_LINK_COLUMNS: dict[str, str] = {
+    "errors": "errors",
+    "dropped": "dropped",
+    "missed": "missed_errors",
+    "overrun": "over_errors",
+    "carrier": "carrier_errors",
+    "collsns": "collisions",
+    "length": "length_errors",
+    "crc": "crc_errors",
+    "frame": "frame_errors",
+    "fifo": "fifo_errors",
+    "aborted": "aborted_errors",
+    "window": "window_errors",
+    "heartbeat": "heartbeat_errors",
+    "transns": "carrier_changes",
+    "nohandler": "nohandler",
+    "otherhost": "otherhost",
+}
+"""``ip -s [-s] link`` column to the ``rtnl_link_stats64`` field it prints (iproute2
+``ipstats``/``iplink``), named as ``net_nic_counter_total`` counters ``rx_<field>``/``tx_<field>``;
+bytes, packets and multicast are traffic, not counted here."""
+
+
+class IpLinkStatsSession:
+    """Parse ``ip -s link`` / ``ip -s -s link`` output (one interface block after another)."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        self._if: str | None = None
+        self._cols: tuple[str, list[str]] | None = None
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each value line gives its samples at once."""
+        out: list[Record] = []
+        for line in lines:
+            text = line.text
+            head = _IP_LINK.match(text)
+            if head:
+                self._if, self._cols = head["if"], None
+                continue
+            cols = _IP_HEADER.match(text)
+            if cols:
+                self._cols = (cols["dir"].lower(), cols["cols"].split())
+                continue
+            if _IP_VALUES.match(text) and self._cols is not None and self._if is not None:
+                direction, names = self._cols
+                values = text.split()
+                if len(values) != len(names):
+                    self.issues.append(_issue(self._ctx, line, "ip -s link: column count differs"))
+                self._cols = None
+                for name, value in zip(names, values, strict=False):
+                    field_name = IP_LINK_COLUMNS.get(name)
+                    if field_name is None:
+                        continue
+                    counter = f"{direction}_{field_name}"
+                    out.append(
+                        Sample(
+                            metric="net_nic_counter_total",
+                            value=float(int(value)),
+                            observed_at=None,
+                            node=self._ctx.node,
+                            entity=EntityId(self._if),
+                            labels={"interface": self._if, "counter": counter},
+                            evidence=_ev(self._ctx, line),
+                        )
+                    )
+        return out
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class IpLinkStatsParser:
+    """``ip -s link`` output (iproute2)."""
+
+    kind = "ip_link_stats"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 with interface headers and ``RX:``/``TX:`` column lines."""
+        del command
+        sample = lines[:400]
+        heads = sum(1 for line in sample if _IP_LINK.match(line.text))
+        cols = sum(1 for line in sample if _IP_HEADER.match(line.text))
+        if heads and cols:
+            return 90
+        return 40 if cols >= 2 else 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return IpLinkStatsSession(ctx)
+
+
+# --- mlxlink (NVIDIA MFT) ----------------------------------------------------------------------
+
+_MLX_KV = re.compile(r"^\s*(?P<key>[A-Z][\w ./()\[\]-]*?)\s*:\s*(?P<value>.*?)\s*$")
+_MLX_TITLE = re.compile(
+    r"^\s*(?:Operational Info|Supported Info|Troubleshooting Info|Physical Counters and BER Info|"
+    r"Module Info|Test Mode Info|PCIe Operational \(Enabled\) Info)\s*$"
+)
+_MLX_RULE = re.compile(r"^\s*-{4,}\s*$")
+_MLX_CMD = re.compile(r"-d\s+(?P<dev>\S+)|(?:-p|--port)\s+(?P<port>\d+)")
+MLXLINK_STATES: dict[str, tuple[str, str]] = {
+    "active": ("active", "linkup"),
+    "polling": ("down", "polling"),
+    "disable": ("down", "disabled"),
+    "disabled": ("down", "disabled"),
+    "down": ("down", "unknown"),
+    "close_port": ("down", "disabled"),
+    "sleep": ("down", "sleep"),
+    "linkup": ("init", "linkup"),
+}
+"""mlxlink ``State`` values (PAOS/PDDR) to (port state code, physical state)."""
+
+MLXLINK_COUNTERS: dict[str, str] = {
+    "Effective Physical Errors": "SymbolErrorCounter",
+    "Link Down Counter": "LinkDownedCounter",
+    "Link Error Recovery Counter": "LinkErrorRecoveryCounter",
+}
+"""mlxlink ``-c`` counters to the PortCounters field with the same meaning (post-FEC symbol
+errors, link downs, recoveries); mlxlink reports them 64-bit, never saturated."""
+
+
+class MlxlinkSession:
+    """Parse ``mlxlink -d DEV [-p N] [-m] [-c]`` text output."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        dev = port = None
+        for m in _MLX_CMD.finditer(ctx.command or ""):
+            dev = m["dev"] or dev
+            port = m["port"] or port
+        self._device = (dev or "unknown").rsplit("/", 1)[-1]
+        self._port = port or "1"
+        self._fields: dict[str, tuple[str, Line]] = {}
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Collect ``Key : value`` fields; records come at :meth:`close`."""
+        for line in lines:
+            text = line.text
+            if _MLX_TITLE.match(text) or _MLX_RULE.match(text) or not text.strip():
+                continue
+            m = _MLX_KV.match(text)
+            if m:
+                self._fields.setdefault(m["key"].strip(), (m["value"], line))
+        return []
+
+    def close(self) -> list[Record]:
+        """Return the port state event and the counters of the section."""
+        out: list[Record] = []
+        node = self._ctx.node
+        entity = port_entity(self._device, self._port)
+        labels = {"device": self._device, "port": self._port}
+        state = self._fields.get("State")
+        opcode = self._fields.get("Status Opcode")
+        advice = self._fields.get("Recommendation")
+        if state is not None:
+            word = state[0].strip().lower().replace(" ", "_")
+            code, phys = MLXLINK_STATES.get(word, ("unknown", "unknown"))
+            evidence = [_ev(self._ctx, state[1])]
+            attrs = {"device": self._device, "port": self._port, "state": code}
+            attrs["phys_state"] = phys
+            physical = self._fields.get("Physical state")
+            if physical is not None:
+                attrs["mlxlink_physical_state"] = physical[0]
+            if opcode is not None:
+                attrs["status_opcode"] = opcode[0]
+                evidence.append(_ev(self._ctx, opcode[1]))
+            if advice is not None:
+                attrs["recommendation"] = advice[0]
+                evidence.append(_ev(self._ctx, advice[1]))
+            if code != "unknown":
+                out.append(
+                    Event(
+                        kind="ib_port_state",
+                        code=code,
+                        node=node,
+                        entity=entity,
+                        observed_at=None,
+                        message=f"{entity} mlxlink state {state[0]}",
+                        attrs=attrs,
+                        evidence=tuple(evidence),
+                        source="mlxlink",
+                    )
+                )
+            else:
+                self.issues.append(
+                    _issue(self._ctx, state[1], f"mlxlink: unknown State {state[0]!r}")
+                )
+        for name, pma in MLXLINK_COUNTERS.items():
+            found = self._fields.get(name)
+            if found is None:
+                continue
+            value = _int(found[0])
+            if value is None:
+                continue
+            out.extend(
+                counter_samples(
+                    name=pma,
+                    value=value,
+                    node=node,
+                    device=self._device,
+                    port=self._port,
+                    evidence=_ev(self._ctx, found[1]),
+                    observed_at=None,
+                    legacy=False,
+                    source="mlxlink",
+                )[:1]
+            )
+        del labels
+        self._fields.clear()
+        return out
+
+
+class MlxlinkParser:
+    """``mlxlink`` text output (NVIDIA Firmware Tools)."""
+
+    kind = "mlxlink"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 95 on mlxlink section titles, 80 with the command."""
+        sample = lines[:100]
+        if any(_MLX_TITLE.match(line.text) for line in sample[:3]):
+            return 95
+        if command and "mlxlink" in command and any(_MLX_KV.match(x.text) for x in sample):
+            return 80
+        return 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return MlxlinkSession(ctx)
+
+
+# --- ibdiagnet (ibutils2) ---------------------------------------------------------------------
+
+_IBD_HEADER = re.compile(r"^\s*-I-\s+Stage\s+Warnings\s+Errors\b")
+_IBD_STAGE = re.compile(
+    r"^\s*-I-\s+(?P<stage>[A-Za-z][A-Za-z0-9 /&_.-]*?)\s+(?P<w>\d+)\s+(?P<e>\d+)(?:\s+(?P<c>.*?))?\s*$"
+)
+_IBD_LINE = re.compile(r"^\s*-[IWE]-\s")
+_IBD_FABRIC_KEY = re.compile(
+    r"^\s*(?:Total Nodes|IB Switches|IB Channel Adapters|IB Aggregation Nodes|IB Routers)\s*:\s*\d+"
+)
+_IBD_TITLE = re.compile(r"^\s*(?:Fabric Summary|Summary|-{10,})\s*$")
+
+
+class IbdiagnetSession:
+    """Parse the summary table ibdiagnet prints at the end of a run.
+
+    ``-I- Stage  Warnings  Errors  Comment`` then one ``-I- <stage> W E [comment]``
+    row per stage (Discovery, Lids Check, Links Check, Subnet Manager, Port
+    Counters, Nodes Information, Speed / Width checks, Partition Keys, Alias
+    GUIDs, Temperature Sensing, Routing...). Each row becomes an ``ibdiagnet_stage``
+    event; the details are in ``ibdiagnet2.log``, which the summary points to.
+    """
+
+    def __init__(self, ctx: ParseContext) -> None:
+        self.issues: list[ParseIssue] = []
+        self._ctx = ctx
+        self._in_table = False
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Parse more lines; each stage row gives its event at once."""
+        out: list[Record] = []
+        for line in lines:
+            text = line.text
+            if _IBD_HEADER.match(text):
+                self._in_table = True
+                continue
+            row = _IBD_STAGE.match(text) if self._in_table else None
+            if row is None:
+                continue
+            stage = " ".join(row["stage"].split())
+            out.append(
+                Event(
+                    kind="ibdiagnet_stage",
+                    code=stage.lower().replace(" / ", "_").replace(" ", "_"),
+                    node=self._ctx.node,
+                    entity=EntityId("fabric"),
+                    observed_at=None,
+                    message=text.strip(),
+                    attrs={
+                        "stage": stage,
+                        "warnings": row["w"],
+                        "errors": row["e"],
+                        "comment": (row["c"] or "").strip(),
+                    },
+                    evidence=(_ev(self._ctx, line),),
+                    source="ibdiagnet",
+                )
+            )
+        return out
+
+    def close(self) -> list[Record]:
+        """Nothing is held back."""
+        return []
+
+
+class IbdiagnetParser:
+    """``ibdiagnet`` console output (summary table)."""
+
+    kind = "ibdiagnet"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 95 on the stage table header, 70 for mostly ``-I-/-W-/-E-`` lines."""
+        sample = lines[:200]
+        if any(_IBD_HEADER.match(line.text) for line in sample):
+            return 95
+        tagged = sum(1 for line in sample if _IBD_LINE.match(line.text))
+        if tagged and tagged * 2 >= len(sample):
+            return 70
+        if command and "ibdiagnet" in command:
+            return 60
+        if any(_IBD_FABRIC_KEY.match(line.text) for line in sample[:3]):
+            return 60
+        if all(_IBD_TITLE.match(line.text) for line in sample):
+            return 30
+        return 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return IbdiagnetSession(ctx)
+
+
 PARSERS: tuple[ArtifactParser, ...] = (
     IbstatParser(),
     PerfqueryParser(),
     IbqueryerrorsParser(),
     EthtoolStatsParser(),
     SysfsDumpParser(),
+    RdmaStatisticParser(),
+    IpLinkStatsParser(),
+    MlxlinkParser(),
+    IbdiagnetParser(),
 )
 """The artifact parsers of this module (read by ``collectors.parsers``)."""

@@ -17,7 +17,8 @@ Two artifact parsers and one live collector share one line parser
 
 Event kinds emitted (``Event.kind`` / ``Event.code``):
 
-* ``xid`` / Xid number: attrs ``pid``, ``process``, ``message``; Xid 154 adds
+* ``xid`` / Xid number: attrs ``pid``, ``process``, ``message``; Xid 74 adds ``link`` and
+  ``registers`` (the seven words, comma-separated); Xid 154 adds
   ``recovery_action`` (``GPU Reset Required``...), ``recovery_action_code``; NVLink5
   Xids 144-150 add ``unit``, ``fatal`` (``yes``/``no``), ``link``, ``intrinfo``,
   ``status``; Xid 45 adds ``caused_by`` when its message names the Xid behind it.
@@ -25,13 +26,18 @@ Event kinds emitted (``Event.kind`` / ``Event.code``):
   one event holding all the lines (attr ``lines``).
 * ``gpu_lost`` / ``fallen_off_bus`` | ``gpu_is_lost`` (NV_ERR_GPU_IS_LOST) | ``nvml_gpu_is_lost``.
 * ``gpu_init_failure`` / ``rm_init_adapter`` | ``probe_failed`` | ``gsp_init_failure`` |
-  ``power_cables``.
+  ``power_cables`` | ``unsupported_gpu`` (driver branch does not support the GPU, or it
+  needs the open modules) | ``firmware_missing`` (GSP firmware file not found).
+* ``driver_mismatch`` / ``api_mismatch`` (``NVRM: API mismatch``) |
+  ``nvml_version_mismatch`` (``Failed to initialize NVML: Driver/library version mismatch``).
+* ``reboot_required`` / ``uvm_fatal`` (UVM global fatal error "requiring os reboot").
 * ``gsp_error`` / ``heartbeat_timeout`` | ``memsys_error`` | ``pmu_halted`` (attr ``at_boot``).
 * ``gsp_rpc_timeout`` / ``back_to_back`` | ``rpc_recv_poll`` | ``rpc_timeout`` (RPC
   history tables joined into the event).
 * ``reset_required`` / ``NV_ERR_RESET_REQUIRED``.
 * ``sxid`` / SXid number (attr ``fatal``), from the kernel or the Fabric Manager log.
-* ``fabric_manager`` / ``start_failed`` | ``no_nvswitch``.
+* ``fabric_manager`` / ``start_failed`` | ``no_nvswitch`` | ``not_supported`` |
+  ``topology_mismatch`` (NVSwitch count does not match the board: an NVSwitch system).
 * ``pcie_aer`` / ``corrected`` | ``uncorrected_nonfatal`` | ``uncorrected_fatal`` (attrs
   ``vendor_id``, ``device_id``, ``driver``, ``source`` = ``aer`` or ``apei``).
 * ``host_memory`` / ``UE`` | ``CE`` (attr ``count``), from EDAC, MCE and APEI.
@@ -40,6 +46,11 @@ Event kinds emitted (``Event.kind`` / ``Event.code``):
   ``kernel_boot`` / ``boot``.
 * ``nvml_error`` / ``unknown_error`` | ``no_devices`` | ``driver_not_loaded`` |
   ``init_failed`` | other; ``cuda_error`` / ``busy_or_unavailable``.
+
+Lines are read in every common paste shape: indented as a whole (a continuation line
+is one indented deeper than its message, without a stamp of its own), rsyslog ``#012``
+escapes, journald ``-- Reboot --`` markers (a new boot), AER bus-error reports without
+their header (DPC, cut pastes), Fabric Manager stamps with fractions of a second.
 
 Every event carries attr ``boot`` (how many reboots the input showed before it,
 ``"0"`` first) so that rules can tell a fault that recurs after a reboot. Times:
@@ -91,7 +102,7 @@ _DETECT_LINES = 64
 # alternation of literals, most starting with an upper-case letter: Python's regex
 # engine skips most positions of ordinary log text quickly on those.
 _KEYWORDS = re.compile(
-    r"NVRM|NVIDIA|NVSwitch|NVML|No devices were found|Xid|EDAC|AER|Hardware Error|"
+    r"NVRM|NVIDIA|NVSwitch|NVML|No devices were found|Xid|XID |GPU_IS_LOST|EDAC|AER|Hardware Error|"
     r"PCIe Bus Error|PCIe bandwidth|Uncorrected hardware|Memory failure|Unable to determine|"
     r"GPU is lost|CUDA-capable|Linux version|FabricManager|Fabric Manager|-peermem|"
     r"-fabricmanager|/mask=|nvidia[-: ]"
@@ -125,7 +136,8 @@ _PREFIX = re.compile(
     # dmesg -x facility prefix
     r"|kern\s*:\s*\w+\s*:\s*(?:" + _UP.format("up4") + r"\s?)?"
     # Fabric Manager log: "[Mar 27 2024 17:40:36] [ERROR] [tid 1234] msg"
-    r"|\[(?P<fm>" + _MON + r" [ \d]?\d \d{4} \d\d:\d\d:\d\d)\] \[\w+\](?: \[tid \d+\])?\s*"
+    r"|\[(?P<fm>" + _MON + r" [ \d]?\d \d{4} \d\d:\d\d:\d\d)(?:\.\d+)?\] "
+    r"\[\w+\](?: \[tid \d+\])?\s*"
     # dmesg --reltime / -e: no absolute time
     r"|\[(?:" + _MON + r"\d\d \d\d:\d\d|\s*\+\d+\.\d+)\]\s?"
     r")?"
@@ -138,12 +150,16 @@ _XID = re.compile(
 )
 _PIDNAME = re.compile(r"pid=(?P<pid>'[^']*'|[^,\s]+),\s*name=(?P<name>[^,]*),\s*(?P<msg>.*)", re.S)
 _PIDONLY = re.compile(r"pid=(?P<pid>'[^']*'|[^,\s]+),\s*(?P<msg>.*)", re.S)
+_GPUD_XID = re.compile(
+    r"\bXID (?P<code>\d+)(?:\.\d+)?\b.{0,200}?detected on (?:GPU )?PCI:(?P<pci>[0-9a-fA-F:.]+)"
+)
+_JOURNAL_BOOT = re.compile(r"-- (?:Reboot|Boot [0-9a-f]+) --")
 _KLOG_XID = re.compile(
     r"Xid\s*=\s*(?P<code>\d+)\s+on\s+Device\s*=\s*(?P<dev>GPU-[0-9a-fA-F-]+|\S+?)[;,\s]"
 )
 _RECOVERY = re.compile(
-    r"recovery action changed from 0x(?P<f>[0-9a-fA-F]+) \((?P<fname>[^)]*)\) to "
-    r"0x(?P<t>[0-9a-fA-F]+) \((?P<tname>[^)]*)\)"
+    r"recovery action changed (?:from 0x(?P<f>[0-9a-fA-F]+) \((?P<fname>[^)]*)\) )?to "
+    r"0x(?P<t>[0-9a-fA-F]+)(?: \((?P<tname>[^)]*)\))?"
 )
 _NVLINK5 = re.compile(
     r"(?P<unit>[A-Z][A-Z0-9_]+)\s+(?P<fatal>Fatal|Non-?fatal)\s+XC\d+\s+i\d+\s+Link\s+(?P<link>-?\d+)"
@@ -156,6 +172,24 @@ _GSP_INIT = re.compile(
     r"GSP.{0,40}(?:boot|bootstrap|init)\w* failed",
     re.I,
 )
+_NVLINK_REGS = re.compile(
+    r"link\s*(?P<link>\d+)\s*\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+)*)\)", re.I
+)
+_UNSUPPORTED = re.compile(
+    r"installed in this system (?:is not supported by|is supported through|requires use of)",
+    re.I,
+)
+_PROBE_FAILED = re.compile(
+    r"nvidia\S*: probe of (?P<a>\S+) failed|"
+    r"(?:nvidia\S*) (?P<b>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): "
+    r"probe with driver nvidia\S* failed"
+)
+_FW_MISSING = re.compile(
+    r"(?:\S+ (?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): )?"
+    r"Direct firmware load for nvidia/\S+ failed"
+)
+_MCE_STATUS = re.compile(r"_STATUS\[(?P<flags>[^\]]*)\]")
+_EDAC_BARE = re.compile(r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<kind>UE|CE)\b(?P<msg>.*)")
 _CAUSED_BY = re.compile(r"caused by (?:previous |prior )?Xid\s*(\d+)", re.I)
 _PCI_ANY = re.compile(r"(?:PCI:)?\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
 _GPU_N = re.compile(r"^GPU(\d+) ")
@@ -174,9 +208,13 @@ _FM_SXID = re.compile(
     re.I,
 )
 _FM_FAIL = re.compile(
-    r"(?:fabric ?manager|nv-fabricmanager).*?(?:fail|error)|"
-    r"(?:\bno|find any|zero) NVSwitch|NVSwitch.*not (?:found|present)",
+    r"(?:fabric ?manager|nv-fabricmanager).*?(?:fail|error|n't support|not support|unsupported)|"
+    r"(?:\bno|find any|zero) NVSwitch|NVSwitch.*not (?:found|present)|"
+    r"NVSwitch\w* (?:don't|do not|doesn't) match",
     re.I,
+)
+_FM_TOPOLOGY = re.compile(
+    r"NVSwitch\w* (?:don't|do not|doesn't) match|supported system topology", re.I
 )
 _AER = re.compile(
     r"(?:(?P<port>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): )?AER: (?:Multiple )?"
@@ -202,7 +240,7 @@ _LIMITED = re.compile(
     r" \(capable of (?P<cap>[\d.]+ Gb/s)"
 )
 _NVML_HANDLE = re.compile(
-    r"Unable to determine the device handle for (?:GPU)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<err>.*)"
+    r"Unable to determine the device handle for (?:GPU\s*)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<err>.*)"
 )
 
 
@@ -224,6 +262,7 @@ class _Draft:
     channel: str  # "nvrm", "apei", "aer"
     key: str = ""
     boot: int = 0
+    indent: int = 0
 
     def add(self, body: str, ev: Evidence) -> None:
         if len(self.evidence) < MAX_EVENT_LINES:
@@ -291,6 +330,7 @@ class KernelLogSession:
     _driver_loaded_at: float | None = None
     _ctime_cache: dict[str, float] = field(default_factory=dict)
     _burst: _Burst | None = None
+    _mce_sev: str = ""
 
     def __post_init__(self) -> None:
         self._year = self.ctx.default_year
@@ -305,6 +345,9 @@ class KernelLogSession:
             if search(text) is None:
                 if self._nvrm is not None and not text[:1].isspace():
                     self._flush_nvrm(out)
+                if text[:3] == "-- " and _JOURNAL_BOOT.match(text):
+                    self.flush_into(out)
+                    self._boot += 1  # journalctl marks each new boot
                 continue
             try:
                 self._line(line, out)
@@ -324,11 +367,15 @@ class KernelLogSession:
     def flush(self) -> list[Record]:
         """Finish the multi-line messages being joined (live sources call this when idle)."""
         out: list[Record] = []
+        self.flush_into(out)
+        return out
+
+    def flush_into(self, out: list[Record]) -> None:
+        """Finish the multi-line messages being joined, appending their events to ``out``."""
         self._flush_nvrm(out)
         self._flush_burst(out)
         self._flush_apei(out)
         self._flush_aer(out)
-        return out
 
     def close(self) -> list[Record]:
         """Flush joined messages and year-less events held back."""
@@ -395,10 +442,24 @@ class KernelLogSession:
     def _line(self, line: Line, out: list[Record]) -> None:
         text = line.text
         ev = Evidence(file=self.ctx.file, line=line.number, text=text)
-        continuation = text[:1].isspace()
+        indent = len(text) - len(text.lstrip()) if text[:1].isspace() else 0
+        if "#01" in text:  # rsyslog escapes newlines and tabs (#012, #011)
+            text = text.replace("#012", " ").replace("#011", " ")
         stamp, body = self._split(text)
         if not body:
             return
+        # A continuation line is indented deeper than the line that opened the
+        # message and carries no stamp of its own (dmesg and journald wrap that
+        # way); a paste indented as a whole is not one long message.
+        draft0 = self._nvrm
+        continuation = (
+            indent > 0
+            and draft0 is not None
+            and indent > draft0.indent
+            and stamp.observed_at is None
+            and stamp.uptime is None
+            and stamp.bsd is None
+        )
         if body.startswith("Linux version") and self._seen_stamp:
             if not self._bumped:
                 self._boot += 1
@@ -436,14 +497,35 @@ class KernelLogSession:
                 channel="nvrm",
                 boot=self._boot,
                 key="rpc_timeout" if "GSP Timeout" in rest or "RPC history" in rest else "",
+                indent=indent,
             )
             return
 
         if self._nvrm is not None:
             self._flush_nvrm(out)
 
-        if self._aer is not None and ("PCIe Bus Error" in body or "error status/mask" in body):
-            self._aer.add(body, ev)
+        bus_error = "PCIe Bus Error" in body
+        draft = self._aer
+        if draft is not None and (
+            (bus_error and draft.key != "bus") or (not bus_error and "error status/mask" in body)
+        ):
+            draft.add(body, ev)
+            if bus_error:
+                draft.key = "bus"
+            return
+        if bus_error and "severity=" in body:
+            # A bus-error report without its "AER: ... error received" header: a
+            # second report of a "Multiple" message, DPC, or a paste cut above it.
+            self._flush_aer(out)
+            self._aer = _Draft(
+                stamp=stamp,
+                parts=[body],
+                evidence=[ev],
+                first_body=body,
+                channel="aer",
+                boot=self._boot,
+                key="bus",
+            )
             return
         aer = _AER.search(body)
         if aer is not None:
@@ -474,6 +556,20 @@ class KernelLogSession:
                 {"source": "device_plugin", "message": body},
             )
             return
+        if "XID " in body:
+            m = _GPUD_XID.search(body)
+            if m is not None:
+                self._emit(
+                    out,
+                    "xid",
+                    m["code"],
+                    _pci_entity(m["pci"]),
+                    stamp,
+                    body,
+                    [ev],
+                    {"source": "gpud", "message": body[:500]},
+                )
+                return
         if "marked unhealthy" in body or "Processing event" in body:
             return  # the device plugin's echo of the same NVML event
         m = _SXID.search(body)
@@ -544,6 +640,35 @@ class KernelLogSession:
                 attrs,
             )
             return
+        if "[Hardware Error]" in body and self._amd_mce(stamp, body, ev, out):
+            return
+        m = _EDAC_BARE.search(body)
+        if m is not None:
+            self._emit(
+                out,
+                "host_memory",
+                m["kind"],
+                NODE_ENTITY,
+                stamp,
+                body,
+                [ev],
+                {"count": "1", "mc": m["mc"], "location": m["msg"][:200]},
+            )
+            return
+        m = _FW_MISSING.search(body)
+        if m is not None:
+            entity = _pci_entity(m["dev"]) if m["dev"] else NODE_ENTITY
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "firmware_missing",
+                entity,
+                stamp,
+                body,
+                [ev],
+                {"message": body},
+            )
+            return
         if "nvidia-peermem" in body:
             self._emit(out, "peermem", "note", NODE_ENTITY, stamp, body, [ev], {"message": body})
             return
@@ -573,7 +698,7 @@ class KernelLogSession:
         if "NVIDIA-SMI has failed" in body:
             self._emit(out, "nvml_error", "driver_not_loaded", NODE_ENTITY, stamp, body, [ev], {})
             return
-        if "Failed to initialize NVML" in body:
+        if "Failed to initialize NVML" in body and "mismatch" not in body:
             self._emit(
                 out, "nvml_error", "init_failed", NODE_ENTITY, stamp, body, [ev], {"message": body}
             )
@@ -581,21 +706,81 @@ class KernelLogSession:
         if "busy or unavailable" in body:
             self._emit(out, "cuda_error", "busy_or_unavailable", NODE_ENTITY, stamp, body, [ev], {})
             return
-        if "GPU is lost" in body:
+        if "GPU is lost" in body or "GPU_IS_LOST" in body:
             self._emit(out, "gpu_lost", "nvml_gpu_is_lost", _entity_of(body), stamp, body, [ev], {})
             return
-        m = re.search(r"nvidia\S*: probe of (\S+) failed", body)
+        m = _PROBE_FAILED.search(body)
         if m is not None:
             self._emit(
-                out, "gpu_init_failure", "probe_failed", _pci_entity(m[1]), stamp, body, [ev], {}
+                out,
+                "gpu_init_failure",
+                "probe_failed",
+                _pci_entity(m["a"] or m["b"]),
+                stamp,
+                body,
+                [ev],
+                {},
+            )
+            return
+        if "mismatch" in body and "nvml" in body.lower():
+            self._emit(
+                out,
+                "driver_mismatch",
+                "nvml_version_mismatch",
+                NODE_ENTITY,
+                stamp,
+                body,
+                [ev],
+                {"message": body},
             )
             return
         if _FM_FAIL.search(body):
-            code = "no_nvswitch" if "nvswitch" in body.lower() else "start_failed"
+            low = body.lower()
+            if _FM_TOPOLOGY.search(body):
+                code = "topology_mismatch"
+            elif "support" in low and "nvswitch" not in low:
+                code = "not_supported"
+            else:
+                code = "no_nvswitch" if "nvswitch" in low else "start_failed"
             self._emit(
                 out, "fabric_manager", code, NODE_ENTITY, stamp, body, [ev], {"message": body}
             )
             return
+
+    def _amd_mce(self, stamp: _Stamp, body: str, ev: Evidence, out: list[Record]) -> bool:
+        """AMD MCE decoder lines (``[Hardware Error]: ... MC17_STATUS[...|UECC|...]``).
+
+        The severity comes from the status line (or the "Corrected error" /
+        "Uncorrected" summary line); a following "DRAM ECC error" line makes it a host
+        memory error. Only uncorrected ones are emitted: the EDAC driver reports
+        corrected ones itself (``EDAC MCn: 1 CE ...``).
+        """
+        m = _MCE_STATUS.search(body)
+        if m is not None:
+            flags = set(m["flags"].split("|"))
+            self._mce_sev = "UE" if flags & {"UE", "UECC", "PCC"} else "CE"
+            return True
+        if "Corrected error, no action required" in body:
+            self._mce_sev = "CE"
+            return True
+        if "Uncorrected," in body or "Uncorrected error" in body:
+            self._mce_sev = "UE"
+            return True
+        if "DRAM ECC error" in body:
+            if self._mce_sev == "UE":
+                self._emit(
+                    out,
+                    "host_memory",
+                    "UE",
+                    NODE_ENTITY,
+                    stamp,
+                    body,
+                    [ev],
+                    {"count": "1", "source": "mce", "location": body[:200]},
+                )
+            self._mce_sev = ""
+            return True
+        return False
 
     # ------------------------------------------------------------- NVRM
     def _flush_nvrm(self, out: list[Record]) -> None:
@@ -655,7 +840,51 @@ class KernelLogSession:
             return
         entity = _entity_of(msg)
         low = msg.lower()
-        if "nv_err_gpu_is_lost" in low or "gpu lost from the bus" in low:
+        if "api mismatch" in low:
+            self._emit(
+                out,
+                "driver_mismatch",
+                "api_mismatch",
+                NODE_ENTITY,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif _UNSUPPORTED.search(msg):
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "unsupported_gpu",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "no firmware image found" in low:
+            self._emit(
+                out,
+                "gpu_init_failure",
+                "firmware_missing",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "requiring os reboot" in low or "global fatal error" in low:
+            self._emit(
+                out,
+                "reboot_required",
+                "uvm_fatal",
+                entity,
+                stamp,
+                msg,
+                evidence,
+                {"message": msg},
+            )
+        elif "nv_err_gpu_is_lost" in low or "gpu lost from the bus" in low:
             self._emit(
                 out, "gpu_lost", "gpu_is_lost", entity, stamp, msg, evidence, {"message": msg}
             )
@@ -731,7 +960,7 @@ class KernelLogSession:
                 evidence,
                 {"message": msg},
             )
-        elif "gsp timeout" in low or d.key == "rpc_timeout":
+        elif "gsp timeout" in low or d.key == "rpc_timeout" or "likely needs to be reset" in low:
             self._emit(
                 out,
                 "gsp_rpc_timeout",
@@ -825,9 +1054,11 @@ class KernelLogSession:
         if n == 154:
             r = _RECOVERY.search(msg)
             if r is not None:
-                attrs["recovery_action"] = r["tname"].strip()
+                if r["tname"]:
+                    attrs["recovery_action"] = r["tname"].strip()
                 attrs["recovery_action_code"] = str(int(r["t"], 16))
-                attrs["recovery_action_from"] = r["fname"].strip()
+                if r["fname"]:
+                    attrs["recovery_action_from"] = r["fname"].strip()
         elif 144 <= n <= 150:
             r2 = _NVLINK5.search(msg)
             if r2 is not None:
@@ -836,6 +1067,11 @@ class KernelLogSession:
                 attrs["link"] = r2["link"]
                 attrs["intrinfo"] = r2["intr"].lower()
                 attrs["status"] = r2["status"].lower()
+        elif n == 74:
+            r4 = _NVLINK_REGS.search(msg)
+            if r4 is not None:
+                attrs["link"] = r4["link"]
+                attrs["registers"] = ",".join(x.strip().lower() for x in r4["regs"].split(","))
         elif n == 45:
             r3 = _CAUSED_BY.search(msg)
             if r3 is not None:
@@ -964,9 +1200,20 @@ class KernelLogSession:
     def _flush_aer_draft(self, d: _Draft, out: list[Record]) -> None:
         msg = " ".join(d.parts)
         m = _AER.search(d.parts[0])
-        if m is None:  # pragma: no cover - drafts start on an AER match
-            return
-        sev = m["sev"].lower()
+        attrs: dict[str, str] = {"source": "aer", "message": msg[:500]}
+        dev: str | None
+        if m is not None:
+            sev = m["sev"].lower()
+            dev = m["dev"]
+            if m["port"]:
+                attrs["port"] = m["port"]
+        else:  # a bus-error report without its header
+            s0 = _PCIE_SEV.search(d.parts[0])
+            if s0 is None:
+                return
+            sev = s0["sev"].lower()
+            p0 = _DEV_PREFIX.search(d.parts[0])
+            dev = p0["dev"] if p0 is not None else None
         code = (
             "corrected"
             if sev.startswith("correct")
@@ -974,11 +1221,7 @@ class KernelLogSession:
             if "(fatal)" in sev
             else "uncorrected_nonfatal"
         )
-        dev = m["dev"]
-        attrs: dict[str, str] = {"source": "aer", "message": msg[:500]}
-        if m["port"]:
-            attrs["port"] = m["port"]
-        for part in d.parts[1:]:
+        for part in d.parts[0 if m is None else 1 :]:
             p = _DEV_PREFIX.match(part)
             if p is not None:
                 dev = dev or p["dev"]
@@ -1152,7 +1395,8 @@ def _slug(text: str) -> str:
 
 # ---------------------------------------------------------------------- detect
 _STAMPED = re.compile(
-    r"^(?:<\d+>)?(?:\[\s*\d+\.\d+\]|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) "
+    # uptime stamps have at most 9 integer digits (30 years); 10 is an epoch (UCX, others)
+    r"^(?:<\d+>)?(?:\[\s*\d{1,9}\.\d+\]|\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) "
     + _MON
     + r" |"
     + _MON
@@ -1161,13 +1405,17 @@ _STAMPED = re.compile(
     + r"\s+\S+\s+kernel|"
     r"[\w.:-]+:\s+kern:|kern\s*:|\["
     + _MON
-    + r" [ \d]?\d \d{4} [\d:]{8}\] \[|"
+    + r" [ \d]?\d \d{4} [\d:]{8}(?:\.\d+)?\] \[|"
     + _DAY
     + r" "
     + _ISO
     + r")"
 )
-_DRIVER_WORDS = re.compile(r"NVRM:|\bXid\b|XidCriticalError|SXid|EDAC |AER: |\[Hardware Error\]")
+_DRIVER_WORDS = re.compile(
+    r"NVRM:|\bXid\b|XidCriticalError|SXid|\bXID \d|GPU_IS_LOST|EDAC |AER: |\[Hardware Error\]|"
+    r"PCIe Bus Error|"
+    r"\] \[(?:ERROR|WARNING|INFO)\] \[tid \d+\]"
+)
 
 
 class KernelLogParser:
@@ -1191,6 +1439,10 @@ class KernelLogParser:
             score = 90
         elif stamped * 2 >= len(head):
             score = 60
+        elif any(_DRIVER_WORDS.search(line.text) for line in lines[_DETECT_LINES:]):
+            # Driver messages deep in an unstamped block (``journalctl -o cat``, a
+            # container log): claim it only when no other parser does.
+            score = 40
         elif stamped:
             score = 25
         else:

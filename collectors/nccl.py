@@ -128,9 +128,17 @@ MAX_WRONG_EVIDENCE = 8
 # Optional prefixes in front of a log line: ISO time stamps (kubectl --timestamps,
 # journald short-iso, NCCL_DEBUG_TIMESTAMP_FORMAT), torchrun "[default0]:", srun "0: ".
 _PREFIX = re.compile(
-    r"^\s*(?:\[?(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"
-    r"(?:Z|[+-]\d{2}:?\d{2})?)\]?\s+)?"
-    r"(?:\[default\d+\]:\s*|\d+:\s+)?"
+    r"^\s*(?:"
+    # ISO time stamps (kubectl --timestamps, journald short-iso, CloudWatch, NCCL_DEBUG_TIMESTAMP_FORMAT)
+    r"\[?(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]?:?\s+"
+    # Ray "(name pid=N)", mpirun --tag-output "[1,3]<stdout>:", torchrun "[default0]:"
+    r"|\([\w.-]+ pid=\d+(?:, ip=[\w.:]+)?\)\s*"
+    r"|\[\d+,\d+\]<(?:stdout|stderr)>:\s*"
+    r"|\[default\d+\]:\s*"
+    # srun --label "0: ", mpirun -l "[0] " (only before an NCCL host:pid:tid)
+    r"|\d+:\s+(?=\S)"
+    r"|\[\d+\]\s+(?=[\w.-]+:\d+:\d+ \[)"
+    r")*"
 )
 _NCCL = re.compile(
     r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]\s]+)\]\s+"
@@ -145,7 +153,7 @@ _COMPLETION = re.compile(
 _OPCODE = re.compile(r"opcode[=\s]\s*(?:\w+\()?(?P<v>\d+)")
 _VENDOR = re.compile(r"vendor[ _]err[=\s]\s*(?P<v>\d+)")
 _ASYNC = re.compile(
-    r"(?P<dev>[a-z][\w-]*\d+):(?P<port>\d+)\s+(?:Got\s+)?async\s+(?:fatal\s+)?event"
+    r"(?:(?P<dev>[a-z][\w-]*\d+):(?P<port>\d+)\s+)?(?:Got\s+)?async\s+(?:fatal\s+)?event"
     r"(?:\s+on\s+\w+)?\s*:\s*(?P<what>.+?)\s*$",
     re.IGNORECASE,
 )
@@ -160,17 +168,83 @@ _NVLS = re.compile(r"\bNVLS\b|NVLink SHARP|[Mm]ulticast|cuMulticast|nvls", re.IG
 _NVLS_FAIL = re.compile(
     r"fail|error|unable|cannot|could not|not supported|invalid|not permitted", re.IGNORECASE
 )
+_NVLS_SUMMARY = re.compile(r"NVLink SHARP|\bNVLS\b.*[Mm]ulticast|[Mm]ulticast.*\bNVLS\b")
+_CUDA_FAILURE = re.compile(
+    r"Cuda failure (?:(?P<num>\d+) )?'(?P<what>[^']+)'|CUDA error: (?P<what2>[^.\n]+?)\s*$"
+)
+CUDA_GPU_FAULTS: dict[str, str] = {
+    "uncorrectable ecc error encountered": "uncorrectable_ecc",
+    "cuda-capable device(s) is/are busy or unavailable": "busy_or_unavailable",
+}
+"""CUDA error texts (``cudaGetErrorString``) that point at the GPU, not the application, to
+the ``cuda_error`` event code the GPU rules read; other CUDA failures (out of memory,
+invalid argument) give no event of their own."""
+_SOCKET_CLOSED = re.compile(
+    r"(?:socketProgress|NET/Socket|Net)\s*:\s*Connection closed by remote peer"
+    r"(?:\s+(?P<peer>[^\s,;]+))?",
+    re.IGNORECASE,
+)
+_VERBS_CALL = re.compile(
+    r"\bCall to (?P<call>ibv_\w+|mlx5dv_\w+|rdma_\w+) failed"
+    r"|NET/OFI Couldn't (?P<ofi>open \w+|insert remote address|create \w+)"
+)
+# aws-ofi-nccl (nccl_ofi_net.c / nccl_ofi_rdma.c): "NET/OFI Request 0x.. completed with error.
+# RC: 20. Error: unknown error. Completed length: 0, ...".
+_OFI_COMPLETION = re.compile(
+    r"NET/OFI Request (?:0x[0-9a-fA-F]+ )?completed with error\. RC: (?P<rc>-?\d+)\.?"
+    r"(?:\s*Error: (?P<what>[^.]*))?"
+)
+_JOB_SUMMARY = re.compile(
+    r"^(?:torch\.distributed\.)?(?:DistBackendError|DistNetworkError|DistStoreError)\b|"
+    r"^nccl(?:RemoteError|SystemError|InternalError|UnhandledCudaError|InvalidUsage):|"
+    r"ChildFailedError|torch/distributed/elastic/|^Root Cause \(first observed failure\)"
+)
+# Open MPI openib BTL (btl_openib_component.c handle_wc):
+# "[[j,1],r][btl_openib_component.c:N:handle_wc] from HOST to: PEER error polling LP CQ
+#  with status RETRY EXCEEDED ERROR status number 12 for wr_id W opcode O  vendor error V qp_idx Q"
+_OPENIB_START = re.compile(r"handle_wc\]|error polling [LH]P CQ with status")
+_OPENIB = re.compile(
+    r"(?:from (?P<host>[\w.-]+) to: (?P<peer>[\w.-]+) )?error polling [LH]P CQ with status "
+    r"(?P<name>[A-Z][A-Z ]*?ERROR)\b(?: status number (?P<num>\d+))?"
+)
+_OPENIB_VENDOR = re.compile(r"vendor error (?P<v>\d+)")
+OPENIB_STATUS_TEXT: dict[str, int] = {
+    "LOCAL LENGTH ERROR": 1,
+    "LOCAL QP OPERATION ERROR": 2,
+    "LOCAL EEC OPERATION ERROR": 3,
+    "LOCAL PROTOCOL ERROR": 4,
+    "WORK REQUEST FLUSHED ERROR": 5,
+    "MEMORY WINDOW BIND ERROR": 6,
+    "BAD RESPONSE ERROR": 7,
+    "LOCAL ACCESS ERROR": 8,
+    "INVALID REQUEST ERROR": 9,
+    "REMOTE ACCESS ERROR": 10,
+    "REMOTE OPERATION ERROR": 11,
+    "RETRY EXCEEDED ERROR": 12,
+    "RECEIVER NOT READY RETRY EXCEEDED ERROR": 13,
+    "REMOTE ABORT ERROR": 16,
+    "FATAL ERROR": 19,
+    "RESPONSE TIMEOUT ERROR": 20,
+    "GENERAL ERROR": 21,
+}
+"""Open MPI openib ``handle_wc`` status texts (``btl_openib_component.c``) to ``ibv_wc_status``."""
+
+MAX_OPENIB_WRAP = 4
+"""Lines an Open MPI openib error may be wrapped over (mail archives, narrow terminals)."""
 
 _UCX = re.compile(
-    r"^\[(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+)(?::(?P<x>\d+))?\]\s+"
-    r"(?P<src>[\w./-]+\.(?:c|cc|h|cpp|inl):\d+)\s+(?P<msg>.*)$"
+    # "[host:pid:tid:x] file.c:N msg" (fatal errors) or, UCX >= 1.10 logging,
+    # "[epoch] [host:pid:thread] file.c:N UCX  LEVEL msg"; the first "[" is
+    # sometimes lost when the paste starts mid-line.
+    r"^(?:\[\d+\.\d+\]\s+)?\[?(?P<host>[\w.-]+):(?P<pid>\d+)(?::(?P<tid>\d+))?(?::(?P<x>\d+))?\]\s+"
+    r"(?P<src>[\w./-]+\.(?:c|cc|h|cpp|inl):\d+)\s+(?:UCX\s+(?P<level>[A-Z]+)\s+)?(?P<msg>.*)$"
 )
 _UCX_ERROR = re.compile(
     r"^(?P<reason>[A-Za-z][\w \-]*?)(?: error)? on (?P<dev>[\w-]+):(?P<port>\d+)/(?P<ll>\w+)"
     r"(?:\s*\((?:synd 0x(?P<synd>[0-9a-fA-F]+))?(?:\s*vend 0x(?P<vend>[0-9a-fA-F]+))?)?"
 )
 _UCX_QP = re.compile(
-    r"\bQP 0x[0-9a-fA-F]+\b.*?(?:\b[rd]lid (?P<rlid>\d+)|\bdgid (?P<gid>[0-9a-fA-F:.]+))"
+    r"\bQP 0x[0-9a-fA-F]+\b.*?(?:\b[rd]lid[= ](?P<rlid>\d+)|\bdgid[= ](?P<gid>[0-9a-fA-F:.]+))"
 )
 WC_STATUS_TEXT: dict[str, int] = {
     "local length error": 1,
@@ -329,6 +403,7 @@ class CollectiveLogSession:
         self._collectives: dict[tuple[str, str], _Collective] = {}
         self._run = _TestRun()
         self._op = self._op_from_command(ctx.command)
+        self._openib: tuple[Line, str, int] | None = None
 
     @staticmethod
     def _op_from_command(command: str | None) -> str:
@@ -358,6 +433,7 @@ class CollectiveLogSession:
         """Flush held-back events, timed-out collectives and the nccl-tests verdict."""
         out: list[Record] = []
         self._flush_pending(out)
+        self._flush_openib(out, final=True)
         for coll in self._collectives.values():
             out.append(self._collective_event(coll))
         self._collectives.clear()
@@ -373,6 +449,9 @@ class CollectiveLogSession:
             if prefix["iso"]:
                 at = _iso_to_epoch(prefix["iso"])
             body = text[prefix.end() :]
+        if self._openib is not None or _OPENIB_START.search(body):
+            self._openib_line(line, body, out)
+            return
         nccl = _NCCL.match(body)
         if nccl:
             self._nccl_line(line, nccl, at, out)
@@ -390,6 +469,22 @@ class CollectiveLogSession:
             return
         if _RESULT_NAME.search(body) or _COMPLETION.search(body):
             self._summary_line(line, body, self._ctx.node, at, out)
+            return
+        closed = _SOCKET_CLOSED.search(body)
+        if closed:
+            out.append(self._socket_event(self._ctx.node, closed, line, at))
+            return
+        if _NVLS_SUMMARY.search(body) and _NVLS_FAIL.search(body):
+            out.append(self._nvls_event(self._ctx.node, body, line, at, {}))
+            return
+        cuda = _CUDA_FAILURE.search(body)
+        if cuda:
+            self._append(out, self._cuda_event(self._ctx.node, cuda, line, at, {}))
+
+    @staticmethod
+    def _append(out: list[Record], event: Event | None) -> None:
+        if event is not None:
+            out.append(event)
 
     def _malformed(self, line: Line, reason: str) -> None:
         self.issues.append(ParseIssue(file=self._ctx.file, line=line.number, reason=reason))
@@ -429,36 +524,76 @@ class CollectiveLogSession:
             return
         async_event = _ASYNC.search(msg)
         if async_event and level != "INFO":
-            device = f"{async_event['dev']}:{async_event['port']}"
+            device = f"{async_event['dev']}:{async_event['port']}" if async_event["dev"] else ""
             what = async_event["what"].strip().rstrip(".").lower()
             out.append(
                 Event(
                     kind="rdma_async",
                     code=what[:64],
                     node=node,
-                    entity=EntityId(device),
+                    entity=EntityId(device) if device else NODE_ENTITY,
                     observed_at=at,
                     message=msg.strip(),
-                    attrs={"device": device, "pid": m["pid"]},
+                    attrs={"device": device, "pid": m["pid"]} if device else {"pid": m["pid"]},
                     evidence=(_evidence(self._ctx, line),),
                     source=self._source,
                 )
             )
             return
-        if level in {"WARN", "ERROR", "ABORT"} and _NVLS.search(msg) and _NVLS_FAIL.search(msg):
+        src = m["src"] or ""
+        warn = level in {"WARN", "ERROR", "ABORT"}
+        if (
+            warn
+            and (_NVLS.search(msg) or "nvls" in src.lower() or "multicast" in src.lower())
+            and _NVLS_FAIL.search(msg)
+        ):
+            attrs = {"cuda_dev": m["dev"], "pid": m["pid"], "src": src}
+            out.append(self._nvls_event(node, msg, line, at, attrs))
+            return
+        closed = _SOCKET_CLOSED.search(msg)
+        if closed and warn:
+            out.append(self._socket_event(node, closed, line, at))
+            return
+        ofi = _OFI_COMPLETION.search(msg)
+        if ofi and warn:
+            attrs = {"rc": ofi["rc"], "pid": m["pid"], "cuda_dev": m["dev"]}
+            if ofi["what"]:
+                attrs["error"] = ofi["what"].strip()
             out.append(
                 Event(
-                    kind="nvls",
-                    code="setup_failed",
+                    kind="ofi_completion",
+                    code=ofi["rc"],
                     node=node,
                     entity=NODE_ENTITY,
                     observed_at=at,
                     message=msg.strip(),
-                    attrs={"cuda_dev": m["dev"], "pid": m["pid"], "src": m["src"] or ""},
+                    attrs=attrs,
                     evidence=(_evidence(self._ctx, line),),
                     source=self._source,
                 )
             )
+            return
+        verbs = _VERBS_CALL.search(msg)
+        if verbs and warn:
+            call = verbs["call"] or "fi_" + verbs["ofi"].lower().replace(" ", "_")
+            out.append(
+                Event(
+                    kind="rdma_verbs",
+                    code=call,
+                    node=node,
+                    entity=NODE_ENTITY,
+                    observed_at=at,
+                    message=msg.strip(),
+                    attrs={"cuda_dev": m["dev"], "pid": m["pid"], "src": src},
+                    evidence=(_evidence(self._ctx, line),),
+                    source=self._source,
+                )
+            )
+            return
+        cuda = _CUDA_FAILURE.search(msg)
+        if cuda and warn:
+            attrs = {"cuda_dev": m["dev"], "src": src}
+            self._append(out, self._cuda_event(node, cuda, line, at, attrs))
             return
         result = _RESULT_NAME.search(msg)
         if result and level != "INFO":
@@ -509,6 +644,125 @@ class CollectiveLogSession:
             attrs=attrs,
             evidence=(_evidence(self._ctx, line),),
             source=self._source,
+        )
+
+    def _socket_event(
+        self, node: NodeName, closed: re.Match[str], line: Line, at: float | None
+    ) -> Event:
+        attrs = {"peer": _strip_peer(closed["peer"])} if closed["peer"] else {}
+        return Event(
+            kind="nccl_socket",
+            code="closed_by_peer",
+            node=node,
+            entity=NODE_ENTITY,
+            observed_at=at,
+            message=line.text.strip(),
+            attrs=attrs,
+            evidence=(_evidence(self._ctx, line),),
+            source=self._source,
+        )
+
+    def _nvls_event(
+        self, node: NodeName, msg: str, line: Line, at: float | None, attrs: dict[str, str]
+    ) -> Event:
+        return Event(
+            kind="nvls",
+            code="setup_failed",
+            node=node,
+            entity=NODE_ENTITY,
+            observed_at=at,
+            message=msg.strip(),
+            attrs=attrs,
+            evidence=(_evidence(self._ctx, line),),
+            source=self._source,
+        )
+
+    def _cuda_event(
+        self,
+        node: NodeName,
+        cuda: re.Match[str],
+        line: Line,
+        at: float | None,
+        attrs: dict[str, str],
+    ) -> Event | None:
+        """A CUDA failure seen by NCCL or PyTorch (``Cuda failure 'x'``, ``CUDA error: x``).
+
+        Only the errors of :data:`CUDA_GPU_FAULTS` give an event; the collective
+        log only carries them, what they mean for the GPU is judged by the GPU rules.
+        """
+        what = (cuda["what"] or cuda["what2"] or "").strip()
+        code = CUDA_GPU_FAULTS.get(what.lower())
+        if code is None:
+            return None
+        full = dict(attrs, cuda_error_text=what)
+        if cuda["num"]:
+            full["cuda_error"] = cuda["num"]
+        return Event(
+            kind="cuda_error",
+            code=code,
+            node=node,
+            entity=NODE_ENTITY,
+            observed_at=at,
+            message=line.text.strip(),
+            attrs=full,
+            evidence=(_evidence(self._ctx, line),),
+            source=self._source,
+        )
+
+    # --- Open MPI openib -------------------------------------------------------
+
+    def _openib_line(self, line: Line, body: str, out: list[Record]) -> None:
+        """Gather an openib ``handle_wc`` error, possibly wrapped over several lines."""
+        self._flush_pending(out)
+        if self._openib is None:
+            self._openib = (line, body.strip(), 1)
+        else:
+            first, text, n = self._openib
+            self._openib = (first, f"{text} {body.strip()}", n + 1)
+        first, text, n = self._openib
+        m = _OPENIB.search(text)
+        if m and m["num"]:
+            self._openib_event(m, text, first, out)
+        elif n >= MAX_OPENIB_WRAP:
+            self._flush_openib(out, final=True)
+
+    def _flush_openib(self, out: list[Record], *, final: bool) -> None:
+        if self._openib is None:
+            return
+        first, text, _n = self._openib
+        self._openib = None
+        m = _OPENIB.search(text)
+        if m:
+            self._openib_event(m, text, first, out)
+        elif final:
+            self._malformed(first, "Open MPI openib error without a status")
+
+    def _openib_event(self, m: re.Match[str], text: str, first: Line, out: list[Record]) -> None:
+        self._openib = None
+        status = (
+            int(m["num"]) if m["num"] else OPENIB_STATUS_TEXT.get(" ".join(m["name"].split()), -1)
+        )
+        node = NodeName(m["host"]) if m["host"] else self._ctx.node
+        attrs = {"status_name": wc_status_name(status), "openib_status": m["name"]}
+        entity: EntityId = NODE_ENTITY
+        if m["peer"]:
+            attrs["peer"] = m["peer"]
+            entity = link_entity(node, m["peer"])
+        vendor = _OPENIB_VENDOR.search(text)
+        if vendor:
+            attrs["vendor_err"] = vendor["v"]
+        out.append(
+            Event(
+                kind="rdma_transport",
+                code=str(status),
+                node=node,
+                entity=entity,
+                observed_at=None,
+                message=text[:300],
+                attrs=attrs,
+                evidence=(_evidence(self._ctx, first),),
+                source=self._source,
+            )
         )
 
     def _result_event(
@@ -562,7 +816,7 @@ class CollectiveLogSession:
 
     def _ucx_line(self, line: Line, m: re.Match[str], at: float | None, out: list[Record]) -> None:
         msg = m["msg"].strip()
-        thread = f"{m['host']}:{m['pid']}:{m['tid']}"
+        thread = f"{m['host']}:{m['pid']}:{m['tid'] or ''}"
         pending = self._pending
         qp = _UCX_QP.search(msg)
         if qp and pending is not None and pending.thread == thread:
@@ -688,6 +942,11 @@ class CollectiveLogSession:
         work = _WORK.search(body)
         seq = watchdog["seq"] if watchdog else work["seq"] if work else None
         if seq is None:
+            cuda = _CUDA_FAILURE.search(body)
+            if cuda:
+                attrs = {"rank": rank} if rank else {}
+                self._append(out, self._cuda_event(self._ctx.node, cuda, line, at, attrs))
+                return
             if "Watchdog caught" in body:
                 self._malformed(line, "watchdog timeout line without SeqNum/OpType")
             return
@@ -908,6 +1167,8 @@ class NcclLogParser(_CollectiveParser):
                 or "ProcessGroupNCCL" in body
                 or "WorkNCCL(" in body
                 or any(p.match(stripped) for p in _TESTS_STRONG)
+                or _JOB_SUMMARY.search(stripped)
+                or _OPENIB_START.search(body)
             ):
                 hits += 1
                 strong = True

@@ -28,6 +28,7 @@ the GPU is real but unidentified, so no index is guessed.
 
 from __future__ import annotations
 
+import html
 import logging
 import math
 import re
@@ -96,14 +97,17 @@ RECOVERY_ACTIONS: dict[str, int] = {
 ``NVML_GPU_RECOVERY_ACTION_NONE`` 0, ``_GPU_RESET`` 1, ``_NODE_REBOOT`` 2,
 ``_DRAIN_P2P`` 3, ``_DRAIN_AND_RESET`` 4)."""
 
+
 def recovery_code(value: str) -> int | None:
     """Return the NVML recovery-action enum value of an ``nvidia-smi`` text, or ``None``.
 
     Accepts the texts of several driver versions, NVML enum names and the number.
 
     Examples:
-        >>> recovery_code("Node Reboot Required"), recovery_code("NVML_GPU_RECOVERY_ACTION_GPU_RESET")
-        (2, 1)
+        >>> recovery_code("Node Reboot Required")
+        2
+        >>> recovery_code("NVML_GPU_RECOVERY_ACTION_GPU_RESET")
+        1
         >>> recovery_code("Drain and Reset"), recovery_code("0"), recovery_code("banana")
         (4, 0, None)
     """
@@ -338,6 +342,55 @@ def err_event(
     )
 
 
+_NVML_LOST = re.compile(r"^\[?\s*GPU (?:is lost|has fallen off the bus)\s*\]?\.?$", re.I)
+_NVML_RESET = re.compile(r"^\[?\s*GPU (?:requires|needs) (?:a )?reset\s*\]?\.?$", re.I)
+
+
+def nvml_error_event(
+    ctx: ParseContext,
+    entity: EntityId,
+    field_name: str,
+    value: str,
+    lines: Sequence[Line],
+    source: str,
+) -> Event | None:
+    """Return the event for a field that reads an NVML error naming the GPU's state.
+
+    ``nvidia-smi`` prints the NVML error string in place of a value:
+    ``[GPU is lost]`` (``NVML_ERROR_GPU_IS_LOST``: a ``gpu_lost`` event) and
+    ``[GPU requires reset]`` (``NVML_ERROR_RESET_REQUIRED``: a ``reset_required``
+    event). Other errors (``[Unknown Error]``, ``[N/A]``) are not GPU states.
+
+    Examples:
+        >>> ctx = ParseContext(file="f", node=NodeName("n"))
+        >>> line = Line(1, "1, [GPU is lost]")
+        >>> nvml_error_event(ctx, EntityId("gpu:1"), "temp", "[GPU is lost]", [line], "t").kind
+        'gpu_lost'
+        >>> nvml_error_event(ctx, EntityId("gpu:1"), "temp", "[Unknown Error]", [line], "t") is None
+        True
+    """
+    v = value.strip()
+    if _NVML_LOST.match(v):
+        kind, code = "gpu_lost", "nvml_gpu_is_lost"
+        message = f"nvidia-smi reads {field_name} as {v}: NVML_ERROR_GPU_IS_LOST"
+    elif _NVML_RESET.match(v):
+        kind, code = "reset_required", "NV_ERR_RESET_REQUIRED"
+        message = f"nvidia-smi reads {field_name} as {v}: NVML_ERROR_RESET_REQUIRED"
+    else:
+        return None
+    return Event(
+        kind=kind,
+        code=code,
+        node=ctx.node,
+        entity=entity,
+        observed_at=None,
+        message=message,
+        attrs={"field": field_name, "message": message},
+        evidence=tuple(evidence(ctx, line) for line in lines),
+        source=source,
+    )
+
+
 class _BaseSession:
     """Common state of the sessions: issues and the context."""
 
@@ -405,6 +458,7 @@ class _GpuState:
     recovery_explicit: bool = False
     reset_flags: dict[str, Line] = field(default_factory=dict)
     power_seen: bool = False
+    nvml_state: bool = False
 
 
 _SKIP_SECTIONS = {
@@ -477,6 +531,12 @@ class _FieldMapper:
         entity = gpu.entity
         if is_err(value):
             return [err_event(self.ctx, entity, key, [line], self.source)]
+        state_event = nvml_error_event(self.ctx, entity, key, value, [line], self.source)
+        if state_event is not None:
+            if gpu.nvml_state:
+                return []
+            gpu.nvml_state = True
+            return [state_event]
         if path[-2:-1] == ("fabric",) or (len(path) >= 2 and "fabric" in path[:-1]):
             if key in {
                 "state",
@@ -539,6 +599,8 @@ class _FieldMapper:
                 "pending_blacklist",
                 "pending",
                 "pending_retirement",
+                "pending_page_retirement",
+                "pending_page_retirements",
             }:
                 flag = yes_no(value)
                 if flag is not None:
@@ -878,7 +940,7 @@ class _QSession(_BaseSession):
         if not text.strip() or _NVSMI_LOG.match(text.strip()):
             return []
         gpu = _Q_GPU.match(text.strip())
-        if gpu and _indent(text) == 0:
+        if gpu:  # at any indent: pastes quoted or indented as a whole keep their GPUs apart
             self.stack = []
             entity = gpu_entity(bus_id=gpu["bus"]) or UNKNOWN_GPU
             return self.mapper.start_gpu(entity, line)
@@ -904,6 +966,24 @@ class _QSession(_BaseSession):
 # ---------------------------------------------------------------------------- -q -x XML
 
 _XML_DECL = re.compile(r"<\?xml[^>]*\?>|<!DOCTYPE[^>]*>")
+_HTML_ESCAPED = re.compile(r"&(?:gt|lt|nbsp|#160|#xa0);", re.I)
+
+
+def _xml_text(text: str) -> str:
+    """Undo the HTML escaping of XML copied from a web page (``<gpu&gt;``, ``&nbsp;``).
+
+    ``nvidia-smi`` never writes ``&nbsp;`` and does not escape ``>`` in its tags, so
+    a line holding these was escaped on its way to the paste; other lines are kept.
+
+    Examples:
+        >>> _xml_text("&nbsp; &nbsp; <remapped_row_pending&gt;Yes</remapped_row_pending&gt;")
+        '    <remapped_row_pending>Yes</remapped_row_pending>'
+        >>> _xml_text("<pending_blacklist>No</pending_blacklist>")
+        '<pending_blacklist>No</pending_blacklist>'
+    """
+    if "&" not in text or not _HTML_ESCAPED.search(text):
+        return text
+    return html.unescape(text).replace("\xa0", " ")
 
 
 class NvidiaSmiXmlParser:
@@ -921,7 +1001,7 @@ class NvidiaSmiXmlParser:
         """Score XML whose tags are ``nvidia-smi -q -x`` element names."""
         tags = 0
         for line in lines[:100]:
-            text = line.text.strip()
+            text = _xml_text(line.text).strip()
             if text.startswith("<nvidia_smi_log") or "nvsmi_device" in text:
                 return 95
             if re.match(
@@ -957,7 +1037,7 @@ class _XmlSession(_BaseSession):
     def close(self) -> list[Record]:
         if not self.lines:
             return []
-        body = "\n".join(_XML_DECL.sub("", ln.text) for ln in self.lines)
+        body = "\n".join(_XML_DECL.sub("", _xml_text(ln.text)) for ln in self.lines)
         has_root = bool(re.search(r"^\s*<nvidia_smi_log\b", body))
         if has_root:
             records, error = self._parse(body, offset=0)
@@ -1036,12 +1116,12 @@ class _XmlSession(_BaseSession):
 # ------------------------------------------------------------------------------ table
 
 _TABLE_ROW1 = re.compile(
-    r"^\|\s*(?P<index>\d+)\s+(?P<name>.*?)\s+(?P<persist>On|Off|ERR!|N/A)?\s*\|\s*"
+    r"^\s*\|\s*(?P<index>\d+)\s+(?P<name>.*?)\s+(?P<persist>On|Off|ERR!|N/A)?\s*\|\s*"
     r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]|ERR!|\S+)\s*(?P<disp>\S+)?\s*\|"
     r"\s*(?P<ecc>.*?)\s*\|?\s*$"
 )
 _TABLE_ROW2 = re.compile(
-    r"^\|\s*(?P<fan>\S+)\s+(?P<temp>\S+)\s+(?P<perf>\S+)\s+(?P<pwr>\S+)\s*/\s*(?P<cap>\S+)\s*\|"
+    r"^\s*\|\s*(?P<fan>\S+)\s+(?P<temp>\S+)\s+(?P<perf>\S+)\s+(?P<pwr>\S+)\s*/\s*(?P<cap>\S+)\s*\|"
     r"\s*(?P<mem>\S+)\s*/\s*(?P<memtot>\S+)\s*\|\s*(?P<util>\S+)(?:\s+(?P<mode>.*?))?\s*\|?\s*$"
 )
 _TABLE_HINT = re.compile(r"NVIDIA-SMI \d|\|\s*GPU\s+Name\b|Pwr:Usage/Cap|Volatile Uncorr\. ECC")
@@ -1082,9 +1162,12 @@ _TABLE_LINE = re.compile(r"^\s*[|+]")
 
 
 class _TableSession(_BaseSession):
-    """Rows of the table; text of another ``nvidia-smi`` kind pasted right after the
-    table without a prompt or blank line (``-q`` text, CSV...) goes to that kind's
-    parser instead of being dropped."""
+    """Rows of the default table.
+
+    Text of another ``nvidia-smi`` kind pasted right after the table without a
+    prompt or blank line (``-q`` text, CSV...) goes to that kind's parser instead
+    of being dropped.
+    """
 
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
@@ -1266,7 +1349,7 @@ class NvidiaSmiCsvParser:
             command, lines = pasted, lines[1:]
             if not lines:
                 return 0
-        if command and "--query-gpu" in command and "csv" in command:
+        if command and re.search(_QUERY_OPTION, command) and "csv" in command:
             return 95
         first = [_csv_field(f) for f in lines[0].text.split(",")]
         known = sum(1 for f in first if f in _CSV_FIELDS or ("." in f and " " not in f))
@@ -1279,9 +1362,10 @@ class NvidiaSmiCsvParser:
         return _CsvSession(ctx)
 
 
-_COMMENT_COMMAND = re.compile(
-    r"^\s*#\s*(?P<cmd>(?:sudo\s+)?nvidia-smi\s.*--query-gpu.*?)\s*$"
-)
+_QUERY_OPTION = r"--query-(?:gpu|remapped-rows|retired-pages|accounted-apps|compute-apps)"
+"""The ``nvidia-smi`` CSV query options (``--query-gpu``, ``--query-remapped-rows``...)."""
+
+_COMMENT_COMMAND = re.compile(r"^\s*#\s*(?P<cmd>(?:sudo\s+)?nvidia-smi\s.*--query-[\w-]+.*?)\s*$")
 
 
 def _comment_command(text: str) -> str | None:
@@ -1300,7 +1384,7 @@ def _comment_command(text: str) -> str | None:
 def _command_fields(command: str | None) -> list[str] | None:
     if not command:
         return None
-    match = re.search(r"--query-gpu[= ]\s*['\"]?([\w.,]+)", command)
+    match = re.search(_QUERY_OPTION + r"[= ]\s*['\"]?([\w.,]+)", command)
     if match is None:
         return None
     return [f.strip().lower() for f in match[1].split(",") if f.strip()]
@@ -1356,6 +1440,8 @@ class _CsvSession(_BaseSession):
             entity = UNKNOWN_GPU
         out: list[Record] = []
         info: dict[str, str] = {}
+        fabric: dict[str, str] = {}
+        state_seen = False
 
         def add(metric: str, val: float, labels: Mapping[str, str] | None = None) -> None:
             s = make_sample(ctx, metric, val, entity, line, labels)
@@ -1366,6 +1452,15 @@ class _CsvSession(_BaseSession):
             value = raw.strip()
             if is_err(value):
                 out.append(err_event(ctx, entity, name, [line], "nvidia_smi_csv"))
+                continue
+            state_event = nvml_error_event(ctx, entity, name, value, [line], "nvidia_smi_csv")
+            if state_event is not None:
+                if not state_seen:
+                    out.append(state_event)
+                state_seen = True
+                continue
+            if name.startswith("fabric."):
+                fabric[name[len("fabric.") :]] = value
                 continue
             if is_missing(value):
                 continue
@@ -1389,6 +1484,24 @@ class _CsvSession(_BaseSession):
                 self._numeric(name, value, add)
         if info:
             add("gpu_info", 1.0, info)
+        state = fabric.pop("state", None)
+        if state is not None and not is_missing(state):
+            attrs = {
+                ("health_summary" if k == "health.summary" else k): v for k, v in fabric.items()
+            }
+            out.append(
+                Event(
+                    kind="fabric",
+                    code=norm_key(state),
+                    node=ctx.node,
+                    entity=entity,
+                    observed_at=None,
+                    message=f"NVLink fabric state {state}, status {attrs.get('status', 'N/A')}",
+                    attrs=attrs,
+                    evidence=(evidence(ctx, line),),
+                    source="nvidia_smi_csv",
+                )
+            )
         return out
 
     @staticmethod
@@ -1405,6 +1518,13 @@ class _CsvSession(_BaseSession):
             mapped = CLOCK_REASONS.get(reason[1])
             if mapped and flag is not None:
                 add("gpu_clock_event_active", flag, {"reason": mapped})
+            return
+        reset = re.match(
+            r"^(?:gpu_)?reset_status\.(reset_required|drain_and_reset_recommended)$", name
+        )
+        if reset:
+            if flag == 1.0:
+                add("gpu_recovery_action", 1.0 if reset[1] == "reset_required" else 4.0)
             return
         flags = {
             "retired_pages.pending": "gpu_retired_pages_pending",
@@ -1476,6 +1596,8 @@ _NVL_GPU = re.compile(
     r"^GPU\s+(?P<index>\d+):\s*(?P<name>.*?)\s*(?:\(UUID:\s*(?P<uuid>[^)]*)\))?\s*$"
 )
 _NVL_LINK = re.compile(r"^\s*Link\s+(?P<link>\d+):\s*(?P<rest>.*?)\s*$")
+_MIG_LIST = re.compile(r"^\s+MIG\s+\S+\s+Device\s+\d+:\s*\(UUID:")
+"""A MIG device line of ``nvidia-smi -L``."""
 
 
 class NvidiaSmiNvlinkParser:
@@ -1498,6 +1620,13 @@ class NvidiaSmiNvlinkParser:
             or re.search(r"all links are inactive", ln.text, re.I)
         )
         if links == 0:
+            if heads and command and "nvlink" in command and "nvidia-smi" in command:
+                return 90  # GPUs without NVLink: the command prints only their lines
+            listed = [ln for ln in lines[:200] if ln.text.strip()]
+            if heads and all(
+                _NVL_GPU.match(ln.text.strip()) or _MIG_LIST.match(ln.text) for ln in listed
+            ):
+                return 40  # GPU lines only: nvidia-smi -L, or nvlink -s of GPUs without NVLink
             return 0
         score = 50 + min(40, 10 * heads + links)
         if command and "nvlink" in command and "nvidia-smi" in command:
@@ -1534,8 +1663,8 @@ class _NvlinkSession(_BaseSession):
                 if s is not None:
                     out.append(s)
                 continue
-            if re.match(r"^\s*Link\s+\d+\s*,", line.text):
-                continue  # nvlink -c capabilities ("Link 0, P2P is supported: true")
+            if re.match(r"^\s*Link\s+\d+\s*,", line.text) or _MIG_LIST.match(line.text):
+                continue  # nvlink -c capabilities ("Link 0, P2P is supported: true"), -L MIG
             link = _NVL_LINK.match(line.text)
             if link is None:
                 if line.text.strip():

@@ -52,9 +52,17 @@ _ERR_NOT_SUPPORTED = 3
 _ERR_FUNCTION_NOT_FOUND = 13
 _ERR_GPU_IS_LOST = 15
 _REASONS = {
-    3: "not_supported", 4: "no_permission", 13: "function_not_found", 15: "gpu_is_lost",
-    16: "reset_required", 14: "corrupted_inforom", 2: "invalid_argument", 10: "timeout",
-    21: "no_data", 27: "not_ready", 999: "unknown",
+    3: "not_supported",
+    4: "no_permission",
+    13: "function_not_found",
+    15: "gpu_is_lost",
+    16: "reset_required",
+    14: "corrupted_inforom",
+    2: "invalid_argument",
+    10: "timeout",
+    21: "no_data",
+    27: "not_ready",
+    999: "unknown",
 }
 
 _HINTS = {
@@ -131,8 +139,7 @@ class NvmlCollector:
         try:
             import pynvml
         except ImportError as exc:
-            raise CollectorUnavailable(
-                "NVML unavailable: nvidia-ml-py is not installed") from exc
+            raise CollectorUnavailable("NVML unavailable: nvidia-ml-py is not installed") from exc
         return pynvml
 
     def _start(self) -> Any:
@@ -153,8 +160,7 @@ class NvmlCollector:
             gpus = [self._discover(lib, i) for i in range(count)]
         except lib.NVMLError as exc:
             self._shutdown(lib)
-            raise CollectorUnavailable(
-                f"NVML unavailable: {self._describe(lib, exc)}") from exc
+            raise CollectorUnavailable(f"NVML unavailable: {self._describe(lib, exc)}") from exc
         self._lib, self._gpus, self._slow_at = lib, gpus, None
         logger.info("NVML started: %d GPU(s), driver %s", count, self._driver_version)
         return lib
@@ -238,16 +244,28 @@ class NvmlCollector:
             if code == getattr(lib, "NVML_ERROR_GPU_IS_LOST", _ERR_GPU_IS_LOST):
                 raise _Lost(what) from exc
             reason = self._reason(lib, exc)
-            if code in (getattr(lib, "NVML_ERROR_NOT_SUPPORTED", _ERR_NOT_SUPPORTED),
-                        getattr(lib, "NVML_ERROR_FUNCTION_NOT_FOUND", _ERR_FUNCTION_NOT_FOUND)):
+            if code in (
+                getattr(lib, "NVML_ERROR_NOT_SUPPORTED", _ERR_NOT_SUPPORTED),
+                getattr(lib, "NVML_ERROR_FUNCTION_NOT_FOUND", _ERR_FUNCTION_NOT_FOUND),
+            ):
                 gpu.unsupported.add(what)
                 self.errors_total[reason] += 1
-                self._log_once((str(gpu.entity), what, reason), "GPU %s: %s %s; omitted",
-                               gpu.entity, what, reason.replace("_", " "))
+                self._log_once(
+                    (str(gpu.entity), what, reason),
+                    "GPU %s: %s %s; omitted",
+                    gpu.entity,
+                    what,
+                    reason.replace("_", " "),
+                )
             else:
                 self.errors_total[reason] += 1
-                self._log_once((str(gpu.entity), what, reason), "GPU %s: reading %s failed: %s",
-                               gpu.entity, what, self._describe(lib, exc))
+                self._log_once(
+                    (str(gpu.entity), what, reason),
+                    "GPU %s: reading %s failed: %s",
+                    gpu.entity,
+                    what,
+                    self._describe(lib, exc),
+                )
             raise _Skip(what) from exc
 
     def _field(self, gpu: _Gpu, what: str, field_id: int) -> float:
@@ -267,13 +285,25 @@ class NvmlCollector:
             if ret in (_ERR_NOT_SUPPORTED, _ERR_FUNCTION_NOT_FOUND):
                 gpu.unsupported.add(what)
             self.errors_total[reason] += 1
-            self._log_once((str(gpu.entity), what, reason), "GPU %s: %s %s; omitted",
-                           gpu.entity, what, reason.replace("_", " "))
+            self._log_once(
+                (str(gpu.entity), what, reason),
+                "GPU %s: %s %s; omitted",
+                gpu.entity,
+                what,
+                reason.replace("_", " "),
+            )
             raise _Skip(what)
         union = value.value
         kind = int(getattr(value, "valueType", 1))
-        member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
-                  6: "usVal"}.get(kind, "uiVal")
+        member = {
+            0: "dVal",
+            1: "uiVal",
+            2: "ulVal",
+            3: "ullVal",
+            4: "sllVal",
+            5: "siVal",
+            6: "usVal",
+        }.get(kind, "uiVal")
         return float(getattr(union, member))
 
     # --- collection ------------------------------------------------------------------
@@ -307,8 +337,11 @@ class NvmlCollector:
                 if not gpu.lost:
                     gpu.lost = True
                     self.errors_total["gpu_is_lost"] += 1
-                    logger.warning("GPU %s (index %d) is lost: NVML answered GPU_IS_LOST",
-                                   gpu.entity, gpu.index)
+                    logger.warning(
+                        "GPU %s (index %d) is lost: NVML answered GPU_IS_LOST",
+                        gpu.entity,
+                        gpu.index,
+                    )
                     out.append(self._lost_event(gpu, now, str(lost)))
                 continue
             except _Skip:
@@ -338,18 +371,42 @@ class NvmlCollector:
         attrs = {"index": str(gpu.index)}
         if gpu.pci_bus_id:
             attrs["pci_bus_id"] = gpu.pci_bus_id
-        return Event(kind="gpu_lost", code="nvml_gpu_is_lost", node=NodeName(self.node),
-                     entity=gpu.entity, observed_at=now, message=text, attrs=attrs,
-                     evidence=(Evidence(file="nvml", line=None, text=text),), source="nvml")
+        return Event(
+            kind="gpu_lost",
+            code="nvml_gpu_is_lost",
+            node=NodeName(self.node),
+            entity=gpu.entity,
+            observed_at=now,
+            message=text,
+            attrs=attrs,
+            evidence=(Evidence(file="nvml", line=None, text=text),),
+            source="nvml",
+        )
 
-    def _sample(self, gpu: _Gpu, metric: str, value: float, now: float,
-                labels: dict[str, str] | None = None) -> Sample:
-        return Sample(metric=metric, value=float(value), observed_at=now,
-                      node=NodeName(self.node), entity=gpu.entity, labels=labels or {})
+    def _sample(
+        self, gpu: _Gpu, metric: str, value: float, now: float, labels: dict[str, str] | None = None
+    ) -> Sample:
+        return Sample(
+            metric=metric,
+            value=float(value),
+            observed_at=now,
+            node=NodeName(self.node),
+            entity=gpu.entity,
+            labels=labels or {},
+        )
 
-    def _try(self, out: list[Sample | Event], gpu: _Gpu, now: float, metric: str,
-             read: Callable[[], Any], labels: dict[str, str] | None = None, *,
-             scale: float = 1.0, count: bool = False) -> None:
+    def _try(
+        self,
+        out: list[Sample | Event],
+        gpu: _Gpu,
+        now: float,
+        metric: str,
+        read: Callable[[], Any],
+        labels: dict[str, str] | None = None,
+        *,
+        scale: float = 1.0,
+        count: bool = False,
+    ) -> None:
         try:
             raw = read()
         except _Skip:
@@ -372,12 +429,27 @@ class NvmlCollector:
         lib = self._lib
         r = self._read
         self._try(out, gpu, now, "gpu_temperature_celsius", lambda: self._temperature(gpu))
-        self._try(out, gpu, now, "gpu_memory_temperature_celsius",
-                  lambda: self._field(gpu, "memory_temperature", _FIELD_MEMORY_TEMP))
-        self._try(out, gpu, now, "gpu_power_watts",
-                  lambda: r(gpu, "power", lib.nvmlDeviceGetPowerUsage) / 1000.0)
-        self._try(out, gpu, now, "gpu_energy_joules_total",
-                  lambda: r(gpu, "energy", lib.nvmlDeviceGetTotalEnergyConsumption) / 1000.0)
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_memory_temperature_celsius",
+            lambda: self._field(gpu, "memory_temperature", _FIELD_MEMORY_TEMP),
+        )
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_power_watts",
+            lambda: r(gpu, "power", lib.nvmlDeviceGetPowerUsage) / 1000.0,
+        )
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_energy_joules_total",
+            lambda: r(gpu, "energy", lib.nvmlDeviceGetTotalEnergyConsumption) / 1000.0,
+        )
         try:
             util = r(gpu, "utilization", lib.nvmlDeviceGetUtilizationRates)
         except _Skip:
@@ -392,8 +464,10 @@ class NvmlCollector:
         else:
             out.append(self._sample(gpu, "gpu_memory_used_bytes", mem.used, now))
             out.append(self._sample(gpu, "gpu_memory_total_bytes", mem.total, now))
-        for metric, clock_name in (("gpu_sm_clock_hertz", "NVML_CLOCK_SM"),
-                                   ("gpu_memory_clock_hertz", "NVML_CLOCK_MEM")):
+        for metric, clock_name in (
+            ("gpu_sm_clock_hertz", "NVML_CLOCK_SM"),
+            ("gpu_memory_clock_hertz", "NVML_CLOCK_MEM"),
+        ):
             clock_type = getattr(lib, clock_name, 1 if clock_name == "NVML_CLOCK_SM" else 2)
             read = functools.partial(r, gpu, metric, lib.nvmlDeviceGetClockInfo, clock_type)
             self._try(out, gpu, now, metric, read, scale=_MHZ)
@@ -401,41 +475,67 @@ class NvmlCollector:
 
     def _clock_events(self, gpu: _Gpu, now: float, out: list[Sample | Event]) -> None:
         lib = self._lib
-        current = (getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                   or getattr(lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        current = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            lib, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
         if current is None:
             return
         try:
             mask = int(self._read(gpu, "clock_event_reasons", current))
         except _Skip:
             return
-        supported_fn = (getattr(lib, "nvmlDeviceGetSupportedClocksEventReasons", None)
-                        or getattr(lib, "nvmlDeviceGetSupportedClocksThrottleReasons", None))
+        supported_fn = getattr(lib, "nvmlDeviceGetSupportedClocksEventReasons", None) or getattr(
+            lib, "nvmlDeviceGetSupportedClocksThrottleReasons", None
+        )
         supported = 0xFFFFFFFFFFFFFFFF
         if supported_fn is not None:
             with contextlib.suppress(_Skip):
                 supported = int(self._read(gpu, "supported_clock_event_reasons", supported_fn))
         for bit, reason in CLOCK_EVENT_REASONS:
             if supported & bit:
-                out.append(self._sample(gpu, "gpu_clock_event_active", 1.0 if mask & bit else 0.0,
-                                        now, {"reason": reason}))
+                out.append(
+                    self._sample(
+                        gpu,
+                        "gpu_clock_event_active",
+                        1.0 if mask & bit else 0.0,
+                        now,
+                        {"reason": reason},
+                    )
+                )
 
     def _slow(self, gpu: _Gpu, now: float, out: list[Sample | Event]) -> None:
         lib = self._lib
         r = self._read
         self._info(gpu, now, out)
-        self._try(out, gpu, now, "gpu_power_limit_watts",
-                  lambda: r(gpu, "power_limit", lib.nvmlDeviceGetEnforcedPowerLimit) / 1000.0)
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_power_limit_watts",
+            lambda: r(gpu, "power_limit", lib.nvmlDeviceGetEnforcedPowerLimit) / 1000.0,
+        )
         corrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
         uncorrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
         volatile = getattr(lib, "NVML_VOLATILE_ECC", 0)
         aggregate = getattr(lib, "NVML_AGGREGATE_ECC", 1)
         for type_name, err_type in (("corrected", corrected), ("uncorrected", uncorrected)):
             for scope, counter in (("volatile", volatile), ("aggregate", aggregate)):
-                read = functools.partial(r, gpu, f"ecc_{type_name}_{scope}",
-                                         lib.nvmlDeviceGetTotalEccErrors, err_type, counter)
-                self._try(out, gpu, now, "gpu_ecc_errors_total", read,
-                          {"type": type_name, "scope": scope, "location": "all"})
+                read = functools.partial(
+                    r,
+                    gpu,
+                    f"ecc_{type_name}_{scope}",
+                    lib.nvmlDeviceGetTotalEccErrors,
+                    err_type,
+                    counter,
+                )
+                self._try(
+                    out,
+                    gpu,
+                    now,
+                    "gpu_ecc_errors_total",
+                    read,
+                    {"type": type_name, "scope": scope, "location": "all"},
+                )
         try:
             corr, unc, pending, failure = r(gpu, "remapped_rows", lib.nvmlDeviceGetRemappedRows)
         except _Skip:
@@ -445,17 +545,36 @@ class NvmlCollector:
             out.append(self._sample(gpu, "gpu_remapped_rows", unc, now, {"type": "uncorrectable"}))
             out.append(self._sample(gpu, "gpu_row_remap_pending", 1.0 if pending else 0.0, now))
             out.append(self._sample(gpu, "gpu_row_remap_failure", 1.0 if failure else 0.0, now))
-        self._try(out, gpu, now, "gpu_retired_pages_pending",
-                  lambda: 1.0 if r(gpu, "retired_pages_pending",
-                                   lib.nvmlDeviceGetRetiredPagesPendingStatus) else 0.0)
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_retired_pages_pending",
+            lambda: (
+                1.0
+                if r(gpu, "retired_pages_pending", lib.nvmlDeviceGetRetiredPagesPendingStatus)
+                else 0.0
+            ),
+        )
         for cause, cause_id in (("multiple_single_bit_ecc", 0), ("double_bit_ecc", 1)):
-            pages = functools.partial(r, gpu, f"retired_pages_{cause}",
-                                      lib.nvmlDeviceGetRetiredPages, cause_id)
+            pages = functools.partial(
+                r, gpu, f"retired_pages_{cause}", lib.nvmlDeviceGetRetiredPages, cause_id
+            )
             self._try(out, gpu, now, "gpu_retired_pages", pages, {"cause": cause}, count=True)
-        self._try(out, gpu, now, "gpu_pcie_replays_total",
-                  lambda: r(gpu, "pcie_replays", lib.nvmlDeviceGetPcieReplayCounter))
-        self._try(out, gpu, now, "gpu_recovery_action",
-                  lambda: self._field(gpu, "recovery_action", _FIELD_RECOVERY_ACTION))
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_pcie_replays_total",
+            lambda: r(gpu, "pcie_replays", lib.nvmlDeviceGetPcieReplayCounter),
+        )
+        self._try(
+            out,
+            gpu,
+            now,
+            "gpu_recovery_action",
+            lambda: self._field(gpu, "recovery_action", _FIELD_RECOVERY_ACTION),
+        )
 
     def _info(self, gpu: _Gpu, now: float, out: list[Sample | Event]) -> None:
         lib = self._lib
@@ -477,6 +596,8 @@ class NvmlCollector:
         out.append(self._sample(gpu, "gpu_info", 1.0, now, labels))
 
     def __repr__(self) -> str:
-        return (f"NvmlCollector(node={self.node!r}, fast_interval_seconds="
-                f"{self.fast_interval_seconds!r}, slow_interval_seconds="
-                f"{self.slow_interval_seconds!r})")
+        return (
+            f"NvmlCollector(node={self.node!r}, fast_interval_seconds="
+            f"{self.fast_interval_seconds!r}, slow_interval_seconds="
+            f"{self.slow_interval_seconds!r})"
+        )

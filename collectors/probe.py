@@ -118,8 +118,11 @@ class ProbeCollector:
             return self.method
         if self._resolved is None:
             self._resolved = "icmp" if icmp_allowed() else "tcp"
-            logger.info("probe method: %s (net.ipv4.ping_group_range %s this group)",
-                        self._resolved, "includes" if self._resolved == "icmp" else "excludes")
+            logger.info(
+                "probe method: %s (net.ipv4.ping_group_range %s this group)",
+                self._resolved,
+                "includes" if self._resolved == "icmp" else "excludes",
+            )
         return self._resolved
 
     def collect(self) -> Iterable[Sample | Event]:
@@ -143,12 +146,26 @@ class ProbeCollector:
             now = self.clock()
             labels = {"peer": peer, "method": method}
             if rtts:
-                out.append(Sample(metric="probe_rtt_seconds", value=sum(rtts) / len(rtts),
-                                  observed_at=now, node=NodeName(self.node), entity=NODE_ENTITY,
-                                  labels=labels))
-            out.append(Sample(metric="probe_loss_ratio", value=1.0 - len(rtts) / self.count,
-                              observed_at=now, node=NodeName(self.node), entity=NODE_ENTITY,
-                              labels=labels))
+                out.append(
+                    Sample(
+                        metric="probe_rtt_seconds",
+                        value=sum(rtts) / len(rtts),
+                        observed_at=now,
+                        node=NodeName(self.node),
+                        entity=NODE_ENTITY,
+                        labels=labels,
+                    )
+                )
+            out.append(
+                Sample(
+                    metric="probe_loss_ratio",
+                    value=1.0 - len(rtts) / self.count,
+                    observed_at=now,
+                    node=NodeName(self.node),
+                    entity=NODE_ENTITY,
+                    labels=labels,
+                )
+            )
         return out
 
     def _tcp(self, peer: str) -> float | None:
@@ -193,7 +210,8 @@ class ProbeCollector:
             self.errors_total["icmp_socket"] += 1
             raise CollectorUnavailable(
                 f"ICMP probes not permitted ({exc.strerror}): net.ipv4.ping_group_range must "
-                "include this process's group, or use method = \"tcp\"") from exc
+                'include this process\'s group, or use method = "tcp"'
+            ) from exc
         with sock:
             deadline = time.perf_counter() + self.timeout_seconds
             start = time.perf_counter()
@@ -202,8 +220,11 @@ class ProbeCollector:
                 while (left := deadline - time.perf_counter()) > 0:
                     sock.settimeout(left)
                     reply, _ = sock.recvfrom(2048)
-                    if len(reply) >= 8 and reply[0] == 0 and struct.unpack(
-                            "!H", reply[6:8])[0] == self._seq:
+                    if (
+                        len(reply) >= 8
+                        and reply[0] == 0
+                        and struct.unpack("!H", reply[6:8])[0] == self._seq
+                    ):
                         return time.perf_counter() - start
             except TimeoutError:
                 pass
@@ -214,6 +235,8 @@ class ProbeCollector:
         return None
 
     def __repr__(self) -> str:
-        return (f"ProbeCollector(node={self.node!r}, peers={self.peers!r}, "
-                f"method={self.method!r}, timeout_seconds={self.timeout_seconds!r}, "
-                f"count={self.count!r})")
+        return (
+            f"ProbeCollector(node={self.node!r}, peers={self.peers!r}, "
+            f"method={self.method!r}, timeout_seconds={self.timeout_seconds!r}, "
+            f"count={self.count!r})"
+        )

@@ -171,6 +171,28 @@ CATALOG: tuple[MetricSpec, ...] = (
         dcgm="DCGM_FI_DEV_FAN_SPEED",
         dcgm_scale=0.01,
     ),
+    MetricSpec(
+        name="gpu_mig_mode",
+        type=G,
+        unit="1",
+        help="1 when MIG mode is enabled on the GPU (current mode), else 0",
+        nvml="nvmlDeviceGetMigMode()[0]",
+    ),
+    MetricSpec(
+        name="gpu_mig_instances",
+        type=G,
+        unit="1",
+        help="MIG devices configured on the GPU",
+        nvml="nvmlDeviceGetMaxMigDeviceCount / nvmlDeviceGetMigDeviceHandleByIndex",
+    ),
+    MetricSpec(
+        name="gpu_mig_memory_used_bytes",
+        type=G,
+        unit="bytes",
+        help="Framebuffer memory used by one MIG GPU instance (dcgm-exporter: FB_USED by GPU_I_ID)",
+        labels=("gpu_instance",),
+        nvml="nvmlDeviceGetMemoryInfo(MIG device handle).used",
+    ),
     # --- memory errors (NVIDIA memory error management, dynamic page retirement) ---
     MetricSpec(
         name="gpu_ecc_errors_total",

@@ -1,30 +1,46 @@
 """The analyse → alert → remediate wiring shared by ``gpuhealth run`` and ``gpuhealth replay``.
 
 A :class:`Pipeline` takes records (samples and events) with :meth:`Pipeline.observe`
-and, at each :meth:`Pipeline.evaluate`, runs the fault model over everything seen,
-updates the alert lifecycle, sends the alerts that changed to every notifier,
-decides remediation steps for new alerts (and frees budget for resolved ones),
-records dry-run requests with the scheduler adapter and appends every decision
-to the audit log.
+and, at each :meth:`Pipeline.evaluate`, runs the fault model over everything seen
+(per node, with that node's facts), updates the alert lifecycle (pending, firing,
+resolved; :class:`~alerting.alerts.AlertTracker`), decides remediation steps for new
+alerts (and frees budget for resolved ones), records dry-run requests with the
+scheduler adapter, appends every decision to the audit log, and delivers:
 
-Notifiers are independent: each gets its own task, its own timeout and its own
-backlog. A notifier that fails temporarily keeps its undelivered alerts and tries
-them again at the next evaluation (bounded by :data:`MAX_BACKLOG`); one that fails
-permanently drops that alert. Failures are logged and counted, never raised, and
-never delay or lose the other notifiers' alerts.
+- to ``notifiers`` every alert that changed, unless a silence or an inhibition
+  rule mutes it (:mod:`alerting.silences`, :mod:`alerting.router`); an alert muted
+  while firing is not resolved, and one unmuted later is sent then; notifiers
+  with a ``resend_interval_seconds`` (Alertmanager) get every firing alert again
+  at that interval;
+- to ``page_notifiers`` (PagerDuty) the pages: one per node group for the firing,
+  unmuted alerts of severity ``major`` or worse (:class:`~alerting.router.PageGrouper`).
+
+Everything goes through a durable, bounded :class:`~alerting.outbox.Outbox`: each
+notifier has its own queue, its own backoff and its own timeout, so one that is
+down for an hour loses nothing and delays no other. Failures are logged and
+counted, never raised.
+
+A *snapshot* (:meth:`Pipeline.observe_snapshot`: one file of a replay, one ingested
+document) that on its own shows a node healthy, with at least one record and no
+finding that alerts, replaces what was known about that node: its earlier findings
+clear and their alerts resolve (a healthy ``nvidia-smi -q`` after a fault).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from alerting.alerts import AlertTracker
-from analytics.fault_model import Context, Observations, Rule, evaluate
+from alerting.alerts import AlertPolicy, AlertTracker
+from alerting.outbox import Outbox, notifier_name
+from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule, PageGrouper, inhibited
+from alerting.silences import SilenceStore
+from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
 from core.clock import Clock, system_clock
-from core.errors import GpuHealthError, PermanentError
+from core.errors import GpuHealthError
 from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionRequest,
@@ -41,8 +57,8 @@ from remediation.policy import PolicyResult, RemediationPolicy
 
 logger = logging.getLogger(__name__)
 
-MAX_BACKLOG = 1000
-"""Undelivered alerts kept per notifier; beyond it the oldest are dropped (and counted)."""
+MAX_BACKLOG = 10_000
+"""Undelivered notifications kept per notifier; beyond it the oldest are dropped (and counted)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,6 +71,11 @@ class PipelineOutput:
         actions: Action requests decided in this evaluation, in order.
         audit: Audit records written in this evaluation (taken and held-back decisions).
         notify_failures: Failed deliveries in this evaluation, all notifiers together.
+        notified: Alerts queued for ``notifiers`` in this evaluation (after silences
+            and inhibition).
+        pages: Pages (node-group notifications) queued for ``page_notifiers``.
+        muted: Fingerprints of firing alerts muted now, with why
+            (``silenced:<id>`` or ``inhibited:<fingerprint>``).
     """
 
     findings: list[Finding] = field(default_factory=list)
@@ -62,6 +83,9 @@ class PipelineOutput:
     actions: list[ActionRequest] = field(default_factory=list)
     audit: list[AuditRecord] = field(default_factory=list)
     notify_failures: int = 0
+    notified: list[Alert] = field(default_factory=list)
+    pages: list[Alert] = field(default_factory=list)
+    muted: dict[str, str] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -69,7 +93,7 @@ class Pipeline:
 
     Args:
         facts: Machine facts for the fault model (``nvlink=absent``, ``node=...``).
-        notifiers: Where alerts go; each is sent every alert that changed.
+        notifiers: Where alerts go; each is sent every alert that changed and is not muted.
         audit_log_path: JSONL audit log to append to (and to restore idempotency
             from at start), or ``None`` to keep records only in the outputs.
         dry_run: Record actions only. Live remediation needs the step executor
@@ -86,6 +110,17 @@ class Pipeline:
         notify_timeout_seconds: Longest wait for one notifier's ``send``, seconds.
         scheduler: Adapter given the requests; a :class:`DryRunScheduler` by default.
         rules: Fault-model rules; all registered rules by default.
+        page_notifiers: Where pages go (one per node group, ``major`` and worse).
+        node_facts: Facts per node, over ``facts`` (``{"node-a": {"nvlink": "absent"}}``).
+        silences: Silence store consulted at each evaluation; none by default.
+        inhibit_rules: Inhibition rules; :data:`~alerting.router.DEFAULT_INHIBIT_RULES`
+            by default.
+        alert_policies: Alert policy per fault class (``kind:code``, ``kind``, ``*``).
+        extra_labels: Labels on every alert (``cluster``).
+        group_by: Labels that group alerts into pages.
+        page_severity: Lowest severity that pages.
+        outbox_path: SQLite file of the durable outbox, or ``None`` for memory.
+        max_outbox: Notifications kept per notifier while it is down.
 
     Raises:
         ValueError: ``dry_run`` is false, or a guard parameter is out of range.
@@ -108,6 +143,16 @@ class Pipeline:
         notify_timeout_seconds: float = 30.0,
         scheduler: SchedulerAdapter | None = None,
         rules: Sequence[Rule] | None = None,
+        page_notifiers: Sequence[Notifier] = (),
+        node_facts: Mapping[str, Mapping[str, str]] | None = None,
+        silences: SilenceStore | None = None,
+        inhibit_rules: Sequence[InhibitRule] = DEFAULT_INHIBIT_RULES,
+        alert_policies: Mapping[str, AlertPolicy] | None = None,
+        extra_labels: Mapping[str, str] | None = None,
+        group_by: Sequence[str] = ("cluster", "node"),
+        page_severity: Severity = Severity.MAJOR,
+        outbox_path: str | None = None,
+        max_outbox: int = MAX_BACKLOG,
     ) -> None:
         if not dry_run:
             raise ValueError(
@@ -129,17 +174,38 @@ class Pipeline:
         self.notify_timeout_seconds = notify_timeout_seconds
         self.scheduler = scheduler
         self.rules = rules
+        self.page_notifiers = page_notifiers
+        self.node_facts = node_facts
+        self.silences = silences
+        self.inhibit_rules = inhibit_rules
+        self.alert_policies = alert_policies
+        self.extra_labels = extra_labels
+        self.group_by = group_by
+        self.page_severity = page_severity
+        self.outbox_path = outbox_path
+        self.max_outbox = max_outbox
         self.notify_failures: dict[str, int] = {}
         """Failed deliveries per notifier name since start."""
         self._scheduler: SchedulerAdapter = (
             scheduler if scheduler is not None else DryRunScheduler()
         )
-        self._observations = Observations()
+        self._nodes: dict[str, Observations] = {}
+        self._node_facts = {str(k): dict(v) for k, v in (node_facts or {}).items()}
         self._tracker = AlertTracker(
             min_severity=min_alert_severity,
             resend_interval_seconds=resend_interval_seconds,
             clock=clock,
+            policies=alert_policies,
+            extra_labels=extra_labels,
         )
+        self._grouper = PageGrouper(group_by=group_by, page_severity=page_severity, clock=clock)
+        self._outbox = Outbox(path=outbox_path, clock=clock, max_per_notifier=max_outbox)
+        self._alert_targets = _named(notifiers, "")
+        self._page_targets = _named(page_notifiers, "page:")
+        self._notified: set[str] = set()
+        self._last_resend: dict[str, float] = {}
+        self._muted: dict[str, str] = {}
+        self._lock = threading.RLock()
         self._policy = RemediationPolicy(
             dry_run=dry_run,
             max_disrupted_fraction=max_disrupted_fraction,
@@ -152,16 +218,97 @@ class Pipeline:
         if audit_log_path:
             # Incidents still open in the log keep their budget slot until they resolve here.
             self._policy.restore(read_audit_log(audit_log_path))
-        self._backlogs: list[list[Alert]] = [[] for _ in notifiers]
 
     @property
     def policy(self) -> RemediationPolicy:
         """The remediation policy (its budget and held-back state)."""
         return self._policy
 
+    @property
+    def outbox(self) -> Outbox:
+        """The durable outbox (its depth per notifier is a metric)."""
+        return self._outbox
+
+    def outbox_depths(self) -> dict[str, int]:
+        """Return the undelivered notifications per notifier name (pagers prefixed ``page:``)."""
+        return self._outbox.depths()
+
+    def active_alerts(self) -> list[Alert]:
+        """Return the alerts firing now (muted ones included)."""
+        with self._lock:
+            return self._tracker.active()
+
+    def pending_alerts(self) -> list[Alert]:
+        """Return the alerts pending now (waiting for their debounce or for-duration)."""
+        with self._lock:
+            return self._tracker.pending()
+
+    def open_pages(self) -> list[Alert]:
+        """Return the pages firing now."""
+        with self._lock:
+            return self._grouper.open_pages()
+
+    def muted(self) -> dict[str, str]:
+        """Return the fingerprints of muted firing alerts and why, as of the last evaluation."""
+        with self._lock:
+            return dict(self._muted)
+
+    def set_node_facts(self, node: str, facts: Mapping[str, str]) -> None:
+        """Set the facts of one node (``nvlink=expected``), over the global ones."""
+        with self._lock:
+            self._node_facts[node] = {**self._node_facts.get(node, {}), **facts}
+
+    def _context(self, node: str, now: float) -> Context:
+        extra = self._node_facts.get(node)
+        return Context(facts={**self.facts, **extra} if extra else self.facts, now=now)
+
     def observe(self, records: Iterable[Record]) -> None:
         """Account for samples and events; they are judged at the next :meth:`evaluate`."""
-        self._observations.extend(records)
+        with self._lock:
+            nodes = self._nodes
+            for record in records:
+                obs = nodes.get(record.node)
+                if obs is None:
+                    obs = nodes[record.node] = Observations()
+                obs.add(record)
+
+    def observe_snapshot(self, node: str, records: Iterable[Record]) -> bool:
+        """Account for one complete observation of ``node`` (a file, an ingested document).
+
+        When the snapshot on its own has at least one record and no finding at or
+        above the alert threshold, it replaces what was known about the node: the
+        node's earlier findings clear at the next evaluation and their alerts
+        resolve. Otherwise its records are added as by :meth:`observe`.
+
+        Args:
+            node: The node the snapshot is about; every record is put on it.
+            records: The snapshot's samples and events.
+
+        Returns:
+            Whether the snapshot replaced the node's state (it showed it healthy).
+        """
+        fresh = Observations()
+        kept: list[Record] = []
+        for record in records:
+            kept.append(record)
+            fresh.add(record)
+        threshold = max(self.min_alert_severity.rank, Severity.WARNING.rank)
+        with self._lock:
+            healthy = bool(kept) and not any(
+                f.severity.rank >= threshold
+                for f in evaluate(fresh, self._context(node, self.clock()), self.rules)
+            )
+            if healthy:
+                by_node: dict[str, Observations] = {}
+                for record in kept:
+                    by_node.setdefault(record.node, Observations()).add(record)
+                self._nodes[node] = by_node.pop(node, Observations())
+                for other, obs in by_node.items():
+                    self._nodes[other] = obs
+                logger.info("node %s observed healthy: earlier findings cleared", node)
+                return True
+        self.observe(kept)
+        return False
 
     def evaluate(self) -> PipelineOutput:
         """Run one evaluation (see :meth:`aevaluate`) from synchronous code.
@@ -170,6 +317,12 @@ class Pipeline:
             RuntimeError: Called from inside a running event loop; use :meth:`aevaluate`.
         """
         return asyncio.run(self.aevaluate())
+
+    def _judge(self, now: float) -> list[Finding]:
+        found: list[Finding] = []
+        for node, obs in self._nodes.items():
+            found.extend(evaluate(obs, self._context(node, now), self.rules))
+        return merge_findings(found) if len(self._nodes) > 1 else found
 
     async def aevaluate(self) -> PipelineOutput:
         """Judge everything observed so far; alert, notify and decide remediation.
@@ -181,37 +334,122 @@ class Pipeline:
             OSError: The audit log cannot be written; nothing is submitted then,
                 but the alerts are still sent.
         """
-        now = self.clock()
-        findings = evaluate(self._observations, Context(facts=self.facts, now=now), self.rules)
-        before = {a.fingerprint for a in self._tracker.active()}
-        changed = self._tracker.update(findings)
-        decided = PolicyResult()
-        fresh: list[tuple[Finding, str]] = []
-        for alert in changed:
-            if alert.state == AlertState.RESOLVED:
-                decided.extend(
-                    self._policy.resolve(fingerprint=alert.fingerprint, node=alert.labels["node"])
-                )
-            elif alert.fingerprint not in before:
-                finding = self._tracker.finding_of(alert.fingerprint)
-                if finding is not None:
-                    fresh.append((finding, alert.fingerprint))
-        decided.extend(self._policy.retry_held())
-        for finding, fp in fresh:
-            decided.extend(self._policy.decide(finding, fingerprint=fp))
+        with self._lock:
+            now = self.clock()
+            findings = self._judge(now)
+            before = {a.fingerprint for a in self._tracker.active()}
+            changed = self._tracker.update(findings)
+            decided = PolicyResult()
+            fresh: list[tuple[Finding, str]] = []
+            for alert in changed:
+                if alert.state == AlertState.RESOLVED:
+                    decided.extend(
+                        self._policy.resolve(
+                            fingerprint=alert.fingerprint, node=alert.labels["node"]
+                        )
+                    )
+                elif alert.fingerprint not in before:
+                    finding = self._tracker.finding_of(alert.fingerprint)
+                    if finding is not None:
+                        fresh.append((finding, alert.fingerprint))
+            decided.extend(self._policy.retry_held())
+            for finding, fp in fresh:
+                decided.extend(self._policy.decide(finding, fingerprint=fp))
+            notified, pages = self._route(changed, now)
+        output = PipelineOutput(
+            findings=findings,
+            alerts=changed,
+            actions=decided.requests,
+            audit=decided.audit,
+            notified=notified,
+            pages=pages,
+            muted=dict(self._muted),
+        )
         try:
             if self._audit is not None:
                 self._audit.extend(decided.audit)  # written before anything is submitted
             await self._submit(decided.requests)
         finally:
-            failures = await self._notify(changed)  # alerts go out even if the audit fails
-        return PipelineOutput(
-            findings=findings,
-            alerts=changed,
-            actions=decided.requests,
-            audit=decided.audit,
-            notify_failures=failures,
+            output.notify_failures = await self.deliver()  # alerts go out even if the audit fails
+        return output
+
+    def _route(self, changed: Sequence[Alert], now: float) -> tuple[list[Alert], list[Alert]]:
+        """Apply silences and inhibition; queue alerts and pages; return both lists."""
+        active = self._tracker.active()
+        muted: dict[str, str] = {
+            target: f"inhibited:{source}"
+            for target, source in inhibited(active, self.inhibit_rules).items()
+        }
+        silenced: set[str] = set()
+        if self.silences is not None:
+            live = self.silences.active()
+            if live:
+                for alert in active:
+                    ids = [s.id for s in live if s.mutes(alert.labels, now)]
+                    if ids:
+                        silenced.add(alert.fingerprint)
+                        muted.setdefault(alert.fingerprint, f"silenced:{ids[0]}")
+        self._muted = muted
+        out: list[Alert] = []
+        sent_now: set[str] = set()
+        for alert in changed:
+            fp = alert.fingerprint
+            if alert.state is AlertState.RESOLVED:
+                if fp in self._notified:
+                    self._notified.discard(fp)
+                    out.append(alert)
+            elif fp not in muted:
+                self._notified.add(fp)
+                sent_now.add(fp)
+                out.append(alert)
+        for alert in active:  # unmuted since: a silence expired, the inhibitor resolved
+            fp = alert.fingerprint
+            if fp not in muted and fp not in self._notified:
+                self._notified.add(fp)
+                sent_now.add(fp)
+                out.append(alert)
+        for name in self._alert_targets:
+            self._outbox.enqueue(name, out)
+        for name, notifier in self._alert_targets.items():
+            interval = getattr(notifier, "resend_interval_seconds", None)
+            if not isinstance(interval, int | float) or interval <= 0:
+                continue
+            last = self._last_resend.setdefault(name, now)
+            if now - last >= interval:
+                self._last_resend[name] = now
+                again = [a for a in active if a.fingerprint in self._notified
+                         and a.fingerprint not in sent_now and a.fingerprint not in muted]
+                self._outbox.enqueue(name, again)
+        inhibited_fps = {fp for fp, why in muted.items() if why.startswith("inhibited:")}
+        pages = self._grouper.update(active, silenced=silenced, inhibited=inhibited_fps)
+        for name in self._page_targets:
+            self._outbox.enqueue(name, pages)
+        return out, pages
+
+    async def deliver(self, *, force: bool = False) -> int:
+        """Deliver what is due from the outbox; return the failed and dropped deliveries.
+
+        Args:
+            force: Try every queue now, ignoring backoff (end of a replay, shutdown).
+        """
+        targets = {**self._alert_targets, **self._page_targets}
+        if not targets:
+            return 0
+        stats = await self._outbox.deliver(
+            targets, timeout_seconds=self.notify_timeout_seconds, force=force
         )
+        for counts in (stats.failed, stats.dropped):
+            for name, count in counts.items():
+                self.notify_failures[name] = self.notify_failures.get(name, 0) + count
+        return stats.failures
+
+    def flush(self) -> int:
+        """Try every undelivered notification once now, from synchronous code.
+
+        Returns:
+            Failed and dropped deliveries.
+        """
+        return asyncio.run(self.deliver(force=True))
 
     async def _submit(self, requests: Sequence[ActionRequest]) -> None:
         for request in requests:
@@ -226,51 +464,15 @@ class Pipeline:
                     exc,
                 )
 
-    async def _notify(self, alerts: Sequence[Alert]) -> int:
-        if not self.notifiers:
-            return 0
-        results = await asyncio.gather(
-            *(self._notify_one(i, alerts) for i in range(len(self.notifiers)))
-        )
-        return sum(results)
 
-    async def _notify_one(self, index: int, alerts: Sequence[Alert]) -> int:
-        """Send the backlog and then ``alerts`` to one notifier; return the failures."""
-        notifier = self.notifiers[index]
-        name = getattr(notifier, "name", type(notifier).__name__)
-        pending = self._backlogs[index] + list(alerts)
-        keep: list[Alert] = []
-        failures = 0
-        for alert in pending:
-            try:
-                await asyncio.wait_for(notifier.send(alert), self.notify_timeout_seconds)
-            except PermanentError as exc:
-                failures += 1
-                logger.warning(
-                    "notifier %s rejected alert %s for good, dropped: %s",
-                    name,
-                    alert.fingerprint,
-                    exc,
-                )
-            except (GpuHealthError, TimeoutError) as exc:
-                failures += 1
-                keep.append(alert)
-                logger.warning(
-                    "notifier %s could not deliver alert %s (will retry): %s",
-                    name,
-                    alert.fingerprint,
-                    exc or "timed out",
-                )
-            except Exception:
-                failures += 1
-                keep.append(alert)
-                logger.exception("notifier %s failed on alert %s", name, alert.fingerprint)
-        if len(keep) > MAX_BACKLOG:
-            dropped = len(keep) - MAX_BACKLOG
-            failures += dropped
-            logger.error("notifier %s backlog full: dropped %d oldest alert(s)", name, dropped)
-            keep = keep[dropped:]
-        self._backlogs[index] = keep
-        if failures:
-            self.notify_failures[name] = self.notify_failures.get(name, 0) + failures
-        return failures
+def _named(notifiers: Sequence[Notifier], prefix: str) -> dict[str, Notifier]:
+    """Key notifiers by name (``prefix`` + name, ``#2`` etc. when a name repeats)."""
+    out: dict[str, Notifier] = {}
+    for notifier in notifiers:
+        base = prefix + notifier_name(notifier)
+        name, n = base, 1
+        while name in out:
+            n += 1
+            name = f"{base}#{n}"
+        out[name] = notifier
+    return out

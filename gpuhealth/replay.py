@@ -8,6 +8,14 @@ collection's README: the same host name in two files is not the same machine);
 a ``node`` fact puts every file on that node. The fleet for the disruption
 budget is the set of replayed nodes unless ``cluster_size`` says otherwise.
 
+Each file is a snapshot of its node (:meth:`~gpuhealth.pipeline.Pipeline.observe_snapshot`):
+a later file that shows the node healthy clears its earlier findings and resolves its
+alerts. Facts per node (``nvlink=absent`` for one case, ``expected`` for another) come
+from ``node_facts``, which :func:`load_node_facts` reads from a JSON file shaped like
+the cases' ``expected.json`` (``{file name: {"context": {...}}}``). The report lists
+the alerts and the pages (one per node group, ``major`` and worse) each node got;
+undelivered notifications are tried once more at the end.
+
 Remediation is always dry-run here: the report lists, per node, the findings
 worst first, the steps the policy would request and the steps it held back, and why.
 """
@@ -15,12 +23,14 @@ worst first, the steps the policy would request and the steps it held back, and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerting.alerts import alert_to_json
+from alerting.alerts import AlertPolicy, alert_to_json
+from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
 from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
 from collectors.artifact import read_artifact as _read_artifact
@@ -54,6 +64,8 @@ class NodeReplay:
         alerts: Alerts sent for the node, in order.
         actions: Dry-run action requests for the node, in order.
         held: Audit records of steps held back for the node (budget, opt-out...).
+        pages: Pages (node-group notifications) sent for the node, in order.
+        healthy_files: Files that showed the node healthy and cleared its earlier state.
     """
 
     node: str
@@ -62,6 +74,8 @@ class NodeReplay:
     alerts: list[Alert] = field(default_factory=list)
     actions: list[ActionRequest] = field(default_factory=list)
     held: list[AuditRecord] = field(default_factory=list)
+    pages: list[Alert] = field(default_factory=list)
+    healthy_files: list[str] = field(default_factory=list)
 
     @property
     def worst_severity(self) -> Severity:
@@ -79,6 +93,7 @@ class ReplayReport:
         disruption_limit: Nodes the policy could hold out of service at once.
         audit: Every audit record written, in order.
         dry_run: Always true for replays.
+        undelivered: Notifications still queued per notifier at the end.
     """
 
     nodes: list[NodeReplay] = field(default_factory=list)
@@ -86,6 +101,7 @@ class ReplayReport:
     disruption_limit: int = 1
     audit: list[AuditRecord] = field(default_factory=list)
     dry_run: bool = True
+    undelivered: dict[str, int] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeReplay | None:
         """Return the result for node ``name``, or ``None``."""
@@ -100,6 +116,33 @@ def node_of_file(path: str) -> str:
         '001-xid79-fallen-off-bus'
     """
     return os.path.splitext(os.path.basename(path))[0]
+
+
+def load_node_facts(path: str) -> dict[str, dict[str, str]]:
+    """Read facts per node from a JSON file shaped like the cases' ``expected.json``.
+
+    The file is ``{name: {"context": {key: value}}}`` or ``{name: {key: value}}``;
+    a name with a file extension stands for its stem's node.
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: It is not such a JSON object.
+    """
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict):
+        raise ValueError(  # noqa: TRY004 (bad file content, not a bad argument)
+            f"{path}: expected a JSON object of node names"
+        )
+    out: dict[str, dict[str, str]] = {}
+    for name, entry in data.items():
+        if not isinstance(entry, dict):
+            continue
+        facts = entry.get("context", entry if "worst_severity" not in entry else {})
+        if isinstance(facts, dict) and facts:
+            out[node_of_file(str(name))] = {str(k): str(v) for k, v in facts.items()
+                                            if not isinstance(v, dict | list)}
+    return out
 
 
 def _on_node(records: Iterable[Record], node: NodeName) -> Iterator[Record]:
@@ -122,6 +165,13 @@ def replay(
     default_year: int | None = None,
     parsers: Sequence[ArtifactParser] | None = None,
     rules: Sequence[Rule] | None = None,
+    page_notifiers: Sequence[Notifier] = (),
+    node_facts: Mapping[str, Mapping[str, str]] | None = None,
+    silences: SilenceStore | None = None,
+    alert_policies: Mapping[str, AlertPolicy] | None = None,
+    extra_labels: Mapping[str, str] | None = None,
+    outbox_path: str | None = None,
+    on_file: Callable[[str, int], None] | None = None,
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -140,9 +190,17 @@ def replay(
         default_year: Year for time stamps without one; ``None`` lets parsers infer it.
         parsers: Artifact parsers; the registered ones by default.
         rules: Fault-model rules; the registered ones by default.
+        page_notifiers: Where pages go (PagerDuty).
+        node_facts: Facts per node over ``facts`` (see :func:`load_node_facts`).
+        silences: Silences to honour.
+        alert_policies: Alert policy per fault class.
+        extra_labels: Labels on every alert (``cluster``).
+        outbox_path: Durable outbox file; in memory by default.
+        on_file: Called after each file with its path and 0-based index (tests
+            use it to take a notifier down in the middle).
 
     Returns:
-        Per-node findings, alerts, dry-run actions and held-back steps.
+        Per-node findings, alerts, pages, dry-run actions and held-back steps.
     """
     facts = dict(facts or {})
     files = list(expand_paths(list(paths)))
@@ -160,6 +218,12 @@ def replay(
         min_alert_severity=min_alert_severity,
         clock=clock,
         rules=rules,
+        page_notifiers=page_notifiers,
+        node_facts=node_facts,
+        silences=silences,
+        alert_policies=alert_policies,
+        extra_labels=extra_labels,
+        outbox_path=outbox_path,
     )
     used_parsers = tuple(parsers) if parsers is not None else artifact_parsers()
     report = ReplayReport(disruption_limit=pipeline.policy.disruption_limit)
@@ -173,23 +237,31 @@ def replay(
         return found
 
     findings: list[Finding] = []
-    for path in files:
+    for index, path in enumerate(files):
         node = NodeName(fixed_node or node_of_file(path))
         slot(node).files.append(path)
         result = ArtifactResult()
         ctx = ParseContext(file=path, node=node, default_year=default_year)
-        pipeline.observe(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
+        records = list(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
+        if pipeline.observe_snapshot(node, records):
+            slot(node).healthy_files.append(path)
         report.issues.extend(result.issues)
         output = pipeline.evaluate()
         findings = output.findings
         for alert in output.alerts:
             slot(alert.labels.get("node", node)).alerts.append(alert)
+        for page in output.pages:
+            slot(page.labels.get("node", node)).pages.append(page)
         for request in output.actions:
             slot(request.node).actions.append(request)
         for record in output.audit:
             if record.decision == DECISION_HELD:
                 slot(record.node).held.append(record)
         report.audit.extend(output.audit)
+        if on_file is not None:
+            on_file(path, index)
+    pipeline.flush()
+    report.undelivered = {k: v for k, v in pipeline.outbox_depths().items() if v}
     for finding in findings:
         slot(finding.node).findings.append(finding)
     return report
@@ -208,6 +280,9 @@ def render_text(report: ReplayReport) -> str:
     for node in report.nodes:
         steps = ", ".join(dict.fromkeys(describe_request(a) for a in node.actions))
         lines.append(f"node {node.node}: {steps + ' (dry-run)' if steps else 'no action'}")
+        for page in node.pages:
+            lines.append(f"  page {page.state.value} {page.labels.get('severity', '?')}: "
+                         f"{page.annotations.get('summary', '')}")
         for held in node.held:
             step = describe(held.step, held.entity, dict(held.details)) if held.step else "?"
             lines.append(f"  held back: {step}: {held.reason}")
@@ -252,6 +327,8 @@ def to_json(report: ReplayReport) -> dict[str, Any]:
                 "worst_severity": n.worst_severity.value,
                 "findings": [finding_to_json(f) for f in n.findings],
                 "alerts": [alert_to_json(a) for a in n.alerts],
+                "pages": [alert_to_json(a) for a in n.pages],
+                "healthy_files": n.healthy_files,
                 "actions": [action_to_json(a) for a in n.actions],
                 "held": [
                     {
@@ -266,4 +343,5 @@ def to_json(report: ReplayReport) -> dict[str, Any]:
             for n in report.nodes
         ],
         "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in report.issues],
+        "undelivered": dict(report.undelivered),
     }

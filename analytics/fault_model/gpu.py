@@ -73,11 +73,11 @@ PEER_THROUGHPUT_RATIO = 0.5
 degraded (fault-model.md: "for example under half the peer median")."""
 
 _NVSWITCH_MODELS = re.compile(
-    r"SXM[3-9]|HGX|DGX|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200|H800", re.I
+    r"SXM[3-9]|HGX|DGX|\bB[23]00\b|\bGB[23]00\b|H100 80G|H200|H800|\bH20\b", re.I
 )
 _BRIDGED_OR_PCIE = re.compile(r"\bNVL\b|PCIe", re.I)
 _NVLINK_MODELS = re.compile(
-    r"SXM|HGX|DGX|NVL\b|NVL\d|\bB[23]00\b|\bGB[23]00\b|H100 80GB HBM3|H200|\bH20\b", re.I
+    r"SXM|HGX|DGX|NVL\b|NVL\d|\bB[23]00\b|\bGB[23]00\b|H100 80G|H200|H800|\bH20\b", re.I
 )
 _NO_NVLINK_MODELS = re.compile(
     r"\b(?:L40S?|L4|L20|L2|T4|A10G?|A10M|A16|A2|RTX\s+\d{4}\s+Ada|RTX\s+PRO\s+\d{4})\b"
@@ -664,7 +664,8 @@ _HARDWARE_TESTS = re.compile(
 
 _UNUSABLE = re.compile(
     r"busy or unavailable|cuCtxCreate|Unable to create CUDA context|cudaStreamCreate|"
-    r"cuInit|NV_ERR_RESET_REQUIRED",
+    r"cuInit|NV_ERR_RESET_REQUIRED|failed to create a CUDA context|"
+    r"no longer bound to a CUDA context|Unable to find a corresponding CUDA device",
     re.I,
 )
 """Diagnostic messages saying the test could not run on the GPU at all."""
@@ -792,21 +793,36 @@ def dcgm_health_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
 
     Healthy: no finding (it never overrides other evidence, see
     :func:`recovery_action_rule`). Warning: warning, ``none`` (investigate the named
-    subsystem). Failure: major, ``service_hardware``.
+    subsystem). Failure: major, ``service_hardware``. A verdict whose only cause is
+    NVLink-down reports follows the NVLink rows (:func:`nvlink_verdict`): the known
+    false positive on PCIe GPUs without a bridge is info with ``nvlink=absent``.
+    The overall verdict is judged only when no GPU verdict says more, and a GPU
+    verdict whose every message became a specific record (row remap, retired pages,
+    Xid, ECC, thermal) is left to the rules for those.
     """
-    del ctx
-    for group in obs.events("dcgm_health"):
+    groups = obs.events("dcgm_health")
+    named = {g.node for g in groups if g.entity != NODE_ENTITY}
+    for group in groups:
         if group.code in {"healthy", "pass"}:
             continue
+        if group.entity == NODE_ENTITY and group.node in named:
+            continue  # the overall verdict sums up the per-GPU ones, judged on their own
+        if group.attr_values.get("explained") == {"yes"}:
+            continue  # every message became a specific record (row remap, Xid...): judged there
         failure = group.code in {"failure", "fail"}
         message = next(iter(group.attr_values.get("message", {""})), "")
+        severity = Severity.MAJOR if failure else Severity.WARNING
+        action = Action.SERVICE_HARDWARE if failure else Action.NONE
+        if group.attr_values.get("nvlink_only") == {"yes"}:
+            severity, action, why = _diag_nvlink_verdict(obs, ctx, group.node, group.entity)
+            message = f"{message[:120]} ({why})"
         yield _finding(
             node=group.node,
             entity=group.entity,
             kind="dcgm_health",
             code=group.code,
-            severity=Severity.MAJOR if failure else Severity.WARNING,
-            action=Action.SERVICE_HARDWARE if failure else Action.NONE,
+            severity=severity,
+            action=action,
             summary=f"DCGM health {group.code} on {group.entity}: {message[:160]}".strip(),
             evidence=group.evidence,
             source=f"gpu.dcgm_health_rule ({DCGM}: dcgmi health -c)",

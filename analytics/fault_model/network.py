@@ -28,6 +28,7 @@ Sources each rule follows:
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -165,8 +166,22 @@ NIC_LOSS_COUNTERS: tuple[str, ...] = (
 )
 """``ethtool -S`` (mlx5) counters of packets dropped for lack of buffers."""
 
-NIC_PHY_ERROR_COUNTERS: tuple[str, ...] = ("rx_crc_errors_phy", "rx_symbol_err_phy")
-"""``ethtool -S`` (mlx5) physical-layer receive errors."""
+NIC_LOSS_PATTERN = re.compile(r"^rx_prio\d_(?:buf|cong)_discard$")
+"""mlx5 per-priority drops: no buffer (``buf_discard``) or congestion (``cong_discard``)."""
+
+NIC_PHY_ERROR_COUNTERS: tuple[str, ...] = (
+    "rx_crc_errors_phy",
+    "rx_symbol_err_phy",
+    # bnxt_en, ice ("rx_crc_errors.nic", suffix dropped), and ip -s link columns.
+    "rx_fcs_err_frames",
+    "rx_crc_errors",
+    "rx_frame_errors",
+    "rx_errors",
+)
+"""Physical-layer receive errors (``ethtool -S`` of mlx5, bnxt_en, ice; ``ip -s link``)."""
+
+NIC_LINK_DOWN_COUNTERS: tuple[str, ...] = ("link_down_events_phy", "link_down_events")
+"""Link-down events of an Ethernet port (``ethtool -S`` of mlx5 and bnxt_en)."""
 
 SINGLE_CLASS_SHARE = 0.99
 """Share of bytes in one priority above which all RoCE traffic is judged to share one class."""
@@ -230,6 +245,10 @@ def _network_root_nodes(obs: Observations, ctx: Context) -> set[str]:
             nodes.add(group.node)
     for group in obs.events("nvls"):
         nodes.add(group.node)
+    for group in obs.events("rdma_verbs"):
+        nodes.add(group.node)
+    for group in obs.events("ofi_completion"):
+        nodes.add(group.node)
     for group in obs.events("rdma_async"):
         verdict = async_verdict(group.code)
         if verdict is not None and verdict.severity.rank >= Severity.MAJOR.rank:
@@ -257,15 +276,31 @@ def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     by_node: dict[str, list[EventGroup]] = defaultdict(list)
     for group in obs.events("rdma_transport"):
         by_node[group.node].append(group)
-    nodes = set(by_node) | {g.node for g in obs.events("nccl_result")}
+    nodes = (
+        set(by_node)
+        | {g.node for g in obs.events("nccl_result")}
+        | {g.node for g in obs.events("rdma_verbs")}
+        | {g.node for g in obs.events("nccl_socket")}
+    )
     for node in sorted(nodes):
         groups = by_node.get(node, [])
         roots = [g for g in groups if g.code != FLUSH_STATUS]
         symptoms = [g for g in groups if g.code == FLUSH_STATUS]
         results = obs.events("nccl_result", node=node)
+        sockets = obs.events("nccl_socket", node=node)
         if not roots:
+            verbs = obs.events("rdma_verbs", node=node)
+            if verbs and _fatal_async(obs, node):
+                continue  # verbs calls fail after a device or port error: symptoms
+            if verbs:
+                yield _verbs_finding(verbs, [*results, *sockets])
+                continue
+            if sockets and not symptoms:
+                yield _socket_finding(sockets, results)
+                continue
             yield from _orphan_symptoms(symptoms, results)
             continue
+        results = [*results, *sockets]
         timeouts = obs.events("collective_timeout", node=node)
         ranked = sorted(
             roots,
@@ -301,6 +336,115 @@ def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 last_seen_at=last,
                 occurrences=group.count,
             )
+
+
+def _fatal_async(obs: Observations, node: str) -> bool:
+    """True when ``node`` has an RDMA async event judged major or worse."""
+    for group in obs.events("rdma_async", node=node):
+        verdict = async_verdict(group.code)
+        if verdict is not None and verdict.severity.rank >= Severity.MAJOR.rank:
+            return True
+    return False
+
+
+def ofi_completion_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge libfabric (aws-ofi-nccl, EFA) completion errors.
+
+    aws-ofi-nccl reports ``NET/OFI Request ... completed with error. RC: N`` when
+    ``fi_cq_readerr`` returns an error entry: the provider could not deliver the
+    operation to the peer (unreachable peer, blocked traffic such as a security
+    group without the self-referencing rule, a failed EFA device). Like
+    ``IBV_WC_RETRY_EXC_ERR`` it is a fabric-path failure between two nodes: major
+    ``check_network`` (fault-model.md, RDMA transport row).
+    """
+    del ctx
+    for group in obs.events("ofi_completion"):
+        first, last = _span([group])
+        errors = ", ".join(sorted(group.attr_values.get("error", set()))) or "no text"
+        yield Finding(
+            node=group.node,
+            entity=group.entity,
+            kind="rdma_transport",
+            code=f"ofi_rc_{group.code}",
+            severity=Severity.MAJOR,
+            action=Action.CHECK_NETWORK,
+            summary=(
+                f"libfabric (aws-ofi-nccl) request completed with error RC {group.code} "
+                f"({errors}), {group.count} time(s): the provider could not complete the "
+                "transfer to the peer; check the fabric path and that traffic between the "
+                "instances is allowed (EFA security group)"
+            ),
+            evidence=tuple(_evidence([group])),
+            source="network.ofi_completion_rule: aws-ofi-nccl fi_cq_readerr; " + _DOC,
+            first_seen_at=first,
+            last_seen_at=last,
+            occurrences=group.count,
+        )
+
+
+def _verbs_finding(verbs: Sequence[EventGroup], folded: Sequence[EventGroup]) -> Finding:
+    """A verbs call failing (``NCCL WARN Call to ibv_create_qp failed``) at set-up.
+
+    rdma-core returns these when a resource cannot be created: locked-memory limit
+    (``ulimit -l``, container ``memlock``), HCA limits on QPs/CQs/MRs, or an RDMA
+    device not passed into the container (NCCL troubleshooting, "RDMA over
+    Converged Ethernet" and "Docker" sections). No fabric fault is shown: warning,
+    ``fix_config``; the NCCL error results that follow are folded in.
+    """
+    first, last = _span([*verbs, *folded])
+    calls = ", ".join(sorted({g.code for g in verbs}))
+    count = sum(g.count for g in verbs)
+    return Finding(
+        node=verbs[0].node,
+        entity=NODE_ENTITY,
+        kind="rdma_verbs",
+        code=sorted({g.code for g in verbs})[0],
+        severity=Severity.WARNING,
+        action=Action.FIX_CONFIG,
+        summary=(
+            f"RDMA verbs call(s) {calls} failed {count} time(s) while NCCL set up its "
+            "connections: check the locked-memory limit (ulimit -l / container memlock), "
+            "HCA resource limits and that the RDMA devices are available to the job"
+            + (f"; {sum(g.count for g in folded)} NCCL error line(s) folded in" if folded else "")
+        ),
+        evidence=tuple(_evidence(verbs) + _evidence(folded, MAX_EVIDENCE // 2)),
+        source="network.rdma_transport_rule: rdma-core verbs, NCCL troubleshooting; " + _DOC,
+        first_seen_at=first,
+        last_seen_at=last,
+        occurrences=count,
+    )
+
+
+def _socket_finding(sockets: Sequence[EventGroup], results: Sequence[EventGroup]) -> Finding:
+    """NCCL's TCP connection to a peer was closed by the peer (``recv`` returned 0).
+
+    NCCL ``misc/socket.cc``: the remote side closed the socket, which almost always
+    means the remote rank exited (crash, OOM kill, another rank's failure); the
+    network may also have dropped the connection. Not attributable to this node:
+    warning, action ``none`` (correlate with the peer's logs), as fault-model.md
+    treats a collective failure without a visible cause.
+    """
+    first, last = _span([*sockets, *results])
+    peers = sorted({p for g in sockets for p in g.attr_values.get("peer", set())})
+    count = sum(g.count for g in sockets)
+    return Finding(
+        node=sockets[0].node,
+        entity=NODE_ENTITY,
+        kind="nccl",
+        code="connection_closed_by_peer",
+        severity=Severity.WARNING,
+        action=Action.NONE,
+        summary=(
+            f"NCCL connection closed by the remote peer {', '.join(peers) or '(unnamed)'} "
+            f"({count} time(s)): the remote rank most likely exited or the path dropped; "
+            "look at that peer's logs first, do not act on this node alone"
+        ),
+        evidence=tuple(_evidence(sockets) + _evidence(results, MAX_EVIDENCE // 2)),
+        source="network.rdma_transport_rule: NCCL misc/socket.cc; " + _DOC,
+        first_seen_at=first,
+        last_seen_at=last,
+        occurrences=count,
+    )
 
 
 def _orphan_symptoms(
@@ -461,6 +605,9 @@ def ib_port_state_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         }.get(phys, "the port carries no traffic")
         if group.code in {"init", "armed"} and phys == "linkup":
             hint = "physical link is up but the subnet manager has not brought the port to Active"
+        advice = sorted(group.attr_values.get("recommendation", set()) - {"No issue was observed"})
+        if advice:
+            hint = f"{hint} (mlxlink: {'; '.join(advice)})"
         first, last = _span([group])
         yield Finding(
             node=group.node,
@@ -615,8 +762,17 @@ def roce_qos_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     for node in sorted(nodes):
         hw = obs.samples_of("rdma_hw_counter_total", node=node)
         nic = obs.samples_of("net_nic_counter_total", node=node)
+        yield from _nic_phy_findings(node, nic)
         loss = [s for s in hw if s.labels.get("counter") in ROCE_LOSS_COUNTERS and s.value > 0]
-        loss += [s for s in nic if s.labels.get("counter") in NIC_LOSS_COUNTERS and s.value > 0]
+        loss += [
+            s
+            for s in nic
+            if s.value > 0
+            and (
+                _nic_counter(s) in NIC_LOSS_COUNTERS
+                or NIC_LOSS_PATTERN.match(_nic_counter(s)) is not None
+            )
+        ]
         cnp = [s for s in hw if s.labels.get("counter") in ROCE_CNP_COUNTERS and s.value > 0]
         single = _single_class_interfaces(obs, node)
         if single and (loss or cnp):
@@ -660,22 +816,56 @@ def roce_qos_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 evidence=tuple(_sample_evidence([sample])),
                 source="network.roce_qos_rule: mlx5 counters doc; " + _DOC,
             )
-        phy = [s for s in nic if s.labels.get("counter") in NIC_PHY_ERROR_COUNTERS and s.value > 0]
-        for sample in phy:
-            yield Finding(
-                node=NodeName(node),
-                entity=sample.entity,
-                kind="nic_port",
-                code=str(sample.labels.get("counter")),
-                severity=Severity.WARNING,
-                action=Action.CHECK_NETWORK,
-                summary=(
-                    f"{sample.entity}: {sample.labels.get('counter')}={sample.value:.0f} "
-                    "physical receive errors; check cable and optic, clear and re-read"
-                ),
-                evidence=tuple(_sample_evidence([sample])),
-                source="network.roce_qos_rule: mlx5 counters doc (ethtool -S *_phy); " + _DOC,
+
+
+def _nic_counter(sample: Sample) -> str:
+    """Return the counter name of a NIC sample without the ice ``.nic`` suffix."""
+    return str(sample.labels.get("counter", "")).removesuffix(".nic")
+
+
+def _nic_phy_findings(node: str, nic: Sequence[Sample]) -> Iterable[Finding]:
+    """Judge physical receive errors and link-down events of Ethernet ports, per interface.
+
+    The Ethernet analogue of the IB counter rule (fault-model.md): link-down events
+    together with CRC/symbol errors in one snapshot are a flapping link, major
+    ``check_network`` (bad cable or optic); errors alone are a warning (clear and
+    re-read); link-down events alone (a switch reboot, a cable move) give nothing.
+    Counters are 64-bit in the kernel (``rtnl_link_stats64``, mlx5 PPCNT), never saturated.
+    """
+    per_if: dict[EntityId, list[Sample]] = defaultdict(list)
+    for sample in nic:
+        per_if[sample.entity].append(sample)
+    for entity, samples in sorted(per_if.items()):
+        phy = [s for s in samples if _nic_counter(s) in NIC_PHY_ERROR_COUNTERS and s.value > 0]
+        if not phy:
+            continue
+        downs = [s for s in samples if _nic_counter(s) in NIC_LINK_DOWN_COUNTERS and s.value > 0]
+        signals = ", ".join(f"{_nic_counter(s)}={s.value:.0f}" for s in [*phy, *downs])
+        if downs:
+            severity = Severity.MAJOR
+            summary = (
+                f"{entity}: link went down and physical receive errors in one snapshot "
+                f"({signals}): flapping link, bad cable or optic; reseat or replace, "
+                "clear the counters and watch the rate"
             )
+        else:
+            severity = Severity.WARNING
+            summary = (
+                f"{entity}: physical receive errors ({signals}); check cable and optic, "
+                "clear and re-read to get a rate"
+            )
+        yield Finding(
+            node=NodeName(node),
+            entity=entity,
+            kind="nic_port",
+            code=_nic_counter(phy[0]),
+            severity=severity,
+            action=Action.CHECK_NETWORK,
+            summary=summary,
+            evidence=tuple(_sample_evidence([*phy, *downs])),
+            source="network.roce_qos_rule: mlx5 counters doc (ethtool -S *_phy), "
+            "rtnl_link_stats64; " + _DOC,
+        )
 
 
 def _single_class_interfaces(obs: Observations, node: str) -> list[tuple[str, str, list[Evidence]]]:
@@ -699,6 +889,63 @@ def _single_class_interfaces(obs: Observations, node: str) -> list[tuple[str, st
         quiet = [s for p, samples in sorted(prios.items()) if p != prio for s in samples][:2]
         out.append((iface, prio, _sample_evidence([*prios[prio], *quiet])))
     return out
+
+
+# --- ibdiagnet ------------------------------------------------------------------------
+
+IBDIAGNET_FABRIC_STAGES = frozenset(
+    {
+        "discovery",
+        "lids_check",
+        "links_check",
+        "subnet_manager",
+        "port_counters",
+        "speed_width_checks",
+        "routing",
+        "nodes_information",
+        "partition_keys",
+        "temperature_sensing",
+    }
+)
+"""ibdiagnet stages whose errors describe the fabric (links, counters, SM, routing)."""
+
+
+def ibdiagnet_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Report ibdiagnet stages that finished with errors.
+
+    ibdiagnet's summary counts, per stage, the checks that failed (``Errors``) and
+    those worth a look (``Warnings``); the details are in ``ibdiagnet2.log``. A
+    stage with errors is a warning ``check_network`` (read the log: bad links,
+    counters over threshold, SM or routing problems); warnings alone are common
+    (duplicate node descriptions, unsupported MADs) and give no finding.
+    """
+    del ctx
+    by_node: dict[str, list[EventGroup]] = defaultdict(list)
+    for group in obs.events("ibdiagnet_stage"):
+        errors = max(int(v) for v in group.attr_values.get("errors", {"0"}))
+        if errors > 0:
+            by_node[group.node].append(group)
+    for node, groups in sorted(by_node.items()):
+        stages = [
+            f"{next(iter(g.attr_values.get('stage', {g.code})))}: "
+            f"{max(int(v) for v in g.attr_values.get('errors', {'0'}))} error(s)"
+            for g in groups
+        ]
+        yield Finding(
+            node=NodeName(node),
+            entity=EntityId("fabric"),
+            kind="ib_fabric",
+            code="ibdiagnet_errors",
+            severity=Severity.WARNING,
+            action=Action.CHECK_NETWORK,
+            summary=(
+                "ibdiagnet finished with errors ("
+                + "; ".join(stages)
+                + "): read ibdiagnet2.log for the ports and links involved"
+            ),
+            evidence=tuple(_evidence(groups)),
+            source="network.ibdiagnet_rule: ibdiagnet(1) summary; " + _DOC,
+        )
 
 
 # --- collectives -----------------------------------------------------------------------
@@ -765,6 +1012,10 @@ def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding
         multi = len(nodes) > 1
         sizes = max(int(v) for v in group.attr_values.get("rows_wrong", {"0"}))
         worst_wrong = max(int(v) for v in group.attr_values.get("max_wrong", {"0"}))
+        oob = max((int(v) for v in group.attr_values.get("out_of_bounds", set())), default=0)
+        what = f"{sizes} size(s), up to {worst_wrong} wrong elements"
+        if oob:
+            what += f"; {oob} out-of-bounds value(s)"
         yield Finding(
             node=group.node,
             entity=group.entity,
@@ -773,8 +1024,8 @@ def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding
             severity=Severity.CRITICAL,
             action=Action.CHECK_NETWORK if multi else Action.SERVICE_HARDWARE,
             summary=(
-                f"nccl-tests reported wrong results ({sizes} size(s), up to {worst_wrong} wrong "
-                f"elements) in a run over {', '.join(nodes) or group.node}: data corruption; take "
+                f"nccl-tests reported wrong results ({what}) in a run over "
+                f"{', '.join(nodes) or group.node}: data corruption; take "
                 "the nodes out of service and bisect with single-node and pairwise runs"
             ),
             evidence=tuple(_evidence([group])),
@@ -843,10 +1094,12 @@ def nvls_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 
 RULES: tuple[Rule, ...] = (
     rdma_transport_rule,
+    ofi_completion_rule,
     rdma_async_rule,
     ib_port_state_rule,
     ib_counter_rule,
     roce_qos_rule,
+    ibdiagnet_rule,
     collective_timeout_rule,
     collective_results_rule,
     nvls_rule,

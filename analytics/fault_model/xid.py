@@ -79,6 +79,11 @@ RECOVERY_ACTIONS: dict[str, tuple[Severity, Action]] = {
     "drain and reset": (Severity.CRITICAL, Action.RESET_GPU),
     "node reboot required": (Severity.CRITICAL, Action.REBOOT_NODE),
     "drain p2p": (Severity.MAJOR, Action.RESET_GPU),
+    "bus reset required": (Severity.CRITICAL, Action.RESET_GPU),
+    "bus reset": (Severity.CRITICAL, Action.RESET_GPU),
+    "system reboot required": (Severity.CRITICAL, Action.REBOOT_NODE),
+    "system reboot": (Severity.CRITICAL, Action.REBOOT_NODE),
+    "recover imex domain": (Severity.MAJOR, Action.CHECK_NETWORK),
 }
 """Xid 154 / NVML recovery action to (severity, action), fault-model.md."""
 
@@ -88,13 +93,46 @@ _RECOVERY_CODES = {
     "2": "node reboot required",
     "3": "drain p2p",
     "4": "drain and reset",
+    "5": "recover imex domain",
+    "6": "bus reset required",
+    "7": "system reboot required",
 }
 
-STALLING_NONFATAL_SXIDS = frozenset({11004})
-"""Non-fatal SXids whose Fabric Manager guide impact is "NVLink traffic will be stalled"."""
+STALLING_NONFATAL_SXIDS = frozenset({11004, 12028, 19084})
+"""Non-fatal SXids that stall NVLink traffic per the Fabric Manager guide (D.4).
+
+11004 ingress invalid ACL and 12028 egress non-posted PRIV error: "NVLink traffic will
+be stalled, and subsequent GPU access will hang ... abort CUDA jobs with Xid 45";
+19084 AN1 heartbeat timeout: "usually accompanied by a fatal SXid", recovery "reset all
+GPUs and all NVSwitches".
+"""
+
+BENIGN_NONFATAL_SXIDS = frozenset(
+    {11012, 11021, 11022, 11023, 12021, 12023, 15008, 15011, 19049, 19055, 19057, 19059}
+    | {19062, 19065, 19068, 19071, 24001, 24002, 24003, 20001, 20012, 22013}
+)
+"""Non-fatal SXids with no job impact per the Fabric Manager guide (D.4): single-bit ECC
+corrected by the switch, TX replays (throughput only), a broken connection confined to
+one GPU, Minion DLREQ ("can be safely ignored"). Judged info even when a report line
+lacks its Fatal/Non-fatal word."""
+
+CONFIG_INIT_FAILURES = frozenset({"unsupported_gpu", "firmware_missing"})
+"""Init failures whose fix is the driver install, not the hardware (catalog UPDATE_SWFW)."""
+
+NVLINK_IGNORABLE_BITS = {
+    0: (1 << 0) | (1 << 23) | (1 << 30),
+    4: (1 << 20) | (1 << 23) | (1 << 26) | (1 << 29),
+}
+"""Xid 74 register bits with no action per the catalog's WORKFLOW_NVLINK_ERR, by register.
+
+First register: bits 0, 23, 30 "can be safely ignored"; fifth register: bits 20, 23,
+26, 29 are an ECC threshold with no uncorrectable error ("continue operation").
+"""
 
 LOST_KINDS = frozenset({"gpu_lost", "gpu_init_failure"})
 _ROOT_PRIORITY = (
+    "unsupported_gpu",
+    "firmware_missing",
     "power_cables",
     "fallen_off_bus",
     "gpu_is_lost",
@@ -125,8 +163,10 @@ class _Root:
     confidence: float = 1.0
     year: str | None = None
     boots: set[str] = field(default_factory=set)
+    codes: set[str] = field(default_factory=set)
 
     def take(self, group: EventGroup) -> None:
+        self.codes.add(group.code)
         keep_evidence(self.evidence, group.evidence)
         self.first = _min(self.first, group.first_seen_at)
         self.last = _max(self.last, group.last_seen_at)
@@ -224,6 +264,13 @@ def _xid_verdict(n: int, group: EventGroup) -> tuple[Severity, Action, str, floa
         return Severity.CRITICAL, Action.REBOOT_NODE, f"{label}: GPU lost, reboot the node", 1.0
     if n == 48:
         return Severity.CRITICAL, Action.RESET_GPU, f"{label}: reset the GPU before reuse", 1.0
+    if n == 74 and _xid74_benign(group):
+        return (
+            Severity.INFO,
+            Action.NONE,
+            f"{label}: only register bits the catalog says can be safely ignored",
+            1.0,
+        )
     if n == 64:
         return (
             Severity.CRITICAL,
@@ -298,13 +345,57 @@ def _recovery(group: EventGroup) -> tuple[Severity, Action, str]:
     names = set(_attr(group, "recovery_action"))
     if not names:
         names = {_RECOVERY_CODES.get(c, c) for c in _attr(group, "recovery_action_code")}
+    codes = _attr(group, "recovery_action_code")
     for name in names:
-        sev_act = RECOVERY_ACTIONS.get(name.strip().lower())
+        sev_act = RECOVERY_ACTIONS.get(name.strip().lower()) or _recovery_by_words(name)
         if sev_act is None:
-            sev_act = (Severity.WARNING, Action.RESET_GPU)
+            known = [RECOVERY_ACTIONS[_RECOVERY_CODES[c]] for c in codes if c in _RECOVERY_CODES]
+            sev_act = (
+                max(known, key=lambda sa: sa[0].rank)
+                if known
+                else (Severity.WARNING, Action.RESET_GPU)
+            )
         if sev_act[0].rank > worst_sev.rank:
             worst_sev, worst_act, worst_name = sev_act[0], sev_act[1], name
     return worst_sev, worst_act, worst_name
+
+
+def _recovery_by_words(name: str) -> tuple[Severity, Action] | None:
+    """Judge a recovery-action name this table lacks by its words (newer drivers add some)."""
+    low = name.lower()
+    if "imex" in low:
+        return RECOVERY_ACTIONS["recover imex domain"]
+    if "reboot" in low:
+        return Severity.CRITICAL, Action.REBOOT_NODE
+    if "p2p" in low:
+        return RECOVERY_ACTIONS["drain p2p"]
+    if "reset" in low:
+        return Severity.CRITICAL, Action.RESET_GPU
+    if low.strip() in ("", "none", "no action"):
+        return Severity.INFO, Action.NONE
+    return None
+
+
+def _xid74_benign(group: EventGroup) -> bool:
+    """Whether every Xid 74 of the group sets only the register bits the catalog ignores.
+
+    Source: NVIDIA Xid catalog, WORKFLOW_NVLINK_ERR (:data:`NVLINK_IGNORABLE_BITS`);
+    any other bit, or no decodable register, counts as fatal.
+    """
+    for ev in group.events:
+        regs = ev.attrs.get("registers", "")
+        if not regs:
+            return False
+        try:
+            values = [int(x, 16) for x in regs.split(",")]
+        except ValueError:
+            return False
+        if not any(values):
+            return False
+        for i, value in enumerate(values):
+            if value & ~NVLINK_IGNORABLE_BITS.get(i, 0):
+                return False
+    return bool(group.events)
 
 
 def _worst(roots: Sequence[_Root]) -> _Root | None:
@@ -370,7 +461,13 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             )
         root.take(g)
     for root in lost.values():
-        if root.code == "power_cables":
+        if root.codes & CONFIG_INIT_FAILURES:
+            root.action = Action.FIX_CONFIG
+            root.summary += (
+                ": install a driver branch (and its GSP firmware) that supports this GPU "
+                "(catalog UPDATE_SWFW)"
+            )
+        elif root.code == "power_cables":
             root.action = Action.SERVICE_HARDWARE
             root.summary += (
                 ": connect or re-seat the GPU's power cables (catalog CHECK_MECHANICALS)"
@@ -385,11 +482,15 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 
     # --- other Xids
     xid45: list[EventGroup] = []
+    xid43: list[EventGroup] = []
     for g in obs.events("xid"):
         if g.code == "79":
             continue
         if g.code == "45":
             xid45.append(g)
+            continue
+        if g.code == "43":
+            xid43.append(g)
             continue
         entity = ent(g)
         if g.code == "154":
@@ -447,7 +548,40 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     # --- reset required, GSP errors at run time
     for g in obs.groups.values():
         entity = ent(g)
-        if g.kind == "reset_required":
+        if g.kind == "reboot_required":
+            root = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="reboot_required",
+                    code=g.code,
+                    severity=Severity.CRITICAL,
+                    action=Action.REBOOT_NODE,
+                    summary="the driver reports a global fatal error that needs an OS reboot "
+                    f"({_gpu_words(entity)}): drain and reboot the node",
+                    source="xid.gpu_driver_rule: recovery action Node Reboot Required "
+                    f"({FAULT_MODEL})",
+                )
+            )
+            root.take(g)
+        elif g.kind == "driver_mismatch":
+            root = add_root(
+                _Root(
+                    node=g.node,
+                    entity=entity,
+                    kind="driver_mismatch",
+                    code=g.code,
+                    severity=Severity.MAJOR,
+                    action=Action.FIX_CONFIG,
+                    summary="NVIDIA user-space driver and kernel module versions differ: CUDA "
+                    "and NVML clients fail until they match (reload the module or reboot "
+                    "after the driver upgrade)",
+                    source="xid.gpu_driver_rule: driver version mismatch, catalog UPDATE_SWFW "
+                    f"({FAULT_MODEL}: fix_config)",
+                )
+            )
+            root.take(g)
+        elif g.kind == "reset_required":
             root = add_root(
                 _Root(
                     node=g.node,
@@ -488,6 +622,30 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             if g.kind == "gsp_rpc_timeout" and "yes" in _attr(g, "at_boot"):
                 continue
             symptoms.append((g, entity))
+
+    # --- Xid 43 (the channel the app broke was reset; the GPU stays healthy): folded
+    # into another fault on the same GPU, else its own info finding
+    for g in xid43:
+        entity = ent(g)
+        target = _worst([r for r in roots.get((g.node, entity), []) if r.code not in ("43", "45")])
+        if target is not None:
+            target.take(g)
+            continue
+        sev, act, text, conf = _xid_verdict(43, g)
+        root = add_root(
+            _Root(
+                node=g.node,
+                entity=entity,
+                kind="xid",
+                code="43",
+                severity=sev,
+                action=act,
+                summary=f"{text} on {entity}",
+                confidence=conf,
+                source=f"xid.gpu_driver_rule: {CATALOG}; {FAULT_MODEL}",
+            )
+        )
+        root.take(g)
 
     # --- Xid 45: folded, or standing for the Xid it names
     for g in xid45:
@@ -572,6 +730,8 @@ def _lost_summary(g: EventGroup, entity: str) -> str:
         "nvml_gpu_is_lost": "NVML reports GPU_IS_LOST",
         "gpu_is_lost": "the driver reports NV_ERR_GPU_IS_LOST",
         "power_cables": "the GPU lacks its power cables",
+        "unsupported_gpu": "the installed driver does not support this GPU",
+        "firmware_missing": "the driver's GSP firmware file is missing",
         "rm_init_adapter": "the driver cannot initialise the GPU (RmInitAdapter failed)",
         "probe_failed": "the NVIDIA probe routine failed",
         "gsp_init_failure": "GSP firmware failed to initialise",
@@ -675,8 +835,10 @@ def sxid_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """NVSwitch SXids (kernel ``nvidia-nvswitch`` lines and Fabric Manager log).
 
     Source: NVIDIA Fabric Manager user guide (fatal SXids need GPUs and NVSwitches
-    reset, in practice a node reboot; non-fatal 11004 stalls NVLink traffic; other
-    non-fatal SXids such as single-bit ECC are corrected by hardware), fault-model.md.
+    reset, in practice a node reboot; the non-fatal :data:`STALLING_NONFATAL_SXIDS`
+    stall NVLink traffic; other non-fatal SXids such as single-bit ECC are corrected by
+    hardware, :data:`BENIGN_NONFATAL_SXIDS` even when the line lacks its severity word),
+    fault-model.md.
     """
     del ctx
     for g in obs.events("sxid"):
@@ -694,7 +856,7 @@ def sxid_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 Action.REBOOT_NODE,
                 "non-fatal but stalls NVLink traffic",
             )
-        elif "no" in fatal:
+        elif "no" in fatal or code in BENIGN_NONFATAL_SXIDS:
             sev, act, text = Severity.INFO, Action.NONE, "non-fatal, corrected or counted"
         else:
             sev, act, text = (
@@ -737,10 +899,10 @@ def notes_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         root.take(g)
         yield root.finding()
     for g in obs.events("fabric_manager"):
-        switch_system = g.node in nvswitch_nodes or ctx.fact("nvswitch") in (
-            "present",
-            "expected",
-            "yes",
+        switch_system = (
+            g.node in nvswitch_nodes
+            or g.code == "topology_mismatch"
+            or ctx.fact("nvswitch") in ("present", "expected", "yes")
         )
         if switch_system:
             sev, act = Severity.MAJOR, Action.CHECK_NETWORK

@@ -293,7 +293,9 @@ def test_failing_notifiers_never_block_or_lose_the_others(caplog):
     assert [a.labels["alertname"] for a in flaky.sent] == ["GpuXid79", "GpuXid94"]
     assert [a.labels["alertname"] for a in good.sent] == ["GpuXid79", "GpuXid94"]
     assert [r.step for r in out.actions] == [S.DRAIN, S.RESET_GPU]
-    assert out.notify_failures == 3  # rejecting: 94; broken: its backlog (79) and 94
+    # rejecting: 94 dropped; broken: its queue head (79) fails again and 94 waits behind it
+    assert out.notify_failures == 2
+    assert pipeline.outbox_depths() == {"broken": 2}
 
 
 def test_pipeline_resolves_and_resumes():

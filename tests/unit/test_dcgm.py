@@ -14,7 +14,7 @@ from collectors.artifact import ArtifactResult, Line, ParseContext, parse_lines
 from collectors.dcgm import is_blank
 from collectors.dcgm_exporter import DcgmExporterCollector
 from core.errors import CollectorUnavailable
-from core.records import Event, NodeName, Record, Sample
+from core.records import EntityId, Event, NodeName, Record, Sample
 from tests.conftest import cases_dir
 
 PARSERS = nvidia_smi.PARSERS + dcgm.PARSERS + dcgm_exporter.PARSERS
@@ -350,3 +350,80 @@ def test_exporter_windowed_counts() -> None:
     assert (xid.entity, xid.code, xid.attrs["count"]) == ("GPU-aaaa", "79", "2")
     (thermal,) = samples(records, "gpu_clock_event_active")
     assert (thermal.labels["reason"], thermal.value) == ("hw_thermal", 1)
+
+
+# ------------------------------------------------------- variants of real artifacts
+
+
+HEALTH_V2 = (
+    "+---------------------------+----------------------------------------------------------+\n"
+    "| Health Monitor Report                                                                |\n"
+    "+===========================+==========================================================+\n"
+    "| Overall Health            | Warning                                                  |\n"
+    "| GPU                       |                                                          |\n"
+    "| -> 0                      | Warning                                                  |\n"
+    "|    -> Errors              |                                                          |\n"
+    "|       -> PCIe system      | Warning                                                  |\n"
+    "|                           | Detected more than 8 PCIe replays per minute for GPU 0   |\n"
+    "|                           | : 13 Reconnect PCIe card. Run system side PCIE diagnosti |\n"
+    "|                           | c utilities to verify hops off the GPU board If issue is |\n"
+    "|                           |  on the board, run the field diagnostic.                 |\n"
+    "| -> 3                      | Failure                                                  |\n"
+    "|    -> Errors              |                                                          |\n"
+    "|       -> Memory system    | Failure                                                  |\n"
+    "|                           | GPU 3 had uncorrectable memory errors and row remapping  |\n"
+    "|                           | failed.                                                  |\n"
+    "+---------------------------+----------------------------------------------------------+\n"
+)
+
+
+def test_health_table_dcgm2_layout_per_gpu_and_known_messages() -> None:
+    records, result = parse(HEALTH_V2)
+    got = {(e.entity, e.code) for e in events(records, "dcgm_health")}
+    assert got == {("node", "warning"), ("gpu:0", "warning"), ("gpu:3", "failure")}
+    gpu0 = next(e for e in events(records, "dcgm_health") if e.entity == "gpu:0")
+    # wrapped mid-word at the cell width and rejoined
+    assert "PCIE diagnostic utilities" in gpu0.attrs["message"]
+    assert "issue is on the board" in gpu0.attrs["message"]
+    (remap,) = events(records, "dcgm_diag_error")
+    assert (remap.code, remap.entity) == ("row_remap_failure", "gpu:3")
+    gpu3 = next(e for e in events(records, "dcgm_health") if e.entity == "gpu:3")
+    assert gpu3.attrs.get("explained") == "yes"
+    assert result.issues == []
+
+
+def test_known_dcgm_messages() -> None:
+    ctx = ParseContext(file="f", node=NodeName("n"))
+    line = Line(1, "x")
+    text = (
+        "Detected XID 79 for GPU 3. Detected 2 volatile double-bit ECC error(s) in GPU 1. "
+        "A pending retired page has been detected in GPU 2. "
+        "Detected clock throttling due to thermal violation in GPU 0. "
+        "GPU 4 had memory errors and row remappings are pending"
+    )
+    records = list(dcgm.known_messages(ctx, text, EntityId("node"), [line], "health"))
+    kinds = {
+        (type(r).__name__, getattr(r, "kind", getattr(r, "metric", "")), r.entity) for r in records
+    }
+    assert ("Event", "xid", "gpu:3") in kinds
+    assert ("Sample", "gpu_ecc_errors_total", "gpu:1") in kinds
+    assert ("Event", "dcgm_diag_error", "gpu:2") in kinds
+    assert ("Event", "thermal_violation", "gpu:0") in kinds
+    assert ("Event", "dcgm_diag_error", "gpu:4") in kinds
+
+
+def test_exporter_legacy_names_and_bitmask() -> None:
+    text = (
+        'dcgm_ecc_dbe_volatile_total{gpu="1",uuid="GPU-99999999-0000-0000-0000-000000000001"} 3\n'
+        'dcgm_retired_pages_pending{gpu="1",uuid="GPU-99999999-0000-0000-0000-000000000001"} 1\n'
+        'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="0",UUID="GPU-d0000000-0000-0000-0000-000000000000"}'
+        " 136\n"
+    )
+    records, result = parse(text)
+    (ecc,) = samples(records, "gpu_ecc_errors_total")
+    assert ecc.value == 3
+    assert ecc.labels["scope"] == "volatile"
+    assert samples(records, "gpu_retired_pages_pending")[0].value == 1
+    active = {r.labels["reason"] for r in samples(records, "gpu_clock_event_active") if r.value}
+    assert active == {"hw_slowdown", "hw_power_brake"}
+    assert result.issues == []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.artifact import command_of
 from gpuhealth.diagnose import diagnose
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "artifacts" / "gpu"
@@ -37,3 +38,36 @@ def test_artifact(name: str) -> None:
     assert isinstance(acceptable, list)
     assert set(out["worst_actions"]) <= set(acceptable), detail
     assert result.exit_status != 4, detail
+
+
+def _variants(text: str) -> dict[str, str]:
+    """The same artifact pasted differently: no command line, CRLF, a trailing prompt."""
+    lines = text.splitlines()
+    out = {
+        "crlf": text.replace("\n", "\r\n"),
+        "trailing-prompt": text + "user@host:~$ \n",
+        "leading-blank-lines": "\n\n" + text,
+    }
+    is_command, command = command_of(lines[0]) if lines else (False, None)
+    if is_command and not (command and "noheader" in command):
+        # a noheader CSV needs its command to name the fields; every other kind is
+        # detected from its content
+        out["no-command"] = "\n".join(ln for ln in lines if not command_of(ln)[0]) + "\n"
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_artifact_pasted_differently(name: str, tmp_path: Path) -> None:
+    expected = EXPECTED[name]
+    context = expected.get("context", {})
+    assert isinstance(context, dict)
+    acceptable = expected["acceptable_actions"]
+    assert isinstance(acceptable, list)
+    for variant, body in _variants((FIXTURES / name).read_text()).items():
+        path = tmp_path / f"{variant}-{name}"
+        path.write_bytes(body.encode())
+        result = diagnose([str(path)], context)
+        out = result.to_json()
+        assert out["worst_severity"] == expected["worst_severity"], (variant, out["findings"])
+        assert set(out["worst_actions"]) <= set(acceptable), (variant, out["findings"])
+        assert result.exit_status != 4, variant

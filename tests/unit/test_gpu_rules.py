@@ -363,3 +363,50 @@ def test_diag_failure_because_gpu_unusable_is_reset() -> None:
 def test_nvlink_all_down_by_board(model: str, severity: Severity) -> None:
     records: list[Record] = [*links("gpu:0", [0] * 4), s("gpu_info", 1, "gpu:0", model=model)]
     assert worst(run(records))[0] == severity
+
+
+# ------------------------------------------------------- variants of real artifacts
+
+
+def test_nvlink_all_links_label_does_not_crash_and_pcie_card_is_info() -> None:
+    # nvidia-smi nvlink -s: "NVML: Unable to retrieve NVLink information as all links
+    # are inActive" becomes one sample with link="all"
+    down = s("gpu_nvlink_state", 0, G0, link="all")
+    l40s = s("gpu_info", 1, G0, model="NVIDIA L40S")
+    assert worst(run([down, l40s])) == (Severity.INFO, {Action.NONE})
+    b200 = s("gpu_info", 1, G0, model="NVIDIA B200")
+    assert worst(run([down, b200])) == (Severity.CRITICAL, {Action.RESET_GPU})
+
+
+def test_truncated_h100_sxm_name_counts_as_nvswitch_board() -> None:
+    truncated = s("gpu_info", 1, G0, model="NVIDIA H100 80G...")
+    assert worst(run([*links(G0, [0] * 18), truncated])) == (
+        Severity.CRITICAL,
+        {Action.RESET_GPU},
+    )
+
+
+def test_health_overall_verdict_folds_into_gpu_verdicts() -> None:
+    overall = e("dcgm_health", "failure", "node")
+    nvlink_only = e("dcgm_health", "failure", "gpu:0", message="NVLINK", nvlink_only="yes")
+    down = s("gpu_nvlink_state", 0, "gpu:0", link="0")
+    found = run([overall, nvlink_only, down], {"nvlink": "absent"})
+    assert worst(found) == (Severity.INFO, {Action.NONE})
+    explained = e("dcgm_health", "failure", "gpu:2", message="row remap", explained="yes")
+    remap = e("dcgm_diag_error", "row_remap_failure", "gpu:2")
+    assert worst(run([overall, explained, remap])) == (
+        Severity.CRITICAL,
+        {Action.SERVICE_HARDWARE},
+    )
+
+
+def test_diag_cuda_context_failure_is_unusable_not_faulty() -> None:
+    fail = e(
+        "dcgm_diag",
+        "pcie",
+        "gpu:5",
+        result="fail",
+        category="integration",
+        message="GPU 5 failed to create a CUDA context: cuCtxCreate returned 46",
+    )
+    assert worst(run([fail])) == (Severity.CRITICAL, {Action.RESET_GPU})

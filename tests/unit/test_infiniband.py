@@ -229,6 +229,10 @@ def test_parsers_exported():
         "ibqueryerrors",
         "ethtool_stats",
         "sysfs_dump",
+        "rdma_statistic",
+        "ip_link_stats",
+        "mlxlink",
+        "ibdiagnet",
     }
 
 

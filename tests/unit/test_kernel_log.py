@@ -480,3 +480,126 @@ def test_more_stamp_formats(prefix: str) -> None:
     ctx = ParseContext(file="k.log", node=NodeName("n1"), default_year=2024)
     (ev,) = events([f"{prefix} {XID79}"], ctx)
     assert (ev.kind, ev.code, ev.entity) == ("xid", "79", "0000:b1:00.0")
+
+
+def test_indented_paste_is_not_one_long_message() -> None:
+    found = events(
+        [
+            "    [  912.1] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=python, Graphics Exception",
+            "    [  960.5] NVRM: Xid (PCI:0000:5e:00): 79, pid=2, name=python, GPU has fallen off",
+            "  NVRM: Xid (PCI:0000:9b:00): 43, pid=3, name=python3, Ch 00000008",
+            "  NVRM: Xid (PCI:0000:9b:00): 95, pid=3, name=python3, Uncontained: FBHUB.",
+        ]
+    )
+    assert [(e.code, e.entity) for e in found if e.kind == "xid"] == [
+        ("13", "0000:3b:00.0"),
+        ("79", "0000:5e:00.0"),
+        ("43", "0000:9b:00.0"),
+        ("95", "0000:9b:00.0"),
+    ]
+
+
+def test_deeper_indented_unstamped_line_continues_the_message() -> None:
+    (ev,) = events(
+        [
+            "Apr 19 12:34:42 host kernel: NVRM: API mismatch: the client 'x' (pid 849)",
+            "                               NVRM: has the version 570.133.07, but this kernel",
+        ]
+    )
+    assert (ev.kind, ev.code) == ("driver_mismatch", "api_mismatch")
+    assert len(ev.evidence) == 2
+
+
+def test_rsyslog_escaped_newlines() -> None:
+    (ev,) = events(
+        [
+            "Jun 30 11:07:05 gpu-0 kernel: NVRM: API mismatch: the client has the version "
+            "535.54.03, but#012NVRM: this kernel module has the version 530.30.02."
+        ]
+    )
+    assert ev.kind == "driver_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "code", "entity"),
+    [
+        (
+            "[ 4.8] nvidia 0000:3b:00.0: probe with driver nvidia failed with error -1",
+            "gpu_init_failure",
+            "probe_failed",
+            "0000:3b:00.0",
+        ),
+        (
+            "[ 23.9] nvidia 0000:07:00.0: Direct firmware load for nvidia/570.144/gsp_ga10x.bin "
+            "failed with error -2",
+            "gpu_init_failure",
+            "firmware_missing",
+            "0000:07:00.0",
+        ),
+        (
+            "[ 23.9] NVRM: RmFetchGspRmImages: No firmware image found",
+            "gpu_init_failure",
+            "firmware_missing",
+            "node",
+        ),
+        (
+            "[ 9.1] NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, "
+            "requiring os reboot to recover.",
+            "reboot_required",
+            "uvm_fatal",
+            "node",
+        ),
+        (
+            "[ 9.2] NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:3b:00 (printing "
+            "1 of every 30).  The GPU likely needs to be reset.",
+            "gsp_rpc_timeout",
+            "rpc_timeout",
+            "0000:3b:00.0",
+        ),
+        (
+            "XID 79(GPU has fallen off the bus) detected on PCI:0000:ae:00",
+            "xid",
+            "79",
+            "0000:ae:00.0",
+        ),
+        (
+            "[Mar 27 2024 17:40:36.123456] [ERROR] [tid 12] detected NVSwitch non-fatal error "
+            "12028 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 1 port 32",
+            "sxid",
+            "12028",
+            "0000:86:00.0",
+        ),
+        (
+            "Sep 18 03:19:01 h nv-fabricmanager[1]: NVIDIA Fabric Manager doesn't support this "
+            "system",
+            "fabric_manager",
+            "not_supported",
+            "node",
+        ),
+        (
+            "[1.0] EDAC MC0: CE page 0x1a3c22, offset 0x480, grain 0, syndrome 0x21, row 2, "
+            'channel 1, label "DIMM_B1": i5000 CE',
+            "host_memory",
+            "CE",
+            "node",
+        ),
+    ],
+)
+def test_more_driver_wordings(line: str, kind: str, code: str, entity: str) -> None:
+    found = [e for e in events([line]) if e.kind == kind]
+    assert [(e.code, e.entity) for e in found] == [(code, entity)]
+
+
+def test_xid154_without_from_part() -> None:
+    (ev,) = events(
+        ["NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed to 0x1 (GPU Reset Required)"]
+    )
+    assert ev.attrs["recovery_action"] == "GPU Reset Required"
+    assert ev.attrs["recovery_action_code"] == "1"
+
+
+def test_unstamped_block_with_driver_lines_deep_inside_is_a_kernel_log() -> None:
+    noise = [Line(i, f"systemd: Started Session {i} of User root.") for i in range(1, 80)]
+    block = [*noise, Line(80, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, fallen off")]
+    assert KernelLogParser().detect(block, None) >= 20
+    assert KernelLogParser().detect(noise, None) == 0

@@ -395,3 +395,95 @@ def test_cut_and_mangled_inputs_never_raise() -> None:
                     i = rng.randrange(len(lines))
                     lines[i] = lines[i][: rng.randrange(len(lines[i]) + 1)]
             parse("\n".join(lines))
+
+
+# ------------------------------------------------------- variants of real artifacts
+
+
+def test_recovery_action_texts_of_several_drivers() -> None:
+    code = nvidia_smi.recovery_code
+    assert [code(v) for v in ("None", "Reset", "GPU Reset Required", "Node Reboot Required")] == [
+        0,
+        1,
+        1,
+        2,
+    ]
+    assert [
+        code(v) for v in ("Drain P2P", "Drain and Reset", "NVML_GPU_RECOVERY_ACTION_NODE_REBOOT")
+    ] == [
+        3,
+        4,
+        2,
+    ]
+    assert code("Recover IMEX Domain") == 5
+    assert code("something new") is None
+
+
+def test_csv_bitmask_nvml_error_values_and_reset_status() -> None:
+    text = (
+        "index, pci.bus_id, clocks_event_reasons.active, reset_status.reset_required, "
+        "temperature.gpu\n"
+        "0, 00000000:18:00.0, 0x0000000000000088, No, 33\n"
+        "1, 00000000:2A:00.0, [GPU is lost], [GPU is lost], [GPU is lost]\n"
+        "2, 00000000:3B:00.0, 0x0000000000000001, Yes, 30\n"
+    )
+    records, result = parse(text)
+    active = {
+        r.labels["reason"]
+        for r in samples(records, "gpu_clock_event_active", "0000:18:00.0")
+        if r.value
+    }
+    assert active == {"hw_slowdown", "hw_power_brake"}
+    (lost,) = events(records, "gpu_lost")
+    assert lost.entity == "0000:2a:00.0"
+    (action,) = samples(records, "gpu_recovery_action", "0000:3b:00.0")
+    assert action.value == 1
+    assert result.issues == []
+
+
+def test_q_fabric_health_derived_and_indented_gpu_headers() -> None:
+    text = (
+        "    GPU 00000008:01:00.0\n"
+        "        Fabric\n"
+        "            State                         : Completed\n"
+        "            Status                        : Success\n"
+        "            Health\n"
+        "                Bandwidth                 : Degraded\n"
+        "                Route Unhealthy           : False\n"
+        "    GPU 00000009:01:00.0\n"
+        "        Remapped Rows\n"
+        "            Pending                       : Yes\n"
+    )
+    records, _ = parse(text)
+    (fabric,) = events(records, "fabric")
+    assert fabric.entity == "0008:01:00.0"
+    assert fabric.attrs["health_summary"].startswith("Unhealthy")
+    (pending,) = samples(records, "gpu_row_remap_pending")
+    assert pending.entity == "0009:01:00.0"
+
+
+def test_table_followed_by_q_text_in_one_block() -> None:
+    text = (
+        "|   0  NVIDIA A100-SXM4-80GB          On  | 00000000:27:00.0 Off |                0 |\n"
+        "| N/A   29C    P0              61W / 400W |      4MiB / 81920MiB |  0%      Default |\n"
+        "+-----------------------------------------+----------------------+------------------+\n"
+        "GPU 00000000:27:00.0\n"
+        "    Remapped Rows\n"
+        "        Pending                           : Yes\n"
+    )
+    records, result = parse(text)
+    assert samples(records, "gpu_row_remap_pending", "0000:27:00.0")[0].value == 1
+    assert samples(records, "gpu_temperature_celsius", "0000:27:00.0")
+    assert result.kinds == ["nvidia_smi_table"]
+
+
+def test_nvidia_smi_L_and_nvlink_without_links() -> None:
+    text = (
+        "GPU 0: Tesla T4 (UUID: GPU-7474aaaa-0000-0000-0000-000000000000)\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-7474aaaa-0000-0000-0000-000000000001)\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-7474aaaa-0000-0000-0000-000000000002)\n"
+    )
+    records, result = parse(text)
+    assert result.kinds == ["nvidia_smi_nvlink"]
+    assert not samples(records, "gpu_nvlink_state")
+    assert result.issues == []

@@ -142,6 +142,11 @@ def test_xid45_folded_or_standing_for_its_cause() -> None:
         ("0x3 (Drain P2P)", Severity.MAJOR, Action.RESET_GPU),
         ("0x4 (Drain and Reset)", Severity.CRITICAL, Action.RESET_GPU),
         ("0x0 (None)", Severity.INFO, Action.NONE),
+        ("0x5 (Recover IMEX Domain)", Severity.MAJOR, Action.CHECK_NETWORK),
+        ("0x6 (Bus Reset Required)", Severity.CRITICAL, Action.RESET_GPU),
+        ("0x7 (System Reboot Required)", Severity.CRITICAL, Action.REBOOT_NODE),
+        ("0x6 (Some Future Wording)", Severity.CRITICAL, Action.RESET_GPU),
+        ("0x2", Severity.CRITICAL, Action.REBOOT_NODE),
     ],
 )
 def test_xid154_recovery_actions(to: str, severity: Severity, action: Action) -> None:
@@ -283,8 +288,25 @@ def test_uuid_mapped_to_bus_id() -> None:
         ),
         (
             "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress PRIV",
+            Severity.MAJOR,
+            Action.REBOOT_NODE,
+        ),
+        (
+            "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link "
+            "DLREQ interrupt",
             Severity.INFO,
             Action.NONE,
+        ),
+        (
+            "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 11012, Data {0x0000002b, 0x00000000}",
+            Severity.INFO,
+            Action.NONE,
+        ),
+        (
+            "nvidia-nvswitch0: SXid (PCI:0000:a9:00.0): 19084, Non-fatal, Link 12 AN1 Heartbeat "
+            "Timeout Error",
+            Severity.MAJOR,
+            Action.REBOOT_NODE,
         ),
     ],
 )
@@ -466,3 +488,137 @@ def test_gsp_heartbeat_after_driver_load_in_journal_is_boot_failure() -> None:
         ]
     )
     assert (runtime[0].kind, top(runtime)) == ("gsp_error", (Severity.CRITICAL, Action.RESET_GPU))
+
+
+@pytest.mark.parametrize(
+    ("registers", "severity", "action"),
+    [
+        ("0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0", Severity.CRITICAL, Action.RESET_GPU),
+        ("0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", Severity.CRITICAL, Action.RESET_GPU),
+        ("0x1, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", Severity.INFO, Action.NONE),
+        ("0x40800001, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", Severity.INFO, Action.NONE),
+        ("0x1, 0x0, 0x0, 0x4, 0x0, 0x0, 0x0", Severity.CRITICAL, Action.RESET_GPU),
+        ("0x0, 0x0, 0x0, 0x0, 0x100000, 0x0, 0x0", Severity.INFO, Action.NONE),
+        ("0x0, 0x0, 0x0, 0x0, 0x2000000, 0x0, 0x0", Severity.CRITICAL, Action.RESET_GPU),
+        ("0x0, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0", Severity.CRITICAL, Action.RESET_GPU),
+    ],
+)
+def test_xid74_register_decode(registers: str, severity: Severity, action: Action) -> None:
+    line = xid(74, f"NVLink: fatal error detected on link 3({registers})")
+    assert top(judge([line])) == (severity, action)
+
+
+def test_xid74_without_registers_is_fatal() -> None:
+    assert top(judge([xid(74, "NVLink error")])) == (Severity.CRITICAL, Action.RESET_GPU)
+
+
+def test_driver_mismatch_is_major_fix_config() -> None:
+    found = judge(
+        [
+            "[ 7386.259769] NVRM: API mismatch: the client has the version 515.48.07, but",
+            "               NVRM: this kernel module has the version 510.73.05.  Please",
+        ]
+    )
+    assert top(found) == (Severity.MAJOR, Action.FIX_CONFIG)
+    assert found[0].kind == "driver_mismatch"
+    found = judge(["Failed to initialize NVML: Driver/library version mismatch"])
+    assert top(found) == (Severity.MAJOR, Action.FIX_CONFIG)
+
+
+def test_unsupported_gpu_and_missing_firmware_are_config() -> None:
+    found = judge(
+        [
+            "[ 6.5] NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1b80)",
+            "       NVRM: installed in this system is not supported by the",
+            "       NVRM: NVIDIA 535.183.01 driver release.",
+            "[ 6.6] nvidia: probe of 0000:01:00.0 failed with error -1",
+        ]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.FIX_CONFIG)
+    assert len(found) == 1
+    found = judge(
+        [
+            "[ 23.9] nvidia 0000:07:00.0: Direct firmware load for nvidia/570.144/gsp_ga10x.bin "
+            "failed with error -2",
+            "[ 23.9] NVRM: GPU 0000:07:00.0: RmInitAdapter failed! (0x61:0x56:1770)",
+        ]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.FIX_CONFIG)
+    assert len(found) == 1
+
+
+def test_uvm_global_fatal_error_needs_reboot() -> None:
+    line = (
+        "[ 9.1] NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, "
+        "requiring os reboot to recover."
+    )
+    assert top(judge([line])) == (Severity.CRITICAL, Action.REBOOT_NODE)
+
+
+def test_fabric_manager_topology_mismatch_means_an_nvswitch_system() -> None:
+    found = judge(
+        [
+            "[Jan 12 2025 06:10:33] [ERROR] [tid 2811] detected number of NVSwitches don't "
+            "match with any supported system topology, aborting fabric manager"
+        ]
+    )
+    assert top(found) == (Severity.MAJOR, Action.CHECK_NETWORK)
+
+
+def test_amd_mce_dram_ue_is_host_memory() -> None:
+    found = judge(
+        [
+            "[1.0] [Hardware Error]: Uncorrected, software restartable error.",
+            "[1.0] [Hardware Error]: CPU:2 (19:1:1) MC18_STATUS[-|UE|MiscV|AddrV|-|-|-|UECC|-|"
+            "Poison|Scrub]: 0xbc2000000000011b",
+            "[1.0] [Hardware Error]: Unified Memory Controller Ext. Error Code: 0, DRAM ECC error.",
+        ]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.SERVICE_HARDWARE)
+    assert found[0].entity == "node"
+    corrected = judge(
+        [
+            "[1.0] [Hardware Error]: Corrected error, no action required.",
+            "[1.0] [Hardware Error]: CPU:0 (19:1:1) MC17_STATUS[Over|CE|MiscV|AddrV|-|-|SyndV|"
+            "CECC|-|-|-]: 0xdc2040000400011b",
+            "[1.0] [Hardware Error]: Unified Memory Controller Ext. Error Code: 0, DRAM ECC error.",
+        ]
+    )
+    assert corrected == []
+
+
+def test_bus_error_without_aer_header_on_gpu() -> None:
+    found = judge(
+        [
+            "[ 4.2] nvidia 0000:41:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), "
+            "type=Transaction Layer, (Requester ID)",
+            "[ 4.2] nvidia 0000:41:00.0:   device [10de:20b5] error status/mask=00004000/00000000",
+        ]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.REBOOT_NODE)
+    assert found[0].entity == "0000:41:00.0"
+
+
+def test_gpu_needing_open_kernel_modules_is_config() -> None:
+    found = judge(
+        [
+            "[ 6.5] NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2b85)",
+            "       NVRM: installed in this system requires use of the NVIDIA open kernel modules.",
+            "[ 6.6] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x22:0x56:667)",
+        ]
+    )
+    assert top(found) == (Severity.CRITICAL, Action.FIX_CONFIG)
+
+
+def test_feature_not_supported_by_driver_is_not_an_unsupported_gpu() -> None:
+    found = judge(["[ 6.5] NVRM: GPU 0000:01:00.0: this feature is not supported by the driver"])
+    assert found == []
+
+
+def test_xid43_folds_into_the_app_fault_it_follows() -> None:
+    found = judge([xid(13, "Graphics Exception"), xid(43, "Ch 00000008", up=100.5)])
+    assert [(f.code, f.severity, f.action) for f in found] == [
+        ("13", Severity.INFO, Action.RESTART_APP)
+    ]
+    assert found[0].occurrences == 2
+    assert top(judge([xid(43, "Ch 00000008")])) == (Severity.INFO, Action.NONE)
