@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from alerting.silences import Silence
-from alerting.webhook import _mapped_errors, _retry_after
+from alerting.webhook import _mapped_errors, _retry_after, _ssl_context
 from core.clock import Clock, system_clock
 from core.errors import NotifierUnavailable, PermanentError
 from core.records import Alert, AlertState
@@ -128,7 +128,8 @@ class AlertmanagerNotifier:
         body = [self.payload(a) for a in alerts]
         with _mapped_errors(self._endpoint):
             async with httpx.AsyncClient(timeout=self.timeout_seconds,
-                                         transport=self.transport) as client:
+                                         transport=self.transport,
+                                         verify=_ssl_context()) as client:
                 response = await client.post(self._endpoint, json=body)
         status = response.status_code
         if 200 <= status < 300:
@@ -175,7 +176,8 @@ async def post_silence(
     """
     endpoint = url.rstrip("/") + "/api/v2/silences"
     with _mapped_errors(endpoint):
-        async with httpx.AsyncClient(timeout=timeout_seconds, transport=transport) as client:
+        async with httpx.AsyncClient(timeout=timeout_seconds, transport=transport,
+                                     verify=_ssl_context()) as client:
             response = await client.post(endpoint, json=silence_payload(silence))
     if response.status_code == 429 or response.status_code >= 500:
         raise NotifierUnavailable(f"alertmanager {url} answered {response.status_code}")

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from alerting.webhook import _mapped_errors, _retry_after
+from alerting.webhook import _mapped_errors, _retry_after, _ssl_context
 from core.clock import Clock, system_clock
 from core.errors import NotifierUnavailable, PermanentError
 from core.records import Alert, AlertState
@@ -159,7 +159,8 @@ class PagerDutyNotifier:
         body = self.event(alert)
         with _mapped_errors(self.url):
             async with httpx.AsyncClient(timeout=self.timeout_seconds,
-                                         transport=self.transport) as client:
+                                         transport=self.transport,
+                                         verify=_ssl_context()) as client:
                 response = await client.post(self.url, json=body)
         status = response.status_code
         if 200 <= status < 300:

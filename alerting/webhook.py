@@ -24,10 +24,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import email.utils
+import functools
 import hashlib
 import hmac
 import json
 import logging
+import ssl
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -94,6 +96,12 @@ def _retry_after(value: str | None, now: float) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - now)
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """Return one default TLS context for every client (building one costs ~20 ms)."""
+    return ssl.create_default_context()
 
 
 @contextlib.contextmanager
@@ -173,7 +181,8 @@ class WebhookNotifier:
         body = json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":")).encode()
         headers = self._headers(body)
         with _mapped_errors(self.url):
-            async with httpx.AsyncClient(timeout=self.timeout_seconds) as client:
+            async with httpx.AsyncClient(timeout=self.timeout_seconds,
+                                         verify=_ssl_context()) as client:
                 response = await client.post(self.url, content=body, headers=headers)
         status = response.status_code
         if 200 <= status < 300:

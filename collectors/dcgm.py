@@ -6,8 +6,10 @@ Kinds handled here (DCGM user guide, "dcgmi" chapters):
   Deployment, Integration, Hardware, Stress; rows ``| GPU Memory | Pass - GPUs: 1, 2 |``
   with extra status rows ``| | Fail - GPU: 0 |``; Warning/Error/Info rows whose
   text DCGM wraps at a fixed width, even mid-word, rejoined here) and ``dcgmi diag -j``.
-* ``dcgmi_health``: ``dcgmi health -c`` table and ``-j`` JSON. A "Healthy" verdict is
-  recorded as an event; it never clears anything by itself.
+* ``dcgmi_health``: ``dcgmi health -c`` table (the DCGM 1.x ``GPU ID: N`` layout and
+  the 2.x+ ``-> N`` / ``-> Errors`` / ``-> PCIe system`` layout, messages rejoined
+  like diag cells) and ``-j`` JSON. A "Healthy" verdict is recorded as an event; it
+  never clears anything by itself.
 * ``dcgmi_dmon``: ``dcgmi dmon`` columns named by DCGM field short names
   (``XIDER`` is field 230 ``DCGM_FI_DEV_XID_ERRORS``, the *last* Xid, a pointer).
   Blank and not-supported values are omitted.
@@ -20,11 +22,19 @@ Events and samples written (read by ``analytics.fault_model.gpu``):
   ``result`` (``fail``/``warn``), ``category``, ``test``, ``nvlink_only`` (``yes``
   when every message behind the result is an NVLink-down report), ``message``.
   Entity the GPU, or ``node`` for "Fail - All".
-* ``dcgm_diag_error`` events for deployment errors with a known meaning
-  (``row_remap_pending``, ``row_remap_failure``, ``retired_pages_pending``).
-* ``thermal_violation`` events (DCGM's thermal-violation warnings).
+* ``dcgm_diag_error`` events for diag and health messages with a known meaning
+  (``dcgm_errors.h`` texts: ``row_remap_pending``, ``row_remap_failure``,
+  ``retired_pages_pending``); attr ``category`` (the diag section, or ``health``).
+* ``thermal_violation`` events (DCGM's thermal-violation warnings, and health's
+  "clock throttling due to thermal violation").
+* ``xid`` events for "Detected XID n for GPU m" and the uncontained-error (Xid 95)
+  message; ``gpu_ecc_errors_total`` samples for "Detected n volatile double-bit ECC
+  error(s) in GPU m".
 * ``dcgm_diag_perf`` events: per-GPU throughput figures (``value``, ``unit``).
-* ``dcgm_health`` events, code the verdict (``healthy``, ``warning``, ``failure``).
+* ``dcgm_health`` events, code the verdict (``healthy``, ``warning``, ``failure``),
+  entity the GPU or ``node`` (the overall verdict); attrs ``message``,
+  ``nvlink_only`` (``yes`` when only NVLink-down reports are behind it) and
+  ``explained`` (``yes`` when every message became one of the records above).
 * ``nvswitch_inventory`` events, code ``present`` or ``absent``.
 * Samples ``gpu_nvlink_state{link}`` (NVLink status and NVLink-down warnings) and the
   catalogued metrics behind ``dmon`` columns.
@@ -443,7 +453,13 @@ class _DiagSession(_Session):
         out: list[Record] = []
         for category, test, result in _walk_diag(doc):
             status = str(result.get("status", "")).lower()[:4]
-            warnings = _texts(result.get("warnings") or result.get("warning") or [])
+            warnings = _texts(
+                result.get("warnings")
+                or result.get("warning")
+                or result.get("errors")
+                or result.get("error")
+                or []
+            )
             infos = _texts(result.get("info") or [])
             gpu_ids = result.get("gpu_ids", result.get("gpu_id", result.get("entity_id")))
             gpus: list[str] | None
@@ -620,6 +636,27 @@ class _HealthSession(_Session):
             anchor = _find_line(lines, f'"{key}"') or lines[0]
             verdict_line = _find_line(lines, f'"{verdict}"') or anchor
             yield self._event(entity, verdict, details, [anchor, verdict_line])
+        # per-GPU verdicts nested under "GPU" -> "children" -> "<id>" (DCGM 2.x and later)
+        for gpu_id, node in _health_json_gpus(body):
+            verdict = node.get("value")
+            if not isinstance(verdict, str) or not _HEALTH_WORDS.match(verdict):
+                continue
+            details = " ".join(
+                t for t in _texts_deep(node.get("children")) if not _HEALTH_WORDS.fullmatch(t)
+            )
+            anchor = _find_line(lines, f'"{gpu_id}"') or lines[0]
+            used = [anchor] + [
+                ln for t in _texts_deep(node.get("children")) if (ln := _find_line(lines, t[:40]))
+            ]
+            entity = _gpu(gpu_id)
+            event = self._event(entity, verdict, details, used)
+            texts = [t for t in _texts_deep(node.get("children")) if not _HEALTH_WORDS.fullmatch(t)]
+            found = [list(known_messages(self.ctx, t, entity, used, "health")) for t in texts]
+            if texts and all(found):
+                event = dataclasses.replace(event, attrs={**event.attrs, "explained": "yes"})
+            yield event
+            for records in found:
+                yield from records
 
     def _table(self, lines: Sequence[Line]) -> Iterator[Record]:
         """Both table layouts.
@@ -849,6 +886,23 @@ _XID_MSG = re.compile(
 
 _THERMAL_THROTTLE = re.compile(r"clock throttling due to thermal violation in GPU\s*(\d+)", re.I)
 """``DCGM_FR_CLOCK_THROTTLE_THERMAL``: thermal slowdown (a cooling problem)."""
+
+
+def _health_json_gpus(value: Any, under_gpu: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(gpu id, node)`` for each GPU of a ``dcgmi health -j`` document.
+
+    A GPU is a numeric key below a ``GPU`` key, whatever the nesting (``children``
+    levels) in between.
+    """
+    if not isinstance(value, dict):
+        return
+    for key, child in value.items():
+        if not isinstance(child, dict):
+            continue
+        if under_gpu and str(key).strip().isdigit():
+            yield str(key).strip(), child
+            continue
+        yield from _health_json_gpus(child, under_gpu or str(key).strip().upper() == "GPU")
 
 
 def _texts_deep(value: Any) -> list[str]:

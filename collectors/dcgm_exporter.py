@@ -18,6 +18,10 @@ plus :data:`EXTRA_SERIES` for series that share a catalogued metric with another
   the windowed ``DCGM_EXP_XID_ERRORS_COUNT{xid}`` (a real count over the last
   window) becomes an ``xid`` event when above 0, and ``DCGM_EXP_CLOCK_EVENTS_COUNT``
   a ``gpu_clock_event_active`` sample.
+* dcgm-exporter 1.x ``dcgm_*`` names are translated (:data:`LEGACY_NAMES`).
+* Series copied from the Prometheus UI (``{a="1", b="2"}<tab>v``) parse like a
+  scrape; a Prometheus HTTP API answer (``/api/v1/query`` JSON, vector or matrix)
+  is turned into exposition lines first (:func:`query_result_lines`).
 * Series that are not catalogued are skipped (counted at debug level).
 """
 

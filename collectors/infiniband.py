@@ -1,7 +1,8 @@
 """Artifact parsers for InfiniBand and RoCE tools.
 
-Covers ibstat, ibstatus, perfquery, ibqueryerrors, ``ethtool -S`` and
-``grep "" /sys/class/infiniband/...`` dumps.
+Covers ibstat, ibstatus, ibv_devinfo, perfquery, ibqueryerrors, ``ethtool -S``,
+``grep "" /sys/class/infiniband/...`` dumps, ``rdma statistic``, ``ip -s link``,
+``mlxlink`` and the ibdiagnet summary table.
 
 Sources followed:
 
@@ -143,6 +144,18 @@ def port_entity(device: str, port: str | int) -> EntityId:
     return EntityId(f"{device}:{port}")
 
 
+def _state_word(text: str) -> str:
+    """Normalise ``4: ACTIVE``, ``PORT_ACTIVE (4)``, ``LINK_UP (5)``, ``Active`` to one word.
+
+    Examples:
+        >>> _state_word("PORT_ACTIVE (4)"), _state_word("5: LinkUp"), _state_word("LINK_UP (5)")
+        ('active', 'linkup', 'linkup')
+    """
+    word = re.sub(r"^\s*\d+\s*:\s*|\s*\(\d+\)\s*$", "", text).strip().lower()
+    word = word.removeprefix("port_")
+    return word.replace(" ", "").replace("_", "")
+
+
 def parse_port_state(text: str) -> tuple[str, int] | None:
     """Return ``(code, value)`` for a logical state written by ibstat, ibstatus or sysfs.
 
@@ -154,8 +167,7 @@ def parse_port_state(text: str) -> tuple[str, int] | None:
         >>> parse_port_state("bogus") is None
         True
     """
-    word = re.sub(r"^\s*\d+\s*:\s*", "", text).strip().lower().replace(" ", "")
-    return PORT_STATES.get(word)
+    return PORT_STATES.get(_state_word(text))
 
 
 def parse_phys_state(text: str) -> tuple[str, int] | None:
@@ -165,7 +177,7 @@ def parse_phys_state(text: str) -> tuple[str, int] | None:
         >>> parse_phys_state("5: LinkUp")
         ('linkup', 5)
     """
-    word = re.sub(r"^\s*\d+\s*:\s*", "", text).strip().lower().replace(" ", "")
+    word = _state_word(text)
     value = PHYS_STATES.get(word)
     return None if value is None else (word, value)
 
@@ -262,11 +274,35 @@ def _int(text: str) -> int | None:
         return None
 
 
+_QUOTE = re.compile(r"^\s*>[ \t]?")
+
+
+def unquote(lines: Sequence[Line]) -> Sequence[Line]:
+    """Strip the Markdown quote marks of a pasted block (``> CA 'mlx5_0'``).
+
+    Only when most non-blank lines carry one, so that a ``>`` inside a value is kept.
+
+    Examples:
+        >>> [x.text for x in unquote([Line(1, "> CA 'mlx5_0'"), Line(2, ">     Port 1:")])]
+        ["CA 'mlx5_0'", '    Port 1:']
+    """
+    filled = [line for line in lines if line.text.strip()]
+    quoted = sum(1 for line in filled if _QUOTE.match(line.text))
+    if not filled or quoted * 2 < len(filled):
+        return lines
+    return [Line(line.number, _QUOTE.sub("", line.text, count=1)) for line in lines]
+
+
 # --- ibstat / ibstatus -----------------------------------------------------------
 
-_CA = re.compile(r"^CA '(?P<ca>[^']+)'\s*$")
+_CA = re.compile(r"^\s*CA '(?P<ca>[^']+)'\s*$")
 _IBSTAT_PORT = re.compile(r"^\s*Port (?P<port>\d+):\s*$")
-_IBSTATUS_PORT = re.compile(r"^Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:\s*$")
+_IBSTATUS_PORT = re.compile(
+    r"^\s*Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:\s*$"
+)
+# ibv_devinfo: "hca_id:\tmlx5_0" then "\t\tport:\t1" and "state: PORT_ACTIVE (4)".
+_HCA_ID = re.compile(r"^\s*hca_id:\s*(?P<ca>\S+)\s*$")
+_DEVINFO_PORT = re.compile(r"^\s*port:\s*(?P<port>\d+)\s*$")
 _KEYVAL = re.compile(r"^\s*(?P<key>[A-Za-z][\w /]*?):\s*(?P<value>.*?)\s*$")
 
 
@@ -290,10 +326,11 @@ class IbstatSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; records of a port are returned when the port ends."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             text = line.text
-            ca = _CA.match(text)
+            ca = _CA.match(text) or _HCA_ID.match(text)
             if ca:
                 self._finish(out)
                 self._ca, self._ca_ev = ca["ca"], _ev(self._ctx, line)
@@ -305,7 +342,7 @@ class IbstatSession:
                 self._port = _Port(device=status["ca"], port=status["port"])
                 self._port.evidence.append(_ev(self._ctx, line))
                 continue
-            port = _IBSTAT_PORT.match(text)
+            port = _IBSTAT_PORT.match(text) or _DEVINFO_PORT.match(text)
             if port:
                 self._finish(out)
                 if self._ca is None:
@@ -425,13 +462,19 @@ class IbstatParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 90 when CA/port headers and ``State:`` lines are present."""
+        lines = unquote(lines)
         del command
         heads = states = 0
         for line in lines[:400]:
             text = line.text
-            if _CA.match(text) or _IBSTATUS_PORT.match(text) or _IBSTAT_PORT.match(text):
+            if (
+                _CA.match(text)
+                or _IBSTATUS_PORT.match(text)
+                or _IBSTAT_PORT.match(text)
+                or _HCA_ID.match(text)
+            ):
                 heads += 1
-            elif re.match(r"^\s*(?:State|Physical state|state|phys state):", text):
+            elif re.match(r"^\s*(?:State|Physical state|state|phys[ _]state):", text):
                 states += 1
         if heads and states:
             return 90
@@ -473,6 +516,7 @@ class PerfquerySession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each counter line gives its sample at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             text = line.text.strip()
@@ -527,6 +571,7 @@ class PerfqueryParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 95 on the ``# Port counters`` header, 70 for mostly dotted PMA lines."""
+        lines = unquote(lines)
         sample = lines[:200]
         if any(_PQ_HEADER.match(line.text.strip()) for line in sample[:5]):
             return 95
@@ -568,6 +613,7 @@ class IbqueryerrorsSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each port line gives its samples at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             text = line.text
@@ -617,6 +663,7 @@ class IbqueryerrorsParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 90 when ``GUID 0x... port N: [Counter == value]`` lines are present."""
+        lines = unquote(lines)
         del command
         for line in lines[:200]:
             m = _IQE_PORT.match(line.text)
@@ -663,6 +710,7 @@ class EthtoolStatsSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each counter line gives its sample at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             if _ETH_TITLE.match(line.text) or not line.text.strip():
@@ -716,6 +764,7 @@ class EthtoolStatsParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 90 with the title or the command, 60 for mostly ``rx_/tx_`` counter lines."""
+        lines = unquote(lines)
         sample = lines[:200]
         if any(_ETH_TITLE.match(line.text) for line in sample[:3]):
             return 90
@@ -735,7 +784,8 @@ class EthtoolStatsParser:
 # --- sysfs dumps (grep "" /sys/class/infiniband/...) --------------------------------------
 
 _SYSFS_IB = re.compile(
-    r"^/sys/class/infiniband/(?P<dev>[^/\s]+)/(?:ports/(?P<port>\d+)/)?"
+    # /sys/class/infiniband/... or the device path /sys/devices/pci.../infiniband/...
+    r"^/sys/(?:class|devices/\S*?)/infiniband/(?P<dev>[^/\s]+)/(?:ports/(?P<port>\d+)/)?"
     r"(?:(?P<dir>hw_counters|counters)/)?(?P<name>[\w.-]+):(?P<value>.*)$"
 )
 _SYSFS_NET = re.compile(
@@ -764,6 +814,7 @@ class SysfsDumpSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each line gives its record at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             ev = _ev(self._ctx, line)
@@ -788,7 +839,7 @@ class SysfsDumpSession:
                         )
                     )
                 continue
-            if line.text.strip():
+            if line.text.strip() and not line.text.lstrip().startswith("#"):
                 self.issues.append(
                     _issue(
                         self._ctx, line, f"not a sysfs path:value line: {line.text.strip()[:80]!r}"
@@ -798,6 +849,8 @@ class SysfsDumpSession:
 
     def _ib(self, m: re.Match[str], ev: Evidence, line: Line) -> list[Record]:
         dev, port, folder, name, raw = m["dev"], m["port"], m["dir"], m["name"], m["value"]
+        if raw.strip().upper().startswith("N/A"):
+            return []  # "N/A (no PMA)": the driver has no PortCounters (iWARP, i40iw, irdma)
         node = self._ctx.node
         if folder == "hw_counters":
             if name == "lifespan":
@@ -912,6 +965,7 @@ class SysfsDumpParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 90 when most lines are ``/sys/class/{infiniband,net}/...:value``."""
+        lines = unquote(lines)
         del command
         sample = lines[:200]
         hits = sum(
@@ -946,6 +1000,7 @@ class RdmaStatisticSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each line gives its samples at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             m = _RDMA_STAT.match(line.text)
@@ -985,6 +1040,7 @@ class RdmaStatisticParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 90 when most lines are ``link DEV/PORT name value ...``."""
+        lines = unquote(lines)
         del command
         sample = lines[:200]
         hits = sum(
@@ -1041,6 +1097,7 @@ class IpLinkStatsSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each value line gives its samples at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             text = line.text
@@ -1088,6 +1145,7 @@ class IpLinkStatsParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 90 with interface headers and ``RX:``/``TX:`` column lines."""
+        lines = unquote(lines)
         del command
         sample = lines[:400]
         heads = sum(1 for line in sample if _IP_LINK.match(line.text))
@@ -1147,6 +1205,7 @@ class MlxlinkSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Collect ``Key : value`` fields; records come at :meth:`close`."""
+        lines = unquote(lines)
         for line in lines:
             text = line.text
             if _MLX_TITLE.match(text) or _MLX_RULE.match(text) or not text.strip():
@@ -1230,6 +1289,7 @@ class MlxlinkParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 95 on mlxlink section titles, 80 with the command."""
+        lines = unquote(lines)
         sample = lines[:100]
         if any(_MLX_TITLE.match(line.text) for line in sample[:3]):
             return 95
@@ -1246,7 +1306,8 @@ class MlxlinkParser:
 
 _IBD_HEADER = re.compile(r"^\s*-I-\s+Stage\s+Warnings\s+Errors\b")
 _IBD_STAGE = re.compile(
-    r"^\s*-I-\s+(?P<stage>[A-Za-z][A-Za-z0-9 /&_.-]*?)\s+(?P<w>\d+)\s+(?P<e>\d+)(?:\s+(?P<c>.*?))?\s*$"
+    r"^\s*-I-\s+(?P<stage>[A-Za-z][A-Za-z0-9 /&_.-]*?)\s+(?P<w>\d+)\s+(?P<e>\d+)"
+    r"(?:\s+(?P<c>.*?))?\s*$"
 )
 _IBD_LINE = re.compile(r"^\s*-[IWE]-\s")
 _IBD_FABRIC_KEY = re.compile(
@@ -1272,6 +1333,7 @@ class IbdiagnetSession:
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each stage row gives its event at once."""
+        lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
             text = line.text
@@ -1314,6 +1376,7 @@ class IbdiagnetParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Return 95 on the stage table header, 70 for mostly ``-I-/-W-/-E-`` lines."""
+        lines = unquote(lines)
         sample = lines[:200]
         if any(_IBD_HEADER.match(line.text) for line in sample):
             return 95

@@ -105,7 +105,7 @@ _KEYWORDS = re.compile(
     r"NVRM|NVIDIA|NVSwitch|NVML|No devices were found|Xid|XID |GPU_IS_LOST|EDAC|AER|Hardware Error|"
     r"PCIe Bus Error|PCIe bandwidth|Uncorrected hardware|Memory failure|Unable to determine|"
     r"GPU is lost|CUDA-capable|Linux version|FabricManager|Fabric Manager|-peermem|"
-    r"-fabricmanager|/mask=|nvidia[-: ]"
+    r"-fabricmanager|/mask=|nvidia[-: ]|rror\(s\): "
 )
 
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
@@ -142,6 +142,7 @@ _PREFIX = re.compile(
     r"|\[(?:" + _MON + r"\d\d \d\d:\d\d|\s*\+\d+\.\d+)\]\s?"
     r")?"
 )
+_CALLER = re.compile(r"\[\s*[TC]\d+\]\s*")
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 
 # --- message patterns (bodies, continuation lines joined) ---
@@ -189,6 +190,11 @@ _FW_MISSING = re.compile(
     r"Direct firmware load for nvidia/\S+ failed"
 )
 _MCE_STATUS = re.compile(r"_STATUS\[(?P<flags>[^\]]*)\]")
+_RAS_MC = re.compile(
+    r"(?P<count>\d+) (?P<kind>Corrected|Uncorrected|Fatal|Deferred) error\(s\): "
+    r"(?P<msg>(?:memory|.{0,40}DRAM|.{0,40}ECC).*)",
+    re.I,
+)
 _EDAC_BARE = re.compile(r"EDAC (?:\w+ )?MC(?P<mc>\d+): (?P<kind>UE|CE)\b(?P<msg>.*)")
 _CAUSED_BY = re.compile(r"caused by (?:previous |prior )?Xid\s*(\d+)", re.I)
 _PCI_ANY = re.compile(r"(?:PCI:)?\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
@@ -393,6 +399,10 @@ class KernelLogSession:
         if m is None or m.end() == 0:
             return stamp, text.strip()
         body = text[m.end() :].strip()
+        if body[:1] == "[":  # printk caller id ("[ T1234] ", CONFIG_PRINTK_CALLER)
+            c = _CALLER.match(body)
+            if c is not None:
+                body = body[c.end() :]
         g = m.groupdict()
         up = g["up"] or g["up2"] or g["up3"] or g["up4"]
         if up is not None:
@@ -539,6 +549,11 @@ class KernelLogSession:
                 boot=self._boot,
             )
             return
+        if draft is not None and "AER:" in body:
+            # recovery lines of the same report ("nvidia 0000:3b:00.0: AER: can't recover",
+            # "AER: device recovery failed"): they name the devices below the port
+            draft.add(body, ev)
+            return
         self._single(stamp, body, ev, out)
 
     def _single(self, stamp: _Stamp, body: str, ev: Evidence, out: list[Record]) -> None:
@@ -642,6 +657,21 @@ class KernelLogSession:
             return
         if "[Hardware Error]" in body and self._amd_mce(stamp, body, ev, out):
             return
+        if "rror(s): " in body:
+            m = _RAS_MC.search(body)
+            if m is not None:  # rasdaemon / ras-mc-ctl --errors
+                kind = "CE" if m["kind"].lower() == "corrected" else "UE"
+                self._emit(
+                    out,
+                    "host_memory",
+                    kind,
+                    NODE_ENTITY,
+                    stamp,
+                    body,
+                    [ev],
+                    {"count": m["count"], "source": "rasdaemon", "location": m["msg"][:200]},
+                )
+                return
         m = _EDAC_BARE.search(body)
         if m is not None:
             self._emit(
@@ -1227,6 +1257,8 @@ class KernelLogSession:
                 dev = dev or p["dev"]
                 if p["dev"].lower() == (dev or "").lower():
                     attrs.setdefault("driver", p["drv"])
+                elif p["drv"].startswith("nvidia"):
+                    attrs["gpu_below"] = p["dev"].lower()
             v = _VENDOR_DEV.search(part)
             if v is not None:
                 attrs["vendor_id"] = v["v"].lower()
@@ -1413,6 +1445,7 @@ _STAMPED = re.compile(
 )
 _DRIVER_WORDS = re.compile(
     r"NVRM:|\bXid\b|XidCriticalError|SXid|\bXID \d|GPU_IS_LOST|EDAC |AER: |\[Hardware Error\]|"
+    r"(?:Corrected|Uncorrected) error\(s\): memory|"
     r"PCIe Bus Error|"
     r"\] \[(?:ERROR|WARNING|INFO)\] \[tid \d+\]"
 )

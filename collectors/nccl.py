@@ -21,6 +21,16 @@ lines inside its result table) stays one section with its state:
   ``RC QP`` line naming ``rlid`` is evidence and names the peer.
 * PyTorch ``ProcessGroupNCCL`` watchdog lines: one ``collective_timeout`` event per
   collective (SeqNum), with the ranks that reported it.
+* Open MPI openib BTL ``handle_wc`` errors (``error polling LP CQ with status RETRY
+  EXCEEDED ERROR status number 12``), also when wrapped over several lines:
+  ``rdma_transport`` events by status number or text.
+* aws-ofi-nccl ``NET/OFI Request ... completed with error. RC: N`` (``ofi_completion``);
+  ``Call to ibv_* failed`` and ``NET/OFI Couldn't open ...`` (``rdma_verbs``);
+  ``socketProgress``/``NET/Socket``: ``Connection closed by remote peer`` (``nccl_socket``);
+  CUDA errors that point at the GPU (uncorrectable ECC, device busy) as ``cuda_error``.
+* Line prefixes: ISO time stamps, Ray ``(name pid=N)``, mpirun ``[1,3]<stdout>:``,
+  torchrun ``[default0]:``, srun ``0:``; UCX >= 1.10 ``[epoch] [host:pid:tid] ... UCX
+  ERROR`` lines.
 * nccl-tests result tables (``all_reduce_perf``...; ``src/common.cu``): a
   ``#wrong`` column above zero at any size, or ``# Out of bounds values : N
   FAILED``, becomes one ``collective`` event ``wrong_results`` per node of the run
@@ -129,12 +139,14 @@ MAX_WRONG_EVIDENCE = 8
 # journald short-iso, NCCL_DEBUG_TIMESTAMP_FORMAT), torchrun "[default0]:", srun "0: ".
 _PREFIX = re.compile(
     r"^\s*(?:"
-    # ISO time stamps (kubectl --timestamps, journald short-iso, CloudWatch, NCCL_DEBUG_TIMESTAMP_FORMAT)
+    # ISO time stamps (kubectl --timestamps, journald, CloudWatch, NCCL_DEBUG_TIMESTAMP_FORMAT)
     r"\[?(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\]?:?\s+"
     # Ray "(name pid=N)", mpirun --tag-output "[1,3]<stdout>:", torchrun "[default0]:"
     r"|\([\w.-]+ pid=\d+(?:, ip=[\w.:]+)?\)\s*"
     r"|\[\d+,\d+\]<(?:stdout|stderr)>:\s*"
     r"|\[default\d+\]:\s*"
+    # Markdown quotes of pasted logs ("> host:pid:tid [0] NCCL ...")
+    r"|>[ \t]?"
     # srun --label "0: ", mpirun -l "[0] " (only before an NCCL host:pid:tid)
     r"|\d+:\s+(?=\S)"
     r"|\[\d+\]\s+(?=[\w.-]+:\d+:\d+ \[)"
@@ -147,7 +159,8 @@ _NCCL = re.compile(
 _UNWIND = re.compile(r"^(?P<src>[\w./-]+\.(?:cc|c|cu|h|cpp):\d+) -> (?P<code>\d+)\b")
 _COMPLETION = re.compile(
     r"Got completion(?: from peer(?:\s+(?P<peer>(?!with\b)\S+?))?)?,?\s+with\s+"
-    r"(?:status\s*=\s*|error\s+)(?:(?P<status>\d+)|(?P<name>IBV_WC_[A-Z_]+)(?:\((?P<num>\d+)\))?)",
+    r"(?:status\s*=\s*|error\s+)(?:(?P<status>\d+)|(?P<name>IBV_WC_[A-Z_]+)(?:\((?P<num>\d+)\))?"
+    r"|(?P<text>[a-z][a-z ]+?)\s*\((?P<num2>\d+)\))",
     re.IGNORECASE,
 )
 _OPCODE = re.compile(r"opcode[=\s]\s*(?:\w+\()?(?P<v>\d+)")
@@ -267,7 +280,8 @@ _TORCH_TIME = re.compile(
     r"\[[IWEF](?P<mon>\d{1,2}?)(?P<day>\d{2}) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
 )
 _WATCHDOG = re.compile(
-    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    # PyTorch >= 1.10 "WorkNCCL(SeqNum=N, OpType=X, ...)"; 1.8/1.9 "WorkNCCL(OpType=X, ...)".
+    r"Watchdog caught collective operation timeout: WorkNCCL\((?:SeqNum=(?P<seq>\d+), )?"
     r"OpType=(?P<op>\w+)(?P<rest>.*?)\)\s*ran for (?P<ran>\d+) milliseconds"
 )
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(?P<v>\d+)")
@@ -286,6 +300,19 @@ _INIT_COMPLETE = re.compile(r"\brank (?P<rank>\d+) nranks (?P<n>\d+)\b.*Init COM
 _TESTS_ROW = re.compile(r"^\s*\d+\s+\d+\s+[a-z][\w]*\s+[a-z]+\s+-?\d+\s+[\d.]+\s")
 _TESTS_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<verdict>\w+)?")
 _TESTS_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<v>[\d.]+)")
+# nccl-tests common.cu: "host: Test NCCL failure common.cu:958 'internal error - ...'",
+# "Test CUDA failure common.cu:891 'out of memory'".
+_TESTS_FAILURE = re.compile(r"Test (?P<what>NCCL|CUDA) failure \S+:\d+ '(?P<text>[^']*)'")
+NCCL_RESULT_TEXT: tuple[tuple[str, str], ...] = (
+    ("unhandled cuda error", "ncclUnhandledCudaError"),
+    ("unhandled system error", "ncclSystemError"),
+    ("internal error", "ncclInternalError"),
+    ("remote process exited", "ncclRemoteError"),
+    ("network error", "ncclRemoteError"),
+    ("invalid usage", "ncclInvalidUsage"),
+    ("invalid argument", "ncclInvalidArgument"),
+)
+"""``ncclGetErrorString`` texts (``src/misc/utils.cc``) to ``ncclResult_t`` names."""
 _TESTS_META = re.compile(r"^#\s*(?:nThread|Using devices|\s*Rank\s+\d+|Collective test)")
 _TESTS_STRONG = (_TESTS_HEADER, _TESTS_AVG, _TESTS_OOB, _TESTS_RANK)
 _PERF_BINARY = re.compile(r"\b(?P<op>[a-z_]+)_perf(?:_mpi)?\b")
@@ -300,6 +327,8 @@ def _status_of(completion: re.Match[str]) -> int:
         return int(completion["status"])
     if completion["num"]:
         return int(completion["num"])
+    if completion["num2"]:
+        return int(completion["num2"])
     return _STATUS_BY_NAME.get(completion["name"].upper(), -1)
 
 
@@ -469,6 +498,10 @@ class CollectiveLogSession:
             return
         if _RESULT_NAME.search(body) or _COMPLETION.search(body):
             self._summary_line(line, body, self._ctx.node, at, out)
+            return
+        failure = _TESTS_FAILURE.search(body)
+        if failure:
+            self._tests_failure(line, failure, at, out)
             return
         closed = _SOCKET_CLOSED.search(body)
         if closed:
@@ -645,6 +678,21 @@ class CollectiveLogSession:
             evidence=(_evidence(self._ctx, line),),
             source=self._source,
         )
+
+    def _tests_failure(
+        self, line: Line, failure: re.Match[str], at: float | None, out: list[Record]
+    ) -> None:
+        """An nccl-tests ``Test NCCL|CUDA failure`` line: the test aborted."""
+        text = failure["text"].lower()
+        if failure["what"] == "CUDA":
+            cuda = _CUDA_FAILURE.search(f"Cuda failure '{failure['text']}'")
+            if cuda:
+                self._append(out, self._cuda_event(self._ctx.node, cuda, line, at, {}))
+            return
+        for needle, name in NCCL_RESULT_TEXT:
+            if needle in text:
+                out.append(self._result_event(self._ctx.node, name, line, at, ""))
+                return
 
     def _socket_event(
         self, node: NodeName, closed: re.Match[str], line: Line, at: float | None
@@ -940,7 +988,13 @@ class CollectiveLogSession:
         pg_m = _PG.search(body)
         watchdog = _WATCHDOG.search(body)
         work = _WORK.search(body)
-        seq = watchdog["seq"] if watchdog else work["seq"] if work else None
+        seq = (
+            (watchdog["seq"] or f"{watchdog['op']}-unnumbered")
+            if watchdog
+            else work["seq"]
+            if work
+            else None
+        )
         if seq is None:
             cuda = _CUDA_FAILURE.search(body)
             if cuda:
@@ -1168,6 +1222,7 @@ class NcclLogParser(_CollectiveParser):
                 or "WorkNCCL(" in body
                 or any(p.match(stripped) for p in _TESTS_STRONG)
                 or _JOB_SUMMARY.search(stripped)
+                or _TESTS_FAILURE.search(body)
                 or _OPENIB_START.search(body)
             ):
                 hits += 1

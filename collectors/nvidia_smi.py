@@ -6,7 +6,9 @@ Kinds handled here:
   any number of GPUs, truncated names, ``ERR!`` and ``N/A`` in any field).
 * ``nvidia_smi_q``: ``nvidia-smi -q`` text, whole or pasted fragments.
 * ``nvidia_smi_xml``: ``nvidia-smi -q -x`` XML, whole, truncated or fragments.
-* ``nvidia_smi_csv``: ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``.
+* ``nvidia_smi_csv``: ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``
+  (also ``--query-remapped-rows``); ``clocks_event_reasons.active`` bitmasks are split
+  into reasons.
 * ``nvidia_smi_nvlink``: ``nvidia-smi nvlink -s`` / ``--status`` and ``-e``.
 * ``lspci``: ``lspci -vv`` link capability (``LnkCap``) and status (``LnkSta``)
   of NVIDIA (vendor 10de) GPUs.
@@ -18,7 +20,18 @@ field 230 ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``), NVIDIA's GPU memory error
 management and dynamic page retirement documents, and the ``nvidia-smi`` man
 page. Values are converted to base units (W, bytes, Hz, degrees C, ratio 0-1);
 ``N/A``, ``[N/A]`` and ``Not Supported`` fields are omitted; ``ERR!`` never
-becomes a value but an ``nvidia_smi_err`` event.
+becomes a value but an ``nvidia_smi_err`` event. A field that reads an NVML error
+naming the GPU's state becomes an event: ``[GPU is lost]`` a ``gpu_lost`` event
+(code ``nvml_gpu_is_lost``), ``[GPU requires reset]`` a ``reset_required`` event
+(code ``NV_ERR_RESET_REQUIRED``). ``fabric`` events (code the state, attrs
+``status``, ``health_summary``...) come from ``-q``, ``-q -x`` and the CSV
+``fabric.*`` fields; a health summary missing from the output is derived from the
+``Health`` sub-fields (bandwidth, route recovery/unhealthy, access timeout).
+
+Pastes are taken as they come: indented or quoted as a whole, CRLF, tabs, a table
+followed directly by another kind's text (handed to that kind's parser), XML copied
+from a web page (``&gt;``, ``&nbsp;``), ``nvidia-smi -L`` lines, a root prompt
+(``# nvidia-smi --query-gpu=...``) before CSV.
 
 Entities: the canonical PCI bus id when the output names it, else the GPU UUID,
 else ``gpu:<index>``. A pasted ``-q`` fragment without its ``GPU 0000...`` header

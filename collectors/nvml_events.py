@@ -324,7 +324,7 @@ class NvmlEventWatcher:
                     reason, "NVML event wait failed: %s (the poller keeps reading the GPUs)", exc
                 )
                 # back off so a broken event set cannot spin; the poller reports lost GPUs
-                self._stop.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                self._stop.wait(min(30.0, max(self.wait_ms, 10) / 1000.0 * 2 ** min(failures, 12)))
                 continue
             except Exception as exc:
                 self._fail("event_thread", "NVML event thread failed: %s", exc)

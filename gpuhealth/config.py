@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from alerting.alerts import AlertPolicy
 from core.errors import ConfigError, PluginError
 from core.records import Severity
 
@@ -224,13 +225,60 @@ class AnalyticsSettings(BaseModel):
     """Seconds between two rule evaluations; 5 s alerts quickly without re-evaluating per sample."""
 
 
+class AlertPolicySettings(BaseModel):
+    """``[alerting.policies."<class>"]``: when one fault class (``xid:13``) alerts."""
+
+    model_config = _FROZEN
+
+    for_seconds: Duration = Field(default=0.0, alias="for")
+    """How long a finding must hold before it fires (Prometheus ``for``); 0 fires on first
+    sight, right for states that persist (a port down, a lost GPU)."""
+
+    debounce_count: int = Field(default=1, ge=1)
+    """Occurrences needed within ``debounce_window`` before it alerts; 1 = no debounce."""
+
+    debounce_window_seconds: Duration = Field(default=0.0, alias="debounce_window")
+    """The debounce window (for example ``"10m"`` for three Xid 13 in ten minutes)."""
+
+    keep_firing_for_seconds: Duration = Field(default=0.0, alias="keep_firing_for")
+    """How long an alert keeps firing after its finding disappears (anti-flap)."""
+
+    @model_validator(mode="after")
+    def _window_with_count(self) -> AlertPolicySettings:
+        if self.debounce_count > 1 and self.debounce_window_seconds <= 0:
+            raise ValueError("debounce_count > 1 needs a debounce_window")
+        return self
+
+
 class AlertingSettings(BaseModel):
-    """``[alerting]``: which findings become alerts and where they go."""
+    """``[alerting]``: which findings become alerts, how they are grouped, and where they go."""
 
     model_config = _FROZEN
 
     min_severity: Severity = Severity.WARNING
     """Lowest severity that alerts; ``info`` findings are for dashboards and reports only."""
+
+    page_severity: Severity = Severity.MAJOR
+    """Lowest severity that pages (fault-model.md: critical and major page, warnings are
+    tickets)."""
+
+    group_by: tuple[str, ...] = ("cluster", "node")
+    """Labels that group alerts into one page: one page per node and cluster."""
+
+    cluster: str | None = None
+    """``cluster`` label on every alert (and the PagerDuty dedup key prefix); none by default."""
+
+    resend_interval_seconds: Duration = Field(default=4 * 3600.0, gt=0)
+    """Re-send an unchanged firing alert to every notifier after this long (Alertmanager's
+    ``repeat_interval`` default, 4 h)."""
+
+    runbook_base_url: str = "docs/runbooks"
+    """Prefix of the ``runbook_url`` annotation (``<base>/<kind>.md``); the site's URL of
+    the runbooks, or the folder shipped with gpuhealth."""
+
+    policies: dict[str, AlertPolicySettings] = Field(default_factory=dict)
+    """Alert policy per fault class (``kind:code``, ``kind`` or ``*``); every class alerts on
+    first sight by default."""
 
     webhook_url: str | None = None
     """Signed webhook receiver (https://...); none by default, alerts go to the log."""
@@ -241,10 +289,61 @@ class AlertingSettings(BaseModel):
     webhook_secret_file: Path | None = None
     """File holding the webhook signing secret (first line); alternative to the variable."""
 
+    webhook_route: Literal["alerts", "pages"] = "alerts"
+    """What the webhook gets: every alert, or only pages (one per node group)."""
+
+    alertmanager_url: str | None = None
+    """Alertmanager to push alerts to (``http://127.0.0.1:9093``); none by default."""
+
+    alertmanager_resend_interval_seconds: Duration = Field(default=60.0, gt=0)
+    """How often firing alerts are re-sent to Alertmanager, which resolves alerts that stop
+    coming (each carries ``endsAt`` four intervals ahead)."""
+
+    pagerduty_routing_key_env: str | None = None
+    """Environment variable holding the PagerDuty Events API v2 routing key; pages go to
+    PagerDuty when this or ``pagerduty_routing_key_file`` is set."""
+
+    pagerduty_routing_key_file: Path | None = None
+    """File holding the PagerDuty routing key (first line)."""
+
+    pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
+    """Events API v2 endpoint (PagerDuty's EU endpoint, or a local server in tests)."""
+
+    silences_file: Path | None = None
+    """Silences shared by the CLI, the HTTP API and the service; default
+    ``<data_dir>/silences.json``."""
+
+    outbox_file: Path | None = None
+    """Durable outbox of undelivered notifications; default ``<data_dir>/outbox.sqlite``."""
+
+    outbox_max_per_notifier: int = Field(default=10_000, ge=1)
+    """Notifications kept per notifier while it is down (re-sends of one alert coalesce);
+    10,000 covers an hour-long outage of a large fleet."""
+
+    api_enabled: bool = True
+    """Serve the alerting HTTP API (alerts, silences, ingest) beside ``/metrics``."""
+
+    api_listen_address: str = "127.0.0.1"
+    """Address of the alerting API; loopback by default (architecture principle 5)."""
+
+    api_port: int = Field(default=9836, ge=0, le=65535)
+    """Port of the alerting API; the one after ``/metrics``' 9835."""
+
+    api_token_env: str | None = None
+    """Environment variable holding the bearer token that creating or expiring silences and
+    ingesting need; required when the API listens beyond loopback."""
+
     @model_validator(mode="after")
     def _one_secret_source(self) -> AlertingSettings:
         if self.webhook_secret_env and self.webhook_secret_file:
             raise ValueError("set webhook_secret_env or webhook_secret_file, not both")
+        if self.pagerduty_routing_key_env and self.pagerduty_routing_key_file:
+            raise ValueError("set pagerduty_routing_key_env or pagerduty_routing_key_file, "
+                             "not both")
+        if self.api_listen_address not in ("127.0.0.1", "::1", "localhost") and not (
+            self.api_token_env
+        ):
+            raise ValueError("api_token_env is required when the API listens beyond loopback")
         return self
 
 
@@ -310,7 +409,7 @@ class Settings(BaseModel):
     analytics: AnalyticsSettings = AnalyticsSettings()
     """``[analytics]``: rule evaluation cadence."""
     alerting: AlertingSettings = AlertingSettings()
-    """``[alerting]``: severity floor and webhook."""
+    """``[alerting]``: severity floors, grouping, policies, notifiers, silences, outbox, API."""
     remediation: RemediationSettings = RemediationSettings()
     """``[remediation]``: dry-run, audit log and disruption budget."""
     inventory: dict[str, str] = Field(default_factory=dict)
@@ -486,6 +585,15 @@ def _secret_problems(settings: Settings, env: Mapping[str, str]) -> list[str]:
     if alerting.webhook_secret_file and not alerting.webhook_secret_file.is_file():
         problems.append(f"{settings.source}: [alerting] webhook_secret_file: no such file "
                         f"{str(alerting.webhook_secret_file)!r}")
+    for key in ("pagerduty_routing_key_env", "api_token_env"):
+        name = getattr(alerting, key)
+        if name and not env.get(name):
+            problems.append(f"{settings.source}: [alerting] {key}: environment "
+                            f"variable {name!r} is not set")
+    key_file = alerting.pagerduty_routing_key_file
+    if key_file and not key_file.is_file():
+        problems.append(f"{settings.source}: [alerting] pagerduty_routing_key_file: no such "
+                        f"file {str(key_file)!r}")
     return problems
 
 
@@ -501,6 +609,56 @@ def webhook_secret(settings: Settings, env: Mapping[str, str] = os.environ) -> s
         text = alerting.webhook_secret_file.read_text(encoding="utf-8")
         return text.splitlines()[0].strip() if text.strip() else None
     return None
+
+
+def _secret_from(env_name: str | None, path: Path | None, env: Mapping[str, str]
+                 ) -> str | None:
+    if env_name:
+        return env.get(env_name) or None
+    if path:
+        text = path.read_text(encoding="utf-8")
+        return text.splitlines()[0].strip() if text.strip() else None
+    return None
+
+
+def pagerduty_routing_key(settings: Settings, env: Mapping[str, str] = os.environ
+                          ) -> str | None:
+    """Return the PagerDuty routing key from the environment or its file, or ``None``.
+
+    Never log the result.
+    """
+    alerting = settings.alerting
+    return _secret_from(alerting.pagerduty_routing_key_env,
+                        alerting.pagerduty_routing_key_file, env)
+
+
+def api_token(settings: Settings, env: Mapping[str, str] = os.environ) -> str | None:
+    """Return the alerting API's bearer token from the environment, or ``None``.
+
+    Never log the result.
+    """
+    return _secret_from(settings.alerting.api_token_env, None, env)
+
+
+def alert_policies(settings: Settings) -> dict[str, AlertPolicy]:
+    """Return ``[alerting.policies]`` as alert policies per fault class."""
+    return {
+        name: AlertPolicy(
+            for_seconds=p.for_seconds,
+            debounce_count=p.debounce_count,
+            debounce_window_seconds=p.debounce_window_seconds,
+            keep_firing_for_seconds=p.keep_firing_for_seconds,
+        )
+        for name, p in settings.alerting.policies.items()
+    }
+
+
+def alerting_path(settings: Settings, name: Literal["silences", "outbox"]) -> Path:
+    """Return the silences file or the outbox file, defaulting into the data folder."""
+    alerting = settings.alerting
+    if name == "silences":
+        return alerting.silences_file or settings.node.data_dir / "silences.json"
+    return alerting.outbox_file or settings.node.data_dir / "outbox.sqlite"
 
 
 def collector_options(settings: Settings, table: CollectorSettings,

@@ -121,6 +121,7 @@ class Pipeline:
         page_severity: Lowest severity that pages.
         outbox_path: SQLite file of the durable outbox, or ``None`` for memory.
         max_outbox: Notifications kept per notifier while it is down.
+        runbook_base_url: Prefix of the ``runbook_url`` annotation.
 
     Raises:
         ValueError: ``dry_run`` is false, or a guard parameter is out of range.
@@ -153,6 +154,7 @@ class Pipeline:
         page_severity: Severity = Severity.MAJOR,
         outbox_path: str | None = None,
         max_outbox: int = MAX_BACKLOG,
+        runbook_base_url: str = "docs/runbooks",
     ) -> None:
         if not dry_run:
             raise ValueError(
@@ -184,6 +186,7 @@ class Pipeline:
         self.page_severity = page_severity
         self.outbox_path = outbox_path
         self.max_outbox = max_outbox
+        self.runbook_base_url = runbook_base_url
         self.notify_failures: dict[str, int] = {}
         """Failed deliveries per notifier name since start."""
         self._scheduler: SchedulerAdapter = (
@@ -197,6 +200,7 @@ class Pipeline:
             clock=clock,
             policies=alert_policies,
             extra_labels=extra_labels,
+            runbook_base_url=runbook_base_url,
         )
         self._grouper = PageGrouper(group_by=group_by, page_severity=page_severity, clock=clock)
         self._outbox = Outbox(path=outbox_path, clock=clock, max_per_notifier=max_outbox)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from alerting.silences import SilenceStore
 from core import plugins
 from core.errors import (
     CollectorUnavailable,
@@ -38,7 +39,14 @@ from core.errors import (
 )
 from core.protocols import Collector, Notifier, Store, StreamingCollector
 from core.records import Event, Record, Sample
-from gpuhealth.config import Settings, collector_options, webhook_secret
+from gpuhealth.config import (
+    Settings,
+    alert_policies,
+    alerting_path,
+    collector_options,
+    pagerduty_routing_key,
+    webhook_secret,
+)
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
 
@@ -212,19 +220,32 @@ class Service:
 
     def _build_pipeline(self) -> Pipeline:
         s = self.settings
+        a = s.alerting
         notifiers: list[Notifier] = []
-        wanted: list[tuple[str, dict[str, Any]]] = [("log", {})]
-        if s.alerting.webhook_url:
-            options: dict[str, Any] = {"url": s.alerting.webhook_url}
+        pagers: list[Notifier] = []
+        wanted: list[tuple[str, dict[str, Any], list[Notifier]]] = [("log", {}, notifiers)]
+        if a.webhook_url:
+            options: dict[str, Any] = {"url": a.webhook_url}
             secret = webhook_secret(s)
             if secret:
                 options["secret"] = secret
-            wanted.append(("webhook", options))
-        for kind, options in wanted:
+            wanted.append(("webhook", options, pagers if a.webhook_route == "pages"
+                           else notifiers))
+        if a.alertmanager_url:
+            wanted.append(("alertmanager", {
+                "url": a.alertmanager_url,
+                "resend_interval_seconds": a.alertmanager_resend_interval_seconds,
+                "ends_after_seconds": 4 * a.alertmanager_resend_interval_seconds,
+            }, notifiers))
+        routing_key = pagerduty_routing_key(s)
+        if routing_key:
+            wanted.append(("pagerduty", {"routing_key": routing_key, "url": a.pagerduty_url},
+                           pagers))
+        for kind, options, target in wanted:
             try:
-                notifiers.append(plugins.build("gpuhealth.notifiers", kind, options,
-                                               expect=Notifier))
-            except PluginError as exc:
+                target.append(plugins.build("gpuhealth.notifiers", kind, options,
+                                            expect=Notifier))
+            except (PluginError, ValueError) as exc:
                 logger.error("notifier %r disabled: %s", kind, exc)  # noqa: TRY400 (expected: no traceback)
         try:
             return Pipeline(
@@ -233,7 +254,17 @@ class Service:
                 max_disrupted_fraction=s.remediation.max_disrupted_fraction,
                 cluster_size=s.remediation.cluster_size,
                 opt_out_nodes=frozenset(s.remediation.opt_out_nodes),
-                min_alert_severity=s.alerting.min_severity,
+                min_alert_severity=a.min_severity,
+                resend_interval_seconds=a.resend_interval_seconds,
+                page_notifiers=pagers,
+                silences=SilenceStore(path=alerting_path(s, "silences")),
+                alert_policies=alert_policies(s),
+                extra_labels={"cluster": a.cluster} if a.cluster else None,
+                group_by=a.group_by,
+                page_severity=a.page_severity,
+                outbox_path=str(alerting_path(s, "outbox")),
+                max_outbox=a.outbox_max_per_notifier,
+                runbook_base_url=a.runbook_base_url,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"{s.source}: cannot start the analysis pipeline: {exc}") from exc

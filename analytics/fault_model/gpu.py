@@ -665,7 +665,8 @@ _HARDWARE_TESTS = re.compile(
 _UNUSABLE = re.compile(
     r"busy or unavailable|cuCtxCreate|Unable to create CUDA context|cudaStreamCreate|"
     r"cuInit|NV_ERR_RESET_REQUIRED|failed to create a CUDA context|"
-    r"no longer bound to a CUDA context|Unable to find a corresponding CUDA device",
+    r"no longer bound to a CUDA context|Unable to find a corresponding CUDA device|"
+    r"context is destroyed|CUDA_ERROR_DEVICE_UNAVAILABLE",
     re.I,
 )
 """Diagnostic messages saying the test could not run on the GPU at all."""
@@ -704,7 +705,8 @@ def dcgm_diag_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                 summary = f"DCGM {test} {result} rests only on NVLink-down reports ({why})"
             elif result == "fail" and _UNUSABLE.search(attrs.get("message", "")):
                 severity, action = Severity.CRITICAL, Action.RESET_GPU
-                summary = f"DCGM {test} could not use {_gpu_name(entity)} (CUDA context or "
+                who = "a GPU" if entity == NODE_ENTITY else _gpu_name(entity)
+                summary = f"DCGM {test} could not use {who} (CUDA context or "
                 summary += "device busy/unavailable): reset the GPU, then rerun the diagnostic"
             elif result == "warn":
                 severity, action = Severity.WARNING, Action.NONE

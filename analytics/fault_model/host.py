@@ -146,9 +146,15 @@ def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         vendor = _attr(g, "vendor_id")
         driver = _attr(g, "driver")
         on_gpu = (
-            NVIDIA_VENDOR_ID in vendor or "nvidia" in driver or g.entity in gpus.get(g.node, set())
+            NVIDIA_VENDOR_ID in vendor
+            or "nvidia" in driver
+            or bool(_attr(g, "gpu_below"))  # the report names a GPU below the port
+            or g.entity in gpus.get(g.node, set())
         )
         where = g.entity if g.entity != NODE_ENTITY else "an unnamed device"
+        below = _attr(g, "gpu_below") - {g.entity}
+        if below:
+            where = f"{min(below)} (reported by port {where})"
         src = f"host.pcie_rule: Linux pcieaer-howto; {FAULT_MODEL}"
         if on_gpu:
             if g.code != "corrected":

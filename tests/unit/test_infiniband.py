@@ -282,3 +282,93 @@ def test_other_nic_priority_counters():
         ("net_prio_pause_frames_total", "tx", "3", 4.0),
         ("net_prio_pause_frames_total", "rx", "5", 2.0),
     }
+
+
+# --- more tools and layouts ------------------------------------------------------------
+
+
+def test_ibstat_with_indentation_lost() -> None:
+    text = (
+        "CA 'mlx5_3'\nCA type: MT4119\nPort 1:\nState: Armed\nPhysical state: LinkUp\nRate: 100\n"
+    )
+    records, result = parse(text)
+    (event,) = [r for r in records if isinstance(r, Event) and r.kind == "ib_port_state"]
+    assert (event.entity, event.code) == ("mlx5_3:1", "armed")
+    assert not result.issues
+
+
+def test_rdma_statistic_show_link() -> None:
+    text = "link mlx5_0/1 rx_write_requests 1182 out_of_sequence 1290 local_ack_timeout_err 2705 np_cnp_sent 0\n"
+    records, result = parse(text)
+    got = {s.labels["counter"]: s.value for s in samples(records, "rdma_hw_counter_total")}
+    assert got == {
+        "rx_write_requests": 1182,
+        "out_of_sequence": 1290,
+        "local_ack_timeout_err": 2705,
+        "np_cnp_sent": 0,
+    }
+    assert result.kinds == ["rdma_statistic"]
+
+
+def test_ip_s_link_new_and_old_layouts() -> None:
+    text = (
+        "4: ens1f0np0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc mq state UP mode DEFAULT group default qlen 1000\n"
+        "    link/ether 02:00:5e:10:00:02 brd ff:ff:ff:ff:ff:ff\n"
+        "    RX:  bytes packets errors dropped  missed   mcast\n"
+        "    2195783498134 845320277      3    1832       0   51223\n"
+        "    RX errors: length   crc     frame   fifo    missed\n"
+        "               0        3       0       0       0\n"
+        "    TX:  bytes packets errors dropped carrier collsns\n"
+        "    2655285206479 896117891      0       0       0       0\n"
+    )
+    records, result = parse(text)
+    got = {s.labels["counter"]: s.value for s in samples(records, "net_nic_counter_total")}
+    assert got["rx_errors"] == 3
+    assert got["rx_crc_errors"] == 3
+    assert got["rx_dropped"] == 1832
+    assert got["tx_carrier_errors"] == 0
+    assert "rx_bytes" not in got
+    assert result.kinds == ["ip_link_stats"]
+
+
+def test_mlxlink_state_opcode_and_counters() -> None:
+    text = (
+        "$ mlxlink -d mlx5_4 -c\n"
+        "Operational Info\n----------------\n"
+        "State                           : Polling\n"
+        "Physical state                  : N/A\n\n"
+        "Troubleshooting Info\n--------------------\n"
+        "Status Opcode                   : 1024\n"
+        "Recommendation                  : Cable is unplugged\n\n"
+        "Physical Counters and BER Info\n------------------------------\n"
+        "Effective Physical Errors       : 7\n"
+        "Link Down Counter               : 2\n"
+    )
+    records, result = parse(text)
+    (event,) = [r for r in records if isinstance(r, Event) and r.kind == "ib_port_state"]
+    assert (event.entity, event.code) == ("mlx5_4:1", "down")
+    assert event.attrs["recommendation"] == "Cable is unplugged"
+    assert {s.metric: s.value for s in samples(records) if s.metric.startswith("ib_")} == {
+        "ib_symbol_errors_total": 7,
+        "ib_link_downed_total": 2,
+    }
+    assert result.kinds == ["mlxlink"]
+
+
+def test_ibdiagnet_summary_rows() -> None:
+    text = (
+        "Summary\n"
+        "-I- Stage                     Warnings   Errors     Comment\n"
+        "-I- Discovery                 3          0\n"
+        "-I- Speed / Width checks      1          2          See log\n"
+    )
+    records, _ = parse(text)
+    got = [(r.code, r.attrs["errors"]) for r in records if isinstance(r, Event)]
+    assert got == [("discovery", "0"), ("speed_width_checks", "2")]
+
+
+def test_new_tools_emit_catalog_metrics_only() -> None:
+    text = "link mlx5_0/1 out_of_sequence 1\n\n3: eth2: <UP> mtu 1500 state UP\n    RX: bytes  packets  errors  dropped overrun mcast\n    1 1 1 0 0 0\n"
+    records, _ = parse(text)
+    for sample in samples(records):
+        assert sample.metric in BY_NAME

@@ -603,3 +603,34 @@ def test_unstamped_block_with_driver_lines_deep_inside_is_a_kernel_log() -> None
     block = [*noise, Line(80, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, fallen off")]
     assert KernelLogParser().detect(block, None) >= 20
     assert KernelLogParser().detect(noise, None) == 0
+
+
+def test_rasdaemon_memory_errors() -> None:
+    found = events(
+        [
+            "24 2022-10-16 06:55:24 +0000 3 Corrected error(s): memory read error at "
+            "CPU_SrcID#1_MC#1_Chan#1_DIMM#0 location: 3:1:0:-1",
+            "26 2022-10-16 07:12:03 +0000 1 Uncorrected error(s): memory read error at "
+            "CPU_SrcID#1_MC#1_Chan#1_DIMM#0 location: 3:1:0:-1",
+        ]
+    )
+    assert [(e.kind, e.code, e.attrs["count"]) for e in found] == [
+        ("host_memory", "CE", "3"),
+        ("host_memory", "UE", "1"),
+    ]
+
+
+def test_printk_caller_id_after_the_stamp() -> None:
+    found = events(
+        [
+            "[ 8812.114420] [  T812] nvidia 0000:3b:00.0: AER: PCIe Bus Error: "
+            "severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)",
+            "[ 8813.000001] [ C12] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, fallen off",
+        ]
+    )
+    assert sorted((e.kind, e.code, e.attrs.get("driver", "")) for e in found) == [
+        ("pcie_aer", "uncorrected_fatal", "nvidia"),
+        ("xid", "79", ""),
+    ]
+    (xid79,) = [e for e in found if e.kind == "xid"]
+    assert xid79.attrs["uptime_seconds"] == "8813.000001"

@@ -311,3 +311,152 @@ def test_malformed_lines_become_issues():
     records, result = parse(text)
     assert not events(records, "rdma_transport")
     assert [i.line for i in result.issues] == [1, 2]
+
+
+# --- robustness to other versions' wording and log prefixes ---------------------------
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "",
+        "[1,3]<stdout>:",
+        "2019-06-02T16:13:44.884Z: [1,12]<stdout>:",
+        "(train_rft pid=2657296) 2024-05-11 14:10:52.224 ",
+        "[2025-07-21 19:05:29] ",
+        "[0] ",
+        "0: ",
+    ],
+)
+def test_prefixes_in_front_of_nccl_lines(prefix: str) -> None:
+    text = (
+        f"{prefix}gpu-7:11:22 [3] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer "
+        "10.0.0.9<4242> with status=12 opcode=0 len=0 vendor err 129 (Recv)\n"
+    )
+    records, _ = parse(text)
+    (event,) = events(records, "rdma_transport")
+    assert event.code == "12"
+    assert event.node == "gpu-7"
+
+
+def test_ucx_timestamped_log_form_and_dlid_equals() -> None:
+    text = (
+        "[1704960000.123456] [gpu-2:2330856:0]   ib_mlx5_log.c:177  UCX  ERROR Transport retry count exceeded on mlx5_2:1/IB (synd 0x15 vend 0x81 hw_synd 0/0)\n"
+        "[1704960000.123470] [gpu-2:2330856:0]   ib_mlx5_log.c:177  UCX  ERROR RC QP 0x2e1 wqe[12]: SEND s-e [rqpn 0x3c1 dlid=221 sl=0] [inl len 61]\n"
+    )
+    records, result = parse(text)
+    (event,) = events(records, "rdma_transport")
+    assert event.code == "12"
+    assert event.entity == "gpu-2<->lid:221"
+    assert result.kinds == ["ucx"]
+
+
+def test_openmpi_openib_retry_exceeded_single_and_wrapped() -> None:
+    single = (
+        "[[51298,1],2][btl_openib_component.c:3496:handle_wc] from gpu-1 to: gpu-2 error polling LP CQ "
+        "with status RETRY EXCEEDED ERROR status number 12 for wr_id 217ce00 opcode 0  vendor error 129 qp_idx 0\n"
+    )
+    wrapped = (
+        "[[1176,1],0][btl_openib_component.c:2905:handle_wc] from gpu-1.example.org\n"
+        "to: gpu-2 error polling LP CQ with status RETRY EXCEEDED ERROR status\n"
+        "number 12 for wr_id 38996224 opcode 0 qp_idx 0\n"
+    )
+    for text in (single, wrapped):
+        records, result = parse(text)
+        (event,) = events(records, "rdma_transport")
+        assert event.code == "12"
+        assert event.attrs["peer"] == "gpu-2"
+        assert not result.issues
+
+
+def test_openmpi_status_text_without_number() -> None:
+    text = "[[1,1],0][btl_openib_component.c:1:handle_wc] from a to: b error polling HP CQ with status RECEIVER NOT READY RETRY EXCEEDED ERROR for wr_id 1\n"
+    records, _ = parse(text)
+    (event,) = events(records, "rdma_transport")
+    assert event.code == "13"
+
+
+def test_nvls_failure_named_by_source_file_only() -> None:
+    text = "gpu-3:27907:27907 [1] transport/nvls.cc:254 NCCL WARN Cuda failure 401 'the operation cannot be performed in the present state'\n"
+    records, _ = parse(text)
+    assert [e.kind for e in events(records)] == ["nvls"]
+
+
+def test_nvls_failure_in_distbackenderror_summary() -> None:
+    text = (
+        "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, unhandled cuda error, NCCL version 2.29.7\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+        "Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 2 'out of memory'.\n"
+    )
+    records, result = parse(text)
+    assert {e.kind for e in events(records)} == {"nvls", "nccl_result"}
+    assert result.kinds == ["nccl"]
+
+
+def test_cuda_errors_only_gpu_faults_become_cuda_error_events() -> None:
+    text = (
+        "[rank12]:[E817 17:40:34.227531918 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 12] Process group watchdog thread terminated with exception: CUDA error: uncorrectable ECC error encountered\n"
+        "gpu-3:1:2 [3] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'\n"
+    )
+    records, _ = parse(text)
+    (event,) = events(records, "cuda_error")
+    assert event.code == "uncorrectable_ecc"
+
+
+def test_socket_closed_verbs_and_ofi_lines() -> None:
+    text = (
+        "gpu-4:2:3 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer gpu-5.example<55693>\n"
+        "gpu-4:2:3 [4] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed\n"
+        "gpu-4:2:3 [5] nccl_ofi_ofiutils_init_connection:274 NCCL WARN NET/OFI Couldn't open CQ. RC: -22, ERROR: Invalid argument\n"
+        "gpu-4:2:3 [5] ofi_process_cq:1039 NCCL WARN NET/OFI Request 0x7fbb944701b8 completed with error. RC: 20. Error: unknown error. Completed length: 0\n"
+    )
+    records, _ = parse(text)
+    got = [(e.kind, e.code) for e in events(records)]
+    assert got == [
+        ("nccl_socket", "closed_by_peer"),
+        ("rdma_verbs", "ibv_create_qp"),
+        ("rdma_verbs", "fi_open_cq"),
+        ("ofi_completion", "20"),
+    ]
+    assert events(records, "nccl_socket")[0].attrs["peer"] == "gpu-5.example"
+
+
+def test_async_event_without_device_name() -> None:
+    text = "gpu-6:34050:34121 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port error\n"
+    records, _ = parse(text)
+    (event,) = events(records, "rdma_async")
+    assert (event.code, event.entity) == ("port error", "node")
+
+
+def test_torchrun_summary_is_recognised_without_events() -> None:
+    text = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "Root Cause (first observed failure):\n"
+        "  exitcode  : -6 (pid: 970611)\n"
+    )
+    records, result = parse(text)
+    assert result.parsed_lines == 3
+    assert not events(records)
+
+
+def test_watchdog_without_seqnum_old_pytorch() -> None:
+    text = "[E ProcessGroupNCCL.cpp:566] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(OpType=BROADCAST, TensorShape=[1], Timeout(ms)=1800000) ran for 1803373 milliseconds before timing out.\n"
+    records, result = parse(text)
+    (event,) = events(records, "collective_timeout")
+    assert event.attrs["op"] == "BROADCAST"
+    assert not result.issues
+
+
+def test_nccl_tests_failure_line_maps_to_result() -> None:
+    text = "node-a: Test NCCL failure common.cu:958 'internal error - please report this issue to the NCCL developers / '\n"
+    records, result = parse(text)
+    (event,) = events(records, "nccl_result")
+    assert event.code == "ncclInternalError"
+    assert result.kinds == ["nccl"]
+
+
+def test_status_written_as_text_with_number_and_markdown_quote() -> None:
+    text = "> gpu-7:11:22 [3] NCCL WARN NET/IB : Got completion from peer 10.0.0.9<4242> with status=transport retry counter exceeded(12) opcode=0 len=0 vendor err 129 (Recv)\n"
+    records, _ = parse(text)
+    (event,) = events(records, "rdma_transport")
+    assert event.code == "12"

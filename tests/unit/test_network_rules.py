@@ -278,3 +278,86 @@ def test_roce_on_broadcom_counters():
 def test_saturated_data_counters_are_not_error_findings():
     text = "# Port counters: Lid 3 port 1 (CapMask: 0x1600)\nPortXmitData:....................4294967295\nPortXmitWait:....................4294967295\nSymbolErrorCounter:..............0\n"
     assert judge(text) == []
+
+
+# --- Ethernet physical errors, verbs failures, sockets, libfabric, ibdiagnet ----------
+
+
+def test_ethernet_link_down_events_with_crc_errors_is_major() -> None:
+    text = (
+        "$ ethtool -S ens3np0\n"
+        "     rx_crc_errors_phy: 18236\n"
+        "     rx_symbol_err_phy: 412\n"
+        "     link_down_events_phy: 14\n"
+    )
+    assert verdict(judge(text)) == ("major", ["check_network"])
+
+
+def test_ethernet_crc_errors_alone_warn_and_link_downs_alone_are_silent() -> None:
+    crc = "$ ethtool -S ens3np0\n     rx_crc_errors_phy: 12\n     link_down_events_phy: 0\n"
+    downs = "$ ethtool -S ens3np0\n     rx_crc_errors_phy: 0\n     link_down_events_phy: 3\n"
+    assert verdict(judge(crc)) == ("warning", ["check_network"])
+    assert verdict(judge(downs)) == ("info", ["none"])
+
+
+def test_per_priority_buffer_discards_are_loss() -> None:
+    text = (
+        "$ ethtool -S ens1f1np1\n     rx_prio3_buf_discard: 73311\n     rx_prio3_cong_discard: 0\n"
+    )
+    assert verdict(judge(text)) == ("warning", ["check_network"])
+
+
+def test_verbs_call_failure_is_config_and_folds_nccl_results() -> None:
+    text = (
+        "n1:1:2 [4] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed\n"
+        "n1:1:2 [4] NCCL INFO ib_plugin.c:196 -> 2\n"
+    )
+    findings = judge(text)
+    assert verdict(findings) == ("warning", ["fix_config"])
+    assert [f.kind for f in findings] == ["rdma_verbs"]
+
+
+def test_verbs_failure_after_catastrophic_async_event_is_a_symptom() -> None:
+    text = (
+        "n1:815:864 [0] transport/net_ib.cu:80 NCCL WARN NET/IB : Got async event : local catastrophic error\n"
+        "n1:815:864 [0] misc/ibvwrap.cu:220 NCCL WARN Call to ibv_get_async_event failed\n"
+    )
+    findings = judge(text)
+    assert [f.kind for f in findings] == ["rdma_async"]
+
+
+def test_socket_closed_by_peer_is_a_warning_naming_the_peer() -> None:
+    text = (
+        "n1:2:3 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer n2<55693>\n"
+        "n1:2:3 [3] NCCL INFO misc/socket.cc:749 -> 6\n"
+    )
+    (finding,) = judge(text)
+    assert (finding.severity, finding.action) == (Severity.WARNING, Action.NONE)
+    assert "n2" in finding.summary
+
+
+def test_ofi_completion_error_is_a_fabric_fault() -> None:
+    text = "n1:35:89 [5] ofi_process_cq:1039 NCCL WARN NET/OFI Request 0x7f completed with error. RC: 20. Error: unknown error. Completed length: 0\n"
+    assert verdict(judge(text)) == ("major", ["check_network"])
+
+
+def test_ibdiagnet_errors_warn_and_warnings_alone_do_not() -> None:
+    head = "Summary\n-I- Stage                     Warnings   Errors     Comment\n"
+    bad = head + "-I- Links Check               0          2\n"
+    fine = head + "-I- Discovery                 3          0\n"
+    assert verdict(judge(bad)) == ("warning", ["check_network"])
+    assert verdict(judge(fine)) == ("info", ["none"])
+
+
+def test_mlxlink_recommendation_in_port_state_summary() -> None:
+    text = (
+        "$ mlxlink -d mlx5_4\n"
+        "Operational Info\n----------------\n"
+        "State                           : Polling\n\n"
+        "Troubleshooting Info\n--------------------\n"
+        "Status Opcode                   : 1024\n"
+        "Recommendation                  : Cable is unplugged\n"
+    )
+    (finding,) = judge(text)
+    assert (finding.severity, finding.action) == (Severity.MAJOR, Action.CHECK_NETWORK)
+    assert "Cable is unplugged" in finding.summary

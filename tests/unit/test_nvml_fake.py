@@ -92,7 +92,8 @@ def test_field_values_answer_per_entry() -> None:
         [pynvml.NVML_FI_DEV_REMAPPED_UNC, pynvml.NVML_FI_DEV_MEMORY_TEMP,
          pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION],
     )
-    assert values[0].nvmlReturn == pynvml.NVML_SUCCESS and values[0].value.ullVal == 4
+    assert values[0].nvmlReturn == pynvml.NVML_SUCCESS
+    assert values[0].value.ullVal == 4
     assert values[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # Memory Current Temp: N/A
     assert values[2].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED  # given as not supported
     with pytest.raises(FakeNvmlGap, match="field 1 "):
@@ -131,7 +132,8 @@ def test_hang_blocks_until_released() -> None:
         fake.nvmlDeviceGetPowerUsage(fake.handles[0])))
     thread.start()
     thread.join(0.05)
-    assert thread.is_alive() and not got
+    assert thread.is_alive()
+    assert not got
     release.set()
     thread.join(2.0)
     assert got == [43890]

@@ -622,3 +622,17 @@ def test_xid43_folds_into_the_app_fault_it_follows() -> None:
     ]
     assert found[0].occurrences == 2
     assert top(judge([xid(43, "Ch 00000008")])) == (Severity.INFO, Action.NONE)
+
+
+def test_aer_on_root_port_naming_a_gpu_below_is_the_gpus_link() -> None:
+    lines = [
+        "[ 9.1] pcieport 0000:00:01.1: AER: Uncorrected (Fatal) error received: 0000:00:01.1",
+        "[ 9.1] pcieport 0000:00:01.1: PCIe Bus Error: severity=Uncorrected (Fatal), "
+        "type=Transaction Layer, (Receiver ID)",
+        "[ 9.1] pcieport 0000:00:01.1:   device [1022:1483] error status/mask=00000020/04400000",
+        "[ 9.1] nvidia 0000:01:00.0: AER: can't recover (no error_detected callback)",
+    ]
+    found = judge(lines)
+    assert top(found) == (Severity.CRITICAL, Action.REBOOT_NODE)
+    assert "0000:01:00.0" in found[0].summary
+    assert top(judge(lines[:3])) == (Severity.WARNING, Action.SERVICE_HARDWARE)

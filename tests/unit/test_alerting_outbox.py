@@ -1,0 +1,137 @@
+"""The durable, bounded outbox: ordering, backoff, coalescing, bounds, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from alerting.alerts import alert_for
+from alerting.outbox import Outbox
+from alerting.testing import RecordingNotifier
+from core.clock import FakeClock
+from core.errors import NotifierUnavailable, PermanentError
+from core.records import AlertState
+from tests.unit.test_alerts import make_finding
+
+
+def alerts(n):
+    return [alert_for(make_finding(entity=f"GPU-{i}"), starts_at=1.0) for i in range(n)]
+
+
+def deliver(box, *notifiers, force=False):
+    return asyncio.run(box.deliver({n.name: n for n in notifiers}, force=force))
+
+
+def test_delivers_in_order_and_empties():
+    box = Outbox(clock=FakeClock())
+    rec = RecordingNotifier()
+    box.enqueue(rec.name, alerts(3))
+    stats = deliver(box, rec)
+    assert stats.sent == {"recording": 3}
+    assert [a.labels["entity"] for a in rec.sent] == ["GPU-0", "GPU-1", "GPU-2"]
+    assert box.depths() == {}
+
+
+def test_outage_backs_off_and_delays_nobody_else():
+    clock = FakeClock(now=0)
+    box = Outbox(clock=clock, jitter=lambda: 1.0)
+    down, up = RecordingNotifier(name="down"), RecordingNotifier(name="up")
+    down.inject_error(NotifierUnavailable("503"), times=None)
+    for n in (down, up):
+        box.enqueue(n.name, alerts(2))
+    stats = deliver(box, down, up)
+    assert stats.sent == {"up": 2}
+    assert stats.failed == {"down": 1}
+    assert box.next_attempt_at("down") == 1.0
+    deliver(box, down)  # not due: no attempt
+    assert down.attempts == 1
+    for expected in (3.0, 7.0, 15.0):  # 1, 2, 4, 8 s ...
+        clock.now = box.next_attempt_at("down")
+        deliver(box, down)
+        assert box.next_attempt_at("down") == expected
+    down.clear_error()
+    clock.now = 3600
+    deliver(box, down)
+    assert [a.labels["entity"] for a in down.sent] == ["GPU-0", "GPU-1"]
+
+
+def test_retry_after_is_honoured():
+    clock = FakeClock(now=0)
+    box = Outbox(clock=clock, jitter=lambda: 1.0)
+    rec = RecordingNotifier()
+    rec.inject_error(NotifierUnavailable("429", retry_after_seconds=90))
+    box.enqueue(rec.name, alerts(1))
+    deliver(box, rec)
+    assert box.next_attempt_at(rec.name) == 90
+
+
+def test_permanent_error_drops_only_that_alert():
+    box = Outbox(clock=FakeClock())
+    rec = RecordingNotifier()
+    rec.inject_error(PermanentError("400"))
+    box.enqueue(rec.name, alerts(2))
+    stats = deliver(box, rec)
+    assert stats.dropped == {"recording": 1}
+    assert [a.labels["entity"] for a in rec.sent] == ["GPU-1"]
+
+
+def test_resends_coalesce_but_state_changes_are_kept():
+    box = Outbox(clock=FakeClock())
+    (a,) = alerts(1)
+    box.enqueue("n", [a])
+    box.enqueue("n", [replace(a, annotations={**a.annotations, "occurrences": "2"})])
+    assert box.depths() == {"n": 1}
+    assert box.queued("n")[0].annotations["occurrences"] == "2"
+    resolved = replace(a, state=AlertState.RESOLVED, ends_at=5.0)
+    box.enqueue("n", [resolved])
+    box.enqueue("n", [a])  # fires again after resolving: a third entry
+    assert [x.state for x in box.queued("n")] == [AlertState.FIRING, AlertState.RESOLVED,
+                                                 AlertState.FIRING]
+
+
+def test_bound_drops_oldest_and_counts(caplog):
+    box = Outbox(clock=FakeClock(), max_per_notifier=3)
+    assert box.enqueue("n", alerts(5)) == 2
+    assert [a.labels["entity"] for a in box.queued("n")] == ["GPU-2", "GPU-3", "GPU-4"]
+    assert box.dropped == {"n": 2}
+    assert "full" in caplog.text
+
+
+def test_survives_a_restart(tmp_path):
+    path = str(tmp_path / "outbox.sqlite")
+    box = Outbox(path=path, clock=FakeClock())
+    box.enqueue("n", alerts(2))
+    box.close()
+    again = Outbox(path=path, clock=FakeClock())
+    rec = RecordingNotifier(name="n")
+    deliver(again, rec)
+    assert len(rec.sent) == 2
+    assert again.depths() == {}
+
+
+class Many:
+    name = "many"
+
+    def __init__(self):
+        self.batches = []
+
+    async def send(self, alert):
+        raise AssertionError("send_many is preferred")
+
+    async def send_many(self, batch):
+        self.batches.append(len(batch))
+
+
+def test_batches_for_send_many_and_force():
+    clock = FakeClock(now=0)
+    box = Outbox(clock=clock, batch_size=2)
+    many = Many()
+    box.enqueue(many.name, alerts(5))
+    deliver(box, many)
+    assert many.batches == [2, 2, 1]
+    rec = RecordingNotifier()
+    rec.inject_error(NotifierUnavailable("down"))
+    box.enqueue(rec.name, alerts(1))
+    deliver(box, rec)
+    deliver(box, rec, force=True)  # ignores the backoff
+    assert len(rec.sent) == 1
