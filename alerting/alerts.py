@@ -41,6 +41,10 @@ NETWORK_KINDS = frozenset(
     {
         "ib_port",
         "ib_counters",
+        "ib_fabric",
+        "counter_saturated",
+        "port_errors",
+        "rdma_verbs",
         "rdma_transport",
         "rdma_async",
         "rdma_counters",

@@ -22,6 +22,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -493,3 +494,21 @@ class SilenceStore:
         now = self.clock()
         pool = self.active() if silences is None else silences
         return [s.id for s in pool if s.mutes(labels, now)]
+
+
+def format_silences(silences: Sequence[Silence], now: float) -> str:
+    """Return silences as a table for the CLI: id, state, end (UTC), author, matchers, comment.
+
+    Examples:
+        >>> print(format_silences([], 0.0), end="")
+        no silences
+    """
+    if not silences:
+        return "no silences\n"
+    lines = [f"{'ID':36}  {'STATE':8}  {'ENDS (UTC)':20}  {'BY':12}  MATCHERS  COMMENT"]
+    for s in silences:
+        ends = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.ends_at))
+        matchers = ",".join(map(str, s.matchers))
+        lines.append(f"{s.id:36}  {s.state(now).value:8}  {ends:20}  {s.created_by[:12]:12}  "
+                     f"{{{matchers}}}  {s.comment}")
+    return "\n".join(lines) + "\n"

@@ -2,7 +2,11 @@
 
 Covers ibstat, ibstatus, ibv_devinfo, perfquery, ibqueryerrors, ``ethtool -S``,
 ``grep "" /sys/class/infiniband/...`` dumps, ``rdma statistic``, ``ip -s link``,
-``mlxlink`` and the ibdiagnet summary table.
+``mlxlink`` and the ibdiagnet summary table. Kinds: ``ib_port_state`` (ibstat,
+ibstatus, ibv_devinfo, sysfs, ``rdma link``, mlxlink), ``ib_counter_saturated``,
+``ibdiagnet_stage`` (code: the stage, attrs ``warnings``/``errors``); counters are
+samples (``ib_*``, ``rdma_hw_counter_total``, ``net_prio_*``, ``net_nic_counter_total``).
+A Markdown quote (``> ``) in front of every line of a pasted block is removed first.
 
 Sources followed:
 
@@ -297,9 +301,7 @@ def unquote(lines: Sequence[Line]) -> Sequence[Line]:
 
 _CA = re.compile(r"^\s*CA '(?P<ca>[^']+)'\s*$")
 _IBSTAT_PORT = re.compile(r"^\s*Port (?P<port>\d+):\s*$")
-_IBSTATUS_PORT = re.compile(
-    r"^\s*Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:\s*$"
-)
+_IBSTATUS_PORT = re.compile(r"^\s*Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:\s*$")
 # ibv_devinfo: "hca_id:\tmlx5_0" then "\t\tport:\t1" and "state: PORT_ACTIVE (4)".
 _HCA_ID = re.compile(r"^\s*hca_id:\s*(?P<ca>\S+)\s*$")
 _DEVINFO_PORT = re.compile(r"^\s*port:\s*(?P<port>\d+)\s*$")
@@ -983,6 +985,19 @@ class SysfsDumpParser:
 # --- rdma statistic (iproute2) ------------------------------------------------------------
 
 _RDMA_STAT = re.compile(r"^\s*link (?P<dev>[\w.-]+)/(?P<port>\d+)\s+(?P<rest>\S.*?)\s*$")
+# rdma link [show]: "link mlx5_0/1 state ACTIVE physical_state LINK_UP netdev ens7f0np0",
+# also "link mlx5_0/1: state ..." and "8/1: mlx5_bond_0/1: state ..." (index first).
+_RDMA_LINK = re.compile(
+    r"^\s*(?:\d+/\d+:\s*)?(?:link\s+)?(?P<dev>[\w.-]+)/(?P<port>\d+):?\s+state\s+(?P<state>\w+)"
+    r"(?:\s+physical_state\s+(?P<phys>\w+))?(?:\s+netdev\s+(?P<netdev>\S+))?"
+)
+_SECTION_TITLE = re.compile(r"^\s*(?:#.*|=+ .* =+)\s*$")
+# ibdev2netdev: "mlx5_0 port 1 ==> ens7f0np0 (Down)": the state is the netdev's
+# operstate (IPoIB interfaces are often down while the IB port is Active), so it
+# is recorded as evidence of the mapping only, never as a port state.
+_IBDEV2NETDEV = re.compile(
+    r"^\s*(?P<dev>[\w.-]+) port (?P<port>\d+) ==> (?P<netdev>\S+) \((?P<st>\w+)\)"
+)
 _RDMA_PAIR = re.compile(r"(?P<name>[A-Za-z_][\w]*)\s+(?P<value>\d+)\b")
 
 
@@ -1003,6 +1018,12 @@ class RdmaStatisticSession:
         lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
+            link = _RDMA_LINK.match(line.text)
+            if link:
+                out.extend(self._link(link, line))
+                continue
+            if _IBDEV2NETDEV.match(line.text) or _SECTION_TITLE.match(line.text):
+                continue
             m = _RDMA_STAT.match(line.text)
             if m is None:
                 if line.text.strip():
@@ -1028,25 +1049,68 @@ class RdmaStatisticSession:
                 )
         return out
 
+    def _link(self, m: re.Match[str], line: Line) -> list[Record]:
+        """One ``rdma link`` line: the port's logical and physical state."""
+        state = parse_port_state(m["state"])
+        if state is None:
+            self.issues.append(_issue(self._ctx, line, f"rdma link: unknown state {m['state']!r}"))
+            return []
+        dev, port = m["dev"], m["port"]
+        entity = port_entity(dev, port)
+        ev = _ev(self._ctx, line)
+        attrs = {"device": dev, "port": port, "state": state[0]}
+        phys = parse_phys_state(m["phys"]) if m["phys"] else None
+        if phys is not None:
+            attrs["phys_state"] = phys[0]
+        if m["netdev"]:
+            attrs["netdev"] = m["netdev"]
+            # IPoIB netdevs are ib*; any other netdev means an Ethernet (RoCE) port.
+            attrs["link_layer"] = "infiniband" if m["netdev"].startswith("ib") else "ethernet"
+        labels = {"device": dev, "port": port}
+        return [
+            Sample(
+                metric="ib_port_state",
+                value=float(state[1]),
+                observed_at=None,
+                node=self._ctx.node,
+                entity=entity,
+                labels=labels,
+                evidence=ev,
+            ),
+            Event(
+                kind="ib_port_state",
+                code=state[0],
+                node=self._ctx.node,
+                entity=entity,
+                observed_at=None,
+                message=f"{entity} state {m['state']}",
+                attrs=attrs,
+                evidence=(ev,),
+                source="rdma link",
+            ),
+        ]
+
     def close(self) -> list[Record]:
         """Nothing is held back."""
         return []
 
 
 class RdmaStatisticParser:
-    """``rdma statistic show`` output (iproute2)."""
+    """``rdma statistic show`` and ``rdma link`` output (iproute2), ``ibdev2netdev``."""
 
     kind = "rdma_statistic"
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
-        """Return 90 when most lines are ``link DEV/PORT name value ...``."""
+        """Return 90 when most lines are ``rdma statistic``/``rdma link``/ibdev2netdev lines."""
         lines = unquote(lines)
         del command
         sample = lines[:200]
         hits = sum(
             1
             for line in sample
-            if (m := _RDMA_STAT.match(line.text)) and _RDMA_PAIR.search(m["rest"])
+            if ((m := _RDMA_STAT.match(line.text)) and _RDMA_PAIR.search(m["rest"]))
+            or _RDMA_LINK.match(line.text)
+            or _IBDEV2NETDEV.match(line.text)
         )
         return 90 if hits and hits * 2 >= len(sample) else 0
 

@@ -105,7 +105,8 @@ _KEYWORDS = re.compile(
     r"NVRM|NVIDIA|NVSwitch|NVML|No devices were found|Xid|XID |GPU_IS_LOST|EDAC|AER|Hardware Error|"
     r"PCIe Bus Error|PCIe bandwidth|Uncorrected hardware|Memory failure|Unable to determine|"
     r"GPU is lost|CUDA-capable|Linux version|FabricManager|Fabric Manager|-peermem|"
-    r"-fabricmanager|/mask=|nvidia[-: ]|rror\(s\): "
+    r"-fabricmanager|/mask=|nvidia[-: ]|Corrected error\(s\)|Uncorrected error\(s\)|"
+    r"-- Reboot --|-- Boot "
 )
 
 _DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
@@ -351,9 +352,10 @@ class KernelLogSession:
             if search(text) is None:
                 if self._nvrm is not None and not text[:1].isspace():
                     self._flush_nvrm(out)
-                if text[:3] == "-- " and _JOURNAL_BOOT.match(text):
-                    self.flush_into(out)
-                    self._boot += 1  # journalctl marks each new boot
+                continue
+            if text[:3] == "-- " and _JOURNAL_BOOT.match(text):
+                self.flush_into(out)
+                self._boot += 1  # journalctl marks each new boot
                 continue
             try:
                 self._line(line, out)
@@ -1444,10 +1446,8 @@ _STAMPED = re.compile(
     + r")"
 )
 _DRIVER_WORDS = re.compile(
-    r"NVRM:|\bXid\b|XidCriticalError|SXid|\bXID \d|GPU_IS_LOST|EDAC |AER: |\[Hardware Error\]|"
-    r"(?:Corrected|Uncorrected) error\(s\): memory|"
-    r"PCIe Bus Error|"
-    r"\] \[(?:ERROR|WARNING|INFO)\] \[tid \d+\]"
+    r"NVRM:|\bXid\b|XidCriticalError|SXid|EDAC |AER: |\[Hardware Error\]|PCIe Bus Error|"
+    r"XID \d|GPU_IS_LOST|Corrected error\(s\): memory|Uncorrected error\(s\): memory"
 )
 
 

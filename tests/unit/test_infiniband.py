@@ -372,3 +372,40 @@ def test_new_tools_emit_catalog_metrics_only() -> None:
     records, _ = parse(text)
     for sample in samples(records):
         assert sample.metric in BY_NAME
+
+
+def test_rdma_link_states_and_layouts() -> None:
+    text = (
+        "link mlx5_0/1 state DOWN physical_state DISABLED netdev ens7f0np0\n"
+        "8/1: mlx5_bond_0/1: state ACTIVE physical_state LINK_UP netdev reth0\n"
+        "link mlx5_4/1: state INIT physical_state LINK_UP netdev ib0\n"
+        "mlx5_1 port 1 ==> ib0 (Down)\n"
+    )
+    records, result = parse(text)
+    got = [
+        (r.entity, r.code, r.attrs.get("phys_state"), r.attrs.get("link_layer"))
+        for r in records
+        if isinstance(r, Event)
+    ]
+    assert got == [
+        ("mlx5_0:1", "down", "disabled", "ethernet"),
+        ("mlx5_bond_0:1", "active", "linkup", "ethernet"),
+        ("mlx5_4:1", "init", "linkup", "infiniband"),
+    ]
+    assert not result.issues
+
+
+def test_ibv_devinfo_port_states() -> None:
+    text = "hca_id:\tmlx5_0\n\ttransport:\t\t\tInfiniBand (0)\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_DOWN (1)\n\t\t\tlink_layer:\t\tInfiniBand\n"
+    records, _ = parse(text)
+    (event,) = [r for r in records if isinstance(r, Event)]
+    assert (event.entity, event.code) == ("mlx5_0:1", "down")
+
+
+def test_markdown_quoted_ibstat() -> None:
+    text = (
+        "> CA 'mlx5_0'\n>     Port 1:\n>         State: Down\n>         Physical state: Polling\n"
+    )
+    records, _ = parse(text)
+    (event,) = [r for r in records if isinstance(r, Event)]
+    assert (event.entity, event.code) == ("mlx5_0:1", "down")

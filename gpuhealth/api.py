@@ -1,0 +1,375 @@
+"""The alerting HTTP API of ``gpuhealth run``: alerts, pages, silences and ingest.
+
+Endpoints (JSON; times RFC 3339 where Alertmanager uses them):
+
+- ``GET /-/ready``: 200 once serving.
+- ``GET /api/v1/alerts``: firing and pending alerts, each with ``muted`` (why, or null).
+- ``GET /api/v1/pages``: open pages (one per node group).
+- ``GET /api/v1/outbox``: undelivered notifications per notifier, and drops.
+- ``GET /api/v2/silences``: silences as Alertmanager API v2 ``gettableSilence``.
+- ``POST /api/v2/silences``: create (or, with ``id``, replace) a silence from
+  Alertmanager's ``postableSilence``; answers ``{"silenceID": ...}``.
+- ``GET /api/v2/silence/{id}``, ``DELETE /api/v2/silence/{id}``: read, expire.
+- ``POST /api/v1/ingest?node=N&file=NAME&context=k=v``: a recorded artifact (its raw
+  text as the body) as one snapshot of node ``N``, judged at the next evaluation.
+
+The silence endpoints take the same JSON as Alertmanager 0.25's, so scripts written
+for ``amtool``'s API work unchanged. Anything that changes state (``POST``,
+``DELETE``) needs ``Authorization: Bearer <token>`` when a token is configured,
+which the settings require once the API listens beyond loopback (architecture
+principle 5); the token is compared in constant time and never logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import logging
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from alerting.alertmanager import rfc3339
+from alerting.alerts import alert_to_json
+from alerting.silences import Matcher, Silence, SilenceStore
+from collectors.artifact import (
+    ArtifactParser,
+    ArtifactResult,
+    Line,
+    ParseContext,
+    parse_lines,
+)
+from collectors.parsers import artifact_parsers
+from core.records import NodeName, Record
+from gpuhealth.config import Settings, alerting_path, api_token
+from gpuhealth.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+MAX_INGEST_BYTES = 64 * 1024 * 1024
+"""Largest accepted ingest body, bytes (a day of a busy kernel log)."""
+
+
+class ApiError(Exception):
+    """An HTTP error answer: status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _parse_time(value: Any, field: str) -> float:
+    try:
+        return dt.datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        raise ApiError(400, f"{field}: not an RFC 3339 time: {value!r}") from None
+
+
+def silence_to_api(silence: Silence, now: float) -> dict[str, Any]:
+    """Return a silence as Alertmanager API v2 ``gettableSilence`` JSON."""
+    return {
+        "id": silence.id,
+        "status": {"state": silence.state(now).value},
+        "updatedAt": rfc3339(silence.updated_at),
+        "matchers": [m.to_alertmanager() for m in silence.matchers],
+        "startsAt": rfc3339(silence.starts_at),
+        "endsAt": rfc3339(silence.ends_at),
+        "createdBy": silence.created_by,
+        "comment": silence.comment,
+    }
+
+
+def create_silence(store: SilenceStore, body: Any) -> Silence:
+    """Create or update a silence from Alertmanager API v2 ``postableSilence`` JSON.
+
+    Raises:
+        ApiError: 400 on a malformed body or an invalid silence, 404 for an unknown ``id``.
+    """
+    if not isinstance(body, dict):
+        raise ApiError(400, "expected a JSON object")
+    try:
+        matchers = tuple(Matcher.from_alertmanager(m) for m in body.get("matchers") or [])
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ApiError(400, f"matchers: {exc}") from None
+    if "endsAt" not in body:
+        raise ApiError(400, "endsAt is required")
+    starts_at = _parse_time(body["startsAt"], "startsAt") if body.get("startsAt") else None
+    ends_at = _parse_time(body["endsAt"], "endsAt")
+    silence_id = body.get("id") or None
+    if silence_id is not None and store.get(str(silence_id)) is None:
+        raise ApiError(404, f"no silence {silence_id!r}")
+    try:
+        return store.add(
+            matchers,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            created_by=str(body.get("createdBy", "")),
+            comment=str(body.get("comment", "")),
+            silence_id=str(silence_id) if silence_id is not None else None,
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def ingest(
+    pipeline: Pipeline,
+    *,
+    node: str,
+    text: str,
+    file: str = "ingest",
+    facts: dict[str, str] | None = None,
+    parsers: Sequence[ArtifactParser] | None = None,
+) -> dict[str, Any]:
+    """Parse one recorded artifact and give it to the pipeline as a snapshot of ``node``.
+
+    Args:
+        pipeline: The running pipeline.
+        node: The node the artifact is about (every record is put on it).
+        text: The artifact's text.
+        file: Its name, for evidence and errors.
+        facts: Facts about the node (``nvlink=expected``), kept for later evaluations.
+        parsers: Artifact parsers; the registered ones by default.
+
+    Returns:
+        ``{"node", "records", "healthy", "errors"}``: how many records were read,
+        whether the snapshot showed the node healthy (and cleared its earlier state),
+        and the parse errors.
+    """
+    if facts:
+        pipeline.set_node_facts(node, facts)
+    result = ArtifactResult()
+    ctx = ParseContext(file=file, node=NodeName(node))
+    lines = (Line(number, raw) for number, raw in enumerate(text.splitlines(), start=1))
+    records: list[Record] = []
+    for record in parse_lines(lines, ctx, parsers or artifact_parsers(), result):
+        records.append(record if record.node == node else _moved(record, node))
+    healthy = pipeline.observe_snapshot(node, records)
+    return {
+        "node": node,
+        "records": len(records),
+        "healthy": healthy,
+        "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in result.issues],
+    }
+
+
+def _moved(record: Record, node: str) -> Record:
+    import dataclasses
+
+    return dataclasses.replace(record, node=NodeName(node))
+
+
+class AlertingApi:
+    """The request handling, independent of the HTTP server (tests call :meth:`handle`).
+
+    Args:
+        pipeline: The running pipeline.
+        silences: The silence store the pipeline consults.
+        token: Bearer token required for changes, or ``None`` (loopback only).
+    """
+
+    def __init__(self, *, pipeline: Pipeline, silences: SilenceStore,
+                 token: str | None = None) -> None:
+        self.pipeline = pipeline
+        self.silences = silences
+        self.token = token
+
+    def __repr__(self) -> str:
+        """Return a representation that never shows the token."""
+        return f"AlertingApi(token={'set' if self.token else 'none'})"
+
+    def _authorize(self, headers: dict[str, str]) -> None:
+        if self.token is None:
+            return
+        offered = headers.get("authorization", "")
+        if not offered.startswith("Bearer ") or not hmac.compare_digest(
+            offered[len("Bearer "):].encode(), self.token.encode()
+        ):
+            raise ApiError(401, "a valid bearer token is required")
+
+    def handle(self, method: str, target: str, headers: dict[str, str], body: bytes
+               ) -> tuple[int, Any]:
+        """Answer one request; return the status and the JSON answer.
+
+        Args:
+            method: ``GET``, ``POST`` or ``DELETE``.
+            target: The path with its query string.
+            headers: Request headers, names lower-cased.
+            body: The raw body.
+        """
+        try:
+            return self._route(method, target, headers, body)
+        except ApiError as exc:
+            return exc.status, {"error": exc.message}
+
+    def _route(self, method: str, target: str, headers: dict[str, str], body: bytes
+               ) -> tuple[int, Any]:
+        url = urllib.parse.urlsplit(target)
+        path = url.path.rstrip("/") or "/"
+        now = self.silences.clock()
+        if method == "GET":
+            if path == "/-/ready":
+                return 200, {"status": "ready"}
+            if path == "/api/v1/alerts":
+                muted = self.pipeline.muted()
+                alerts = self.pipeline.active_alerts() + self.pipeline.pending_alerts()
+                return 200, [{**alert_to_json(a), "muted": muted.get(a.fingerprint)}
+                             for a in alerts]
+            if path == "/api/v1/pages":
+                return 200, [alert_to_json(p) for p in self.pipeline.open_pages()]
+            if path == "/api/v1/outbox":
+                return 200, {"depths": self.pipeline.outbox_depths(),
+                             "dropped": dict(self.pipeline.outbox.dropped)}
+            if path == "/api/v2/silences":
+                return 200, [silence_to_api(s, now) for s in self.silences.list_silences()]
+            if path.startswith("/api/v2/silence/"):
+                found = self.silences.get(path.rsplit("/", 1)[1])
+                if found is None:
+                    raise ApiError(404, "no such silence")
+                return 200, silence_to_api(found, now)
+            raise ApiError(404, f"no such endpoint {path}")
+        if method not in ("POST", "DELETE"):
+            raise ApiError(405, f"method {method} not allowed")
+        self._authorize(headers)
+        if method == "DELETE" and path.startswith("/api/v2/silence/"):
+            try:
+                self.silences.expire(path.rsplit("/", 1)[1])
+            except KeyError:
+                raise ApiError(404, "no such silence") from None
+            return 200, {}
+        if method == "POST" and path == "/api/v2/silences":
+            try:
+                data = json.loads(body or b"null")
+            except ValueError:
+                raise ApiError(400, "body is not JSON") from None
+            return 200, {"silenceID": create_silence(self.silences, data).id}
+        if method == "POST" and path == "/api/v1/ingest":
+            query = urllib.parse.parse_qs(url.query)
+            node = (query.get("node") or [""])[0]
+            if not node:
+                raise ApiError(400, "node is required")
+            facts: dict[str, str] = {}
+            for pair in query.get("context", []):
+                key, sep, value = pair.partition("=")
+                if not sep or not key:
+                    raise ApiError(400, f"context must be key=value, got {pair!r}")
+                facts[key] = value
+            text = body.decode("utf-8", errors="replace")
+            name = (query.get("file") or ["ingest"])[0]
+            return 200, ingest(self.pipeline, node=node, text=text, file=name, facts=facts)
+        raise ApiError(404, f"no such endpoint {path}")
+
+
+class ApiServer:
+    """Serves :class:`AlertingApi` on a thread.
+
+    Args:
+        api: The request handling.
+        listen_address: Address to bind (loopback by default).
+        port: TCP port; 0 picks a free one.
+    """
+
+    def __init__(self, *, api: AlertingApi, listen_address: str = "127.0.0.1",
+                 port: int = 9836) -> None:
+        self.api = api
+        self.listen_address = listen_address
+        self.port = port
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind and serve in a daemon thread.
+
+        Raises:
+            OSError: The address cannot be bound.
+        """
+        handler = _handler(self.api.handle)
+        self._server = ThreadingHTTPServer((self.listen_address, self.port), handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="gpuhealth-api", daemon=True)
+        self._thread.start()
+        logger.info("alerting API at %s", self.url)
+
+    @property
+    def url(self) -> str:
+        """The base URL."""
+        return f"http://{self.listen_address}:{self.port}"
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def _handler(
+    handle: Callable[[str, str, dict[str, str], bytes], tuple[int, Any]],
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self, method: str) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            if length > MAX_INGEST_BYTES:
+                status, answer = 413, {"error": "body too large"}
+            else:
+                body = self.rfile.read(length) if length else b""
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                try:
+                    status, answer = handle(method, self.path, headers, body)
+                except Exception as exc:
+                    logger.exception("alerting API failed on %s %s", method, self.path)
+                    status, answer = 500, {"error": type(exc).__name__}
+            raw = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def do_DELETE(self) -> None:
+            self._serve("DELETE")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("api: %s", format % args)
+
+    return Handler
+
+
+def start_api(settings: Settings, pipeline: Pipeline) -> ApiServer | None:
+    """Start the alerting API of ``gpuhealth run`` as ``[alerting]`` configures it.
+
+    Args:
+        settings: The loaded settings.
+        pipeline: The service's pipeline (its silence store is shared with the API).
+
+    Returns:
+        The running server, or ``None`` when ``api_enabled`` is false.
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+    a = settings.alerting
+    if not a.api_enabled:
+        return None
+    silences = pipeline.silences or SilenceStore(path=alerting_path(settings, "silences"))
+    server = ApiServer(
+        api=AlertingApi(pipeline=pipeline, silences=silences, token=api_token(settings)),
+        listen_address=a.api_listen_address,
+        port=a.api_port,
+    )
+    server.start()
+    return server
