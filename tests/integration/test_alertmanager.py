@@ -110,7 +110,7 @@ def test_silences_ours_and_alertmanagers(am):
     pipeline.observe([xid("am-s", "GPU-a", "79"), xid("am-s", "GPU-b", "94")])
     out = pipeline.evaluate()
     assert [a.labels["alertname"] for a in out.notified] == ["GpuXid79"]
-    assert list(out.muted.values())[0].startswith("silenced:")
+    assert next(iter(out.muted.values())).startswith("silenced:")
     eventually(lambda: [a for a in am.alerts() if a["labels"].get("node") == "am-s"])
     names = {a["labels"]["alertname"] for a in am.alerts() if a["labels"].get("node") == "am-s"}
     assert names == {"GpuXid79"}

@@ -99,7 +99,7 @@ def test_ingest_pages_then_a_healthy_snapshot_resolves(setup):
 
 
 def test_ingest_context_sets_node_facts(setup):
-    api, pipeline, pager, _ = setup
+    api, pipeline, _pager, _ = setup
     name = "010-dcgmi-diag-r2-pcie-fail-nvlink-down-on-non-nvlink-system.txt"
     text = (cases_dir() / name).read_bytes()
     query = "/api/v1/ingest?node=n10&context=nvlink=absent"

@@ -40,4 +40,5 @@ def test_every_kind_has_a_runbook():
 
 def test_shipped_rule_file_is_current():
     shipped = (ROOT / "deploy" / "prometheus" / "gpuhealth-rules.yml").read_text()
-    assert shipped == render_rules(), "regenerate with: gpuhealth rules export deploy/prometheus/gpuhealth-rules.yml"
+    hint = "regenerate: gpuhealth rules export deploy/prometheus/gpuhealth-rules.yml"
+    assert shipped == render_rules(), hint
