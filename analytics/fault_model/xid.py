@@ -776,8 +776,13 @@ def _symptom_alone(g: EventGroup, entity: EntityId) -> _Root:
             severity=Severity.WARNING,
             action=Action.RESET_GPU,
             confidence=0.5,
-            summary="CUDA reports a device busy or unavailable with no Xid in the input: a GPU "
-            "may need a reset (or is held in an exclusive compute mode)",
+            summary=(
+                "CUDA reports an uncorrectable ECC error with no Xid in the input: a contained "
+                "memory error; reset the GPU at the next opportunity (applies a pending row remap)"
+                if g.code == "uncorrectable_ecc"
+                else "CUDA reports a device busy or unavailable with no Xid in the input: a GPU "
+                "may need a reset (or is held in an exclusive compute mode)"
+            ),
             source=src,
         )
     if g.code == "init_failed":
