@@ -24,6 +24,7 @@ from alerting.alerts import (
     alert_labels,
     alert_name,
     alert_to_json,
+    finding_from_prediction,
     fingerprint,
     policy_for,
 )
@@ -31,7 +32,13 @@ from alerting.log import LogNotifier
 from alerting.outbox import Outbox
 from alerting.pagerduty import PagerDutyNotifier
 from alerting.promrules import render_rules
-from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule, PageGrouper, inhibited
+from alerting.router import (
+    DEFAULT_INHIBIT_RULES,
+    Inhibitor,
+    InhibitRule,
+    PageGrouper,
+    inhibited,
+)
 from alerting.silences import Matcher, Silence, SilenceStore, parse_matcher, parse_matchers
 from alerting.webhook import WebhookNotifier, WebhookVerifier
 
@@ -42,6 +49,7 @@ __all__ = [
     "AlertTracker",
     "AlertmanagerNotifier",
     "InhibitRule",
+    "Inhibitor",
     "LogNotifier",
     "Matcher",
     "Outbox",
@@ -57,6 +65,7 @@ __all__ = [
     "alert_labels",
     "alert_name",
     "alert_to_json",
+    "finding_from_prediction",
     "fingerprint",
     "inhibited",
     "parse_matcher",

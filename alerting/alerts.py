@@ -30,7 +30,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.clock import Clock, system_clock
-from core.records import NODE_ENTITY, Alert, AlertState, Finding, Severity
+from core.records import (
+    NODE_ENTITY,
+    Action,
+    Alert,
+    AlertState,
+    Evidence,
+    Finding,
+    Prediction,
+    Severity,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +107,57 @@ def alert_name(kind: str, code: str) -> str:
         prefix, kind_words = "Gpu", kind
     words = _WORD.findall(kind_words) + _WORD.findall(code.split(":", 1)[0])
     return prefix + "".join(w[:1].upper() + w[1:].lower() for w in words)
+
+
+PREDICTION_WARNING = 0.5
+"""Failure probability from which a prediction becomes a ``warning`` alert (a ticket)."""
+
+PREDICTION_MAJOR = 0.9
+"""Failure probability from which a prediction becomes a ``major`` alert (a page)."""
+
+
+def finding_from_prediction(
+    prediction: Prediction,
+    *,
+    warning_at: float = PREDICTION_WARNING,
+    major_at: float = PREDICTION_MAJOR,
+) -> Finding | None:
+    """Return the finding that makes a failure prediction alert, or ``None`` below ``warning_at``.
+
+    The finding's kind is ``prediction`` and its code ``failure``; the horizon and the
+    top features go into the summary and the evidence. A prediction never pages as
+    ``critical``: nothing is broken yet (fault-model.md, ``warning``: a trend).
+
+    Examples:
+        >>> from core.records import EntityId, NodeName, Prediction
+        >>> p = Prediction(node=NodeName("n1"), entity=EntityId("GPU-1"), probability=0.95,
+        ...                horizon_seconds=86400, top_features={"ecc_rate": 0.7},
+        ...                predicted_at=0.0)
+        >>> finding_from_prediction(p).severity
+        <Severity.MAJOR: 'major'>
+    """
+    if prediction.probability < warning_at:
+        return None
+    severity = Severity.MAJOR if prediction.probability >= major_at else Severity.WARNING
+    features = ", ".join(
+        f"{name}={value:.3g}" for name, value in sorted(
+            prediction.top_features.items(), key=lambda kv: -abs(kv[1]))[:5]
+    )
+    hours = prediction.horizon_seconds / 3600.0
+    return Finding(
+        node=prediction.node,
+        entity=prediction.entity,
+        kind="prediction",
+        code="failure",
+        severity=severity,
+        action=Action.SERVICE_HARDWARE,
+        summary=f"{prediction.probability:.0%} chance of failure within {hours:.0f} h",
+        evidence=(Evidence(file="prediction", line=None, text=f"top features: {features}"),),
+        source="failure predictor",
+        first_seen_at=prediction.predicted_at,
+        last_seen_at=prediction.predicted_at,
+        confidence=prediction.probability,
+    )
 
 
 def fingerprint(labels: Mapping[str, str]) -> str:

@@ -14,7 +14,7 @@ the queued one in place (a re-send of a firing alert while the receiver is down
 is one entry, not one per minute), and each notifier's queue holds at most
 ``max_per_notifier`` entries; beyond that the oldest are dropped, counted and
 logged at ERROR. The depth of each queue is :meth:`Outbox.depths` (exported as
-the ``gpuhealth_alert_outbox_depth`` metric).
+the ``gpuhealth_outbox_depth`` metric).
 """
 
 from __future__ import annotations
@@ -278,9 +278,9 @@ class Outbox:
     async def _deliver_one(self, name: str, notifier: Notifier, stats: DeliveryStats,
                            timeout_seconds: float, force: bool) -> None:
         send_many = getattr(notifier, "send_many", None)
-        limit = self.batch_size if callable(send_many) else 1
+        batched = callable(send_many)
         while True:
-            head = self._head(name, limit)
+            head = self._head(name, self.batch_size if batched else 1)
             if not head:
                 return
             if not force and head[0][2] > self.clock():
@@ -288,16 +288,19 @@ class Outbox:
             seqs = [h[0] for h in head]
             alerts = [h[3] for h in head]
             try:
-                if callable(send_many):
+                if batched and send_many is not None:
                     await asyncio.wait_for(send_many(alerts), timeout_seconds)
                 else:
                     await asyncio.wait_for(notifier.send(alerts[0]), timeout_seconds)
             except PermanentError as exc:
+                if len(seqs) > 1:
+                    batched = False  # find the one the receiver refuses; keep the others
+                    continue
                 self._delete(seqs)
-                stats.dropped[name] = stats.dropped.get(name, 0) + len(seqs)
-                self.dropped[name] = self.dropped.get(name, 0) + len(seqs)
-                logger.warning("notifier %s rejected %d alert(s) for good, dropped: %s",
-                               name, len(seqs), exc)
+                stats.dropped[name] = stats.dropped.get(name, 0) + 1
+                self.dropped[name] = self.dropped.get(name, 0) + 1
+                logger.warning("notifier %s rejected alert %s for good, dropped: %s",
+                               name, alerts[0].fingerprint, exc)
                 continue
             except (TemporaryError, TimeoutError, OSError) as exc:
                 retry_after = getattr(exc, "retry_after_seconds", None)

@@ -165,7 +165,7 @@ def _dcgm_rules() -> tuple[PromRule, ...]:
 def _self_rules() -> tuple[PromRule, ...]:
     return (
         PromRule(kind="gpuhealth", code="notifier_backlog", severity="warning", action="none",
-                 for_="15m", expr="max by (notifier) (gpuhealth_alert_outbox_depth) > 0",
+                 for_="15m", expr="max by (notifier) (gpuhealth_outbox_depth) > 0",
                  summary="gpuhealth cannot deliver to notifier {{ $labels.notifier }} "
                          "({{ $value }} queued)"),
     )

@@ -33,6 +33,8 @@ from core.records import Alert, AlertState, Severity
 
 logger = logging.getLogger(__name__)
 
+_RANK = {s.value: s.rank for s in Severity}
+
 PAGE_ALERTNAME = "GpuhealthPage"
 """``alertname`` of a page (a group notification)."""
 
@@ -117,6 +119,56 @@ def inhibited(alerts: Sequence[Alert], rules: Sequence[InhibitRule]) -> dict[str
     return muted
 
 
+class Inhibitor:
+    """:func:`inhibited` with the per-alert rule matches cached by fingerprint.
+
+    A fingerprint stands for a label set, so whether an alert matches a rule's
+    source or target never changes; only the set of firing alerts does.
+
+    Args:
+        rules: Inhibition rules.
+    """
+
+    def __init__(self, rules: Sequence[InhibitRule]) -> None:
+        self.rules = tuple(rules)
+        self._cache: dict[str, tuple[tuple[bool, bool, tuple[str, ...]], ...]] = {}
+
+    def _matches(self, alert: Alert) -> tuple[tuple[bool, bool, tuple[str, ...]], ...]:
+        found = self._cache.get(alert.fingerprint)
+        if found is None:
+            labels = alert.labels
+            found = self._cache[alert.fingerprint] = tuple(
+                (matches_all(rule.source, labels), matches_all(rule.target, labels),
+                 tuple(labels.get(name, "") for name in rule.equal))
+                for rule in self.rules
+            )
+        return found
+
+    def muted(self, alerts: Sequence[Alert]) -> dict[str, str]:
+        """Return ``{target fingerprint: source fingerprint}`` for the firing ``alerts``."""
+        if len(self._cache) > 4 * len(alerts) + 1024:
+            self._cache.clear()
+        rows = [(a.fingerprint, self._matches(a)) for a in alerts
+                if a.state is AlertState.FIRING]
+        muted: dict[str, str] = {}
+        for index in range(len(self.rules)):
+            sources: dict[tuple[str, ...], str] = {}
+            for fp, matches in rows:
+                is_source, _, key = matches[index]
+                if is_source:
+                    sources.setdefault(key, fp)
+            if not sources:
+                continue
+            for fp, matches in rows:
+                is_source, is_target, key = matches[index]
+                if not is_target or is_source or fp in muted:
+                    continue
+                source = sources.get(key)
+                if source is not None and source != fp:
+                    muted[fp] = source
+        return muted
+
+
 @dataclass(slots=True)
 class _Group:
     labels: dict[str, str]
@@ -180,10 +232,8 @@ class PageGrouper:
         for alert in firing:
             if alert.state is not AlertState.FIRING or alert.fingerprint in blocked:
                 continue
-            severity = alert.labels.get("severity", "")
-            if severity not in Severity.__members__.values():
-                continue
-            if Severity(severity).rank < self.page_severity.rank:
+            rank = _RANK.get(alert.labels.get("severity", ""))
+            if rank is None or rank < self.page_severity.rank:
                 continue
             current.setdefault(self._key(alert.labels), []).append(alert)
         pages: list[Alert] = []
@@ -199,7 +249,7 @@ class PageGrouper:
                 labels = {name: value for name, value in zip(self.group_by, key, strict=True)
                           if value}
                 group = self._groups[key] = _Group(labels=labels)
-            members.sort(key=lambda a: (-Severity(a.labels["severity"]).rank, a.starts_at,
+            members.sort(key=lambda a: (-_RANK[a.labels["severity"]], a.starts_at,
                                         a.fingerprint))
             group.members = members
             worst = members[0].labels["severity"]

@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -115,7 +116,7 @@ def throughput(alerts: int, evaluations: int) -> float:
 
     silences = SilenceStore(clock=clock)
     for i in range(20):
-        silences.add(parse_matchers([f'node=~"gpu-{i:03d}.*"', 'severity="warning"']),
+        silences.add(parse_matchers([f'node=~"gpu-{i * 50:05d}"', 'severity="warning"']),
                      duration_seconds=86400, created_by="bench", comment="maintenance")
     batch, single = NullBatch(), NullSingle()
     pipeline = Pipeline(facts={}, notifiers=[batch], page_notifiers=[single],
@@ -218,6 +219,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    import urllib.parse  # noqa: F401 (used in latency)
-
     sys.exit(main())

@@ -53,8 +53,9 @@ SLOW_FIELDS = (3, 4, 5, 6, 29, 30, 31, 94, 142, 143, 144, 145)
 
 
 def make_fake() -> FakeNvml:
-    return FakeNvml.from_dump(DUMP, **given_for_dump(
-        energy_mj=123_456_789, nvlink_states=[1] * 18, supported_events=0))
+    return FakeNvml.from_dump(
+        DUMP, **given_for_dump(energy_mj=123_456_789, nvlink_states=[1] * 18, supported_events=0)
+    )
 
 
 class Recorder:
@@ -80,7 +81,7 @@ class Recorder:
 
 def replay(lib: Any, log: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
     for name, args, kw in log:
-        try:
+        try:  # noqa: SIM105 (suppress() would add its own cost to the bare timing)
             getattr(lib, name)(*args, **kw)
         except lib.NVMLError:
             pass
@@ -93,14 +94,26 @@ def cpu_us(fn: Callable[[], None], repeat: int) -> float:
     return (time.process_time_ns() - start) / 1e3 / repeat
 
 
-def group_cost(lib: Any, gpus: int, group: str, ticks: int, deadline: float | None,
-               ) -> tuple[float, float, int]:
+def group_cost(
+    lib: Any,
+    gpus: int,
+    group: str,
+    ticks: int,
+    deadline: float | None,
+) -> tuple[float, float, int]:
     """Return (collector µs, bare calls µs) per GPU per tick of ``group``, and samples/tick."""
     rec = Recorder(lib)
     clock = FakeClock(now=0.0)
     fast, slow = (1.0, 1e9) if group == "fast" else (1e9, 1.0)
-    c = NvmlCollector(node="bench", nvml=rec, clock=clock, fast_interval_seconds=fast,
-                      slow_interval_seconds=slow, deadline_seconds=deadline, events=False)
+    c = NvmlCollector(
+        node="bench",
+        nvml=rec,
+        clock=clock,
+        fast_interval_seconds=fast,
+        slow_interval_seconds=slow,
+        deadline_seconds=deadline,
+        events=False,
+    )
     try:
         c.collect()  # the first tick reads both groups and settles the field batches
         clock.advance(1.0)
@@ -166,12 +179,16 @@ print(json.dumps({"rss_kib": int(status["VmRSS"].split()[0]),
 def service_footprint(seconds: float, mode: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gpuhealth.toml"
-        config.write_text(f'[node]\nname = "bench"\ndata_dir = "{tmp}"\n\n[metrics]\nport = 0\n',
-                          encoding="utf-8")
+        config.write_text(
+            f'[node]\nname = "bench"\ndata_dir = "{tmp}"\n\n[metrics]\nport = 0\n', encoding="utf-8"
+        )
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(ROOT), str(config), str(seconds), mode,
-             str(DUMP)],
-            capture_output=True, text=True, timeout=seconds + 60, check=False)
+            [sys.executable, "-c", _CHILD, str(ROOT), str(config), str(seconds), mode, str(DUMP)],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=False,
+        )
     if out.returncode != 0:
         raise RuntimeError(f"service child failed: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -180,8 +197,10 @@ def service_footprint(seconds: float, mode: str) -> dict[str, Any]:
 
 def report_groups(lib: Any, gpus: int, ticks: int, label: str) -> dict[str, float]:
     print(f"\n{label}: {gpus} GPU(s), {ticks} ticks per group; CPU µs per GPU per tick")
-    print(f"{'group':<6} {'mode':<8} {'collector':>10} {'bare calls':>11} {'ours':>9} "
-          f"{'ours/bare':>10} {'samples':>8}")
+    print(
+        f"{'group':<6} {'mode':<8} {'collector':>10} {'bare calls':>11} {'ours':>9} "
+        f"{'ours/bare':>10} {'samples':>8}"
+    )
     figures: dict[str, float] = {}
     for group in ("fast", "slow"):
         for mode, deadline in (("threads", None), ("inline", 0.0)):
@@ -190,8 +209,10 @@ def report_groups(lib: Any, gpus: int, ticks: int, label: str) -> dict[str, floa
             ratio = ours / bare if bare else float("inf")
             figures[f"{group}_{mode}"] = total
             figures[f"{group}_{mode}_ratio"] = ratio
-            print(f"{group:<6} {mode:<8} {total:>10.1f} {bare:>11.1f} {ours:>9.1f} "
-                  f"{ratio:>9.2f}x {produced:>8}")
+            print(
+                f"{group:<6} {mode:<8} {total:>10.1f} {bare:>11.1f} {ours:>9.1f} "
+                f"{ratio:>9.2f}x {produced:>8}"
+            )
     print(f"goal on the fake: ours/bare <= {GOAL_OVERHEAD_RATIO:.1f}x")
     return figures
 
@@ -225,13 +246,20 @@ def real_check(lib: Any) -> int:
             problems.append(f"implausible {s.metric}{dict(s.labels)} = {s.value}")
     if shutil.which("nvidia-smi"):
         query = "uuid,temperature.gpu,memory.total,power.limit,clocks.sm,pcie.link.gen.max"
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}",
-                              "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60, check=False).stdout
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
         for line in out.strip().splitlines():
             uuid, temp, mem, limit, _sm, gen = (x.strip() for x in line.split(","))
-            got = {(s.metric, tuple(sorted(s.labels.items()))): s.value
-                   for s in samples if s.entity == uuid}
+            got = {
+                (s.metric, tuple(sorted(s.labels.items()))): s.value
+                for s in samples
+                if s.entity == uuid
+            }
             for (metric, labels), want, tol in (
                 (("gpu_temperature_celsius", ()), float(temp), 3.0),
                 (("gpu_memory_total_bytes", ()), float(mem) * 1024 * 1024, 0.01),
@@ -243,8 +271,10 @@ def real_check(lib: Any) -> int:
                     problems.append(f"{uuid}: {metric} missing")
                     continue
                 limit_ok = abs(value - want) <= (tol if tol >= 1 or tol == 0 else tol * want)
-                print(f"{uuid} {metric}: nvml {value:g} vs nvidia-smi {want:g} "
-                      f"{'ok' if limit_ok else 'MISMATCH'}")
+                print(
+                    f"{uuid} {metric}: nvml {value:g} vs nvidia-smi {want:g} "
+                    f"{'ok' if limit_ok else 'MISMATCH'}"
+                )
                 if not limit_ok:
                     problems.append(f"{uuid}: {metric} {value} vs nvidia-smi {want}")
     for p in problems:
@@ -263,18 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     fake = make_fake()
     fig = report_groups(fake, len(fake.gpus), args.ticks, f"fake NVML ({DUMP.name})")
     one, many = field_batching(fake, fake.handles[0], args.ticks)
-    print(f"\nslow-group fields ({len(SLOW_FIELDS)}) on the fake: one batched call {one:.1f} µs, "
-          f"one call per field {many:.1f} µs: speed-up {many / one:.2f}x "
-          "(Python only; the driver round trip per call is what batching saves on a GPU)")
+    print(
+        f"\nslow-group fields ({len(SLOW_FIELDS)}) on the fake: one batched call {one:.1f} µs, "
+        f"one call per field {many:.1f} µs: speed-up {many / one:.2f}x "
+        "(Python only; the driver round trip per call is what batching saves on a GPU)"
+    )
     mem = service_footprint(args.rss_seconds, "fake")
-    print(f"\ngpuhealth service collecting only NVML (fake, 8 GPUs, 1 Hz, "
-          f"{args.rss_seconds:g} s): RSS {mem['rss_kib'] / 1024:.1f} MiB, peak "
-          f"{mem['hwm_kib'] / 1024:.1f} MiB (goal < {GOAL_RSS_MIB:.0f} MiB); "
-          f"{mem['core_percent']:.2f} % of one core for the whole process")
+    print(
+        f"\ngpuhealth service collecting only NVML (fake, 8 GPUs, 1 Hz, "
+        f"{args.rss_seconds:g} s): RSS {mem['rss_kib'] / 1024:.1f} MiB, peak "
+        f"{mem['hwm_kib'] / 1024:.1f} MiB (goal < {GOAL_RSS_MIB:.0f} MiB); "
+        f"{mem['core_percent']:.2f} % of one core for the whole process"
+    )
     status = 0
     if fig["fast_threads_ratio"] > GOAL_OVERHEAD_RATIO:
-        print(f"NOTE: fast-group overhead {fig['fast_threads_ratio']:.2f}x is above the "
-              f"{GOAL_OVERHEAD_RATIO:.1f}x goal on the fake")
+        print(
+            f"NOTE: fast-group overhead {fig['fast_threads_ratio']:.2f}x is above the "
+            f"{GOAL_OVERHEAD_RATIO:.1f}x goal on the fake"
+        )
     if args.real:
         import pynvml
 
@@ -284,16 +320,22 @@ def main(argv: list[str] | None = None) -> int:
             real = report_groups(pynvml, gpus, max(30, args.ticks // 5), "real NVML")
             handle = pynvml.nvmlDeviceGetHandleByIndex(0)
             one, many = field_batching(pynvml, handle, max(30, args.ticks // 5))
-            print(f"\nslow-group fields on the real driver: batched {one:.1f} µs, one call "
-                  f"per field {many:.1f} µs: speed-up {many / one:.2f}x")
+            print(
+                f"\nslow-group fields on the real driver: batched {one:.1f} µs, one call "
+                f"per field {many:.1f} µs: speed-up {many / one:.2f}x"
+            )
         finally:
             pynvml.nvmlShutdown()
         core = real["fast_threads"] * 8 / 1e6 * 100.0
-        print(f"fast group, 8 GPUs at 1 Hz (projected from {gpus}): {core:.3f} % of one core "
-              f"(goal < {GOAL_CORE_PERCENT_8_GPUS:.0f} %)")
+        print(
+            f"fast group, 8 GPUs at 1 Hz (projected from {gpus}): {core:.3f} % of one core "
+            f"(goal < {GOAL_CORE_PERCENT_8_GPUS:.0f} %)"
+        )
         mem = service_footprint(args.rss_seconds, "real")
-        print(f"gpuhealth service collecting only NVML (real, {gpus} GPU(s), 1 Hz): RSS "
-              f"{mem['rss_kib'] / 1024:.1f} MiB, {mem['core_percent']:.2f} % of one core")
+        print(
+            f"gpuhealth service collecting only NVML (real, {gpus} GPU(s), 1 Hz): RSS "
+            f"{mem['rss_kib'] / 1024:.1f} MiB, {mem['core_percent']:.2f} % of one core"
+        )
         status = real_check(pynvml)
     return status
 

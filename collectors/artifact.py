@@ -14,12 +14,20 @@ nothing raises for bad input.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import gzip
+import io
+import logging
 import re
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, cast, runtime_checkable
 
 from core.records import NodeName, Record
+
+logger = logging.getLogger(__name__)
 
 MAX_BLOCK_LINES = 2000
 """Blocks are cut at this many lines so that a 1 GB log is parsed in bounded memory."""
@@ -219,12 +227,16 @@ class ArtifactResult:
         kinds: Kinds of the sections recognised, in order.
         parsed_lines: Lines handed to a parser.
         suppressed_issues: Problems past :data:`MAX_ISSUES`, counted only.
+        skipped_sections: Sections no parser recognised.
+        first_skipped: Line and description of the first of them.
     """
 
     issues: list[ParseIssue] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     parsed_lines: int = 0
     suppressed_issues: int = 0
+    skipped_sections: int = 0
+    first_skipped: tuple[int, str] | None = None
 
     def add_issues(self, issues: Iterable[ParseIssue]) -> None:
         """Keep ``issues`` up to :data:`MAX_ISSUES`; count the rest."""
@@ -234,8 +246,37 @@ class ArtifactResult:
             else:
                 self.suppressed_issues += 1
 
+    def skip(self, file: str, block: Block) -> None:
+        """Note a section no parser recognised (shell noise such as ``lsmod``, ``uname``).
+
+        Skipped sections are logged, not reported as errors, unless nothing in the
+        file is recognised at all (see :meth:`summarise`).
+        """
+        first = block.lines[0]
+        note = (
+            f"line {first.number}: {len(block.lines)} lines, command "
+            f"{block.command or 'unknown'}: {first.text.strip()[:80]!r}"
+        )
+        logger.info("%s: skipped a section no parser recognises (%s)", file, note)
+        if self.first_skipped is None:
+            self.first_skipped = (first.number, note)
+        self.skipped_sections += 1
+
     def summarise(self, file: str) -> None:
-        """Append one issue saying how many were left out, if any."""
+        """Close the file's report: one issue when nothing in it was recognised.
+
+        Also appends one issue saying how many problems were left out, if any.
+        """
+        if self.parsed_lines == 0 and not self.issues and self.first_skipped is not None:
+            line, note = self.first_skipped
+            self.issues.append(
+                ParseIssue(
+                    file=file,
+                    line=line,
+                    reason=f"no known artifact kind in this input ({self.skipped_sections} "
+                    f"section(s) not recognised; first at {note})",
+                )
+            )
         if self.suppressed_issues:
             self.issues.append(
                 ParseIssue(
@@ -247,23 +288,63 @@ class ArtifactResult:
             self.suppressed_issues = 0
 
 
+MAX_LINE_CHARS = 65536
+"""Longer lines are cut (and the cut reported), so one huge line cannot exhaust memory."""
+
+_BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
-    try:
-        with open(path, "rb") as probe:
-            head = probe.read(_BINARY_PROBE_BYTES)
-        if not head:
-            result.issues.append(ParseIssue(file=path, line=None, reason="empty file"))
+    """Yield the lines of ``path`` (``-`` is standard input) from one open handle.
+
+    The file is opened once, so pipes and process substitutions work. gzip files
+    (rotated ``kern.log.2.gz``) are decompressed; a UTF-8 or UTF-16 byte-order mark
+    picks the encoding; other text is read as UTF-8 with undecodable bytes replaced.
+    Binary data (NUL bytes), empty input and unreadable files become issues.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            if path == "-":
+                raw: BinaryIO = sys.stdin.buffer
+            else:
+                raw = stack.enter_context(open(path, "rb"))
+            buffered: io.BufferedReader = (
+                raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(Any, raw))
+            )
+            head = buffered.peek(_BINARY_PROBE_BYTES)[:_BINARY_PROBE_BYTES]
+            if head.startswith(_GZIP_MAGIC):
+                unzipped = stack.enter_context(gzip.GzipFile(fileobj=buffered, mode="rb"))
+                buffered = io.BufferedReader(cast(Any, unzipped))
+                head = buffered.peek(_BINARY_PROBE_BYTES)[:_BINARY_PROBE_BYTES]
+        except (OSError, EOFError) as exc:
+            reason = f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+            result.issues.append(ParseIssue(file=path, line=None, reason=reason))
             return
-        if b"\x00" in head:
+        if not head:
+            reason = "empty file" if path != "-" else "empty standard input"
+            result.issues.append(ParseIssue(file=path, line=None, reason=reason))
+            return
+        encoding = next((enc for bom, enc in _BOMS if head.startswith(bom)), "utf-8")
+        if encoding == "utf-8" and b"\x00" in head:
             reason = "binary file (NUL bytes), not text"
             result.issues.append(ParseIssue(file=path, line=None, reason=reason))
             return
-        with open(path, encoding="utf-8", errors="replace", newline=None) as handle:
-            for number, text in enumerate(handle, start=1):
-                yield Line(number, text.rstrip("\n"))
-    except OSError as exc:
-        reason = f"cannot read: {exc.strerror}"
-        result.issues.append(ParseIssue(file=path, line=None, reason=reason))
+        text = io.TextIOWrapper(buffered, encoding=encoding, errors="replace", newline=None)
+        number = 0
+        try:
+            while chunk := text.readline(MAX_LINE_CHARS):
+                number += 1
+                if len(chunk) >= MAX_LINE_CHARS and not chunk.endswith("\n"):
+                    while (rest := text.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                        pass
+                    reason = f"line longer than {MAX_LINE_CHARS} characters: cut"
+                    result.add_issues([ParseIssue(file=path, line=number, reason=reason)])
+                yield Line(number, chunk.rstrip("\n"))
+        except (OSError, EOFError) as exc:
+            reason = f"cannot read past line {number}: {exc}"
+            result.issues.append(ParseIssue(file=path, line=number + 1, reason=reason))
 
 
 def parse_lines(
@@ -303,17 +384,7 @@ def parse_lines(
         if best is None or score < MIN_SCORE:
             yield from finish()
             session_kind = None
-            first = block.lines[0]
-            result.add_issues(
-                [
-                    ParseIssue(
-                        file=ctx.file,
-                        line=first.number,
-                        reason=f"unrecognised section ({len(block.lines)} lines, "
-                        f"command {block.command or 'unknown'}): {first.text.strip()[:80]!r}",
-                    )
-                ]
-            )
+            result.skip(ctx.file, block)
             continue
         if session is not None and best.kind == session_kind and block.command == session_command:
             yield from session.feed(block.lines)

@@ -50,8 +50,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue
-from collectors.nvidia_smi import evidence, is_missing, make_sample, norm_key
+from collectors.artifact import ArtifactParser, Line, ParseContext
+from collectors.nvidia_smi import is_missing, make_sample, norm_key
+from collectors.textparse import Session, line_evidence
 from core.ids import gpu_index_entity
 from core.records import NODE_ENTITY, EntityId, Event, Record
 
@@ -89,15 +90,6 @@ def is_blank(value: float) -> bool:
 
 def _gpu(index: str | int) -> EntityId:
     return EntityId(gpu_index_entity(int(index)))
-
-
-class _Session:
-    def __init__(self, ctx: ParseContext) -> None:
-        self.ctx = ctx
-        self.issues: list[ParseIssue] = []
-
-    def issue(self, line: int | None, reason: str) -> None:
-        self.issues.append(ParseIssue(file=self.ctx.file, line=line, reason=reason))
 
 
 # ----------------------------------------------------------------------- box tables
@@ -247,7 +239,7 @@ class DcgmDiagParser:
         return _DiagSession(ctx)
 
 
-class _DiagSession(_Session):
+class _DiagSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.category = ""
@@ -372,7 +364,7 @@ class _DiagSession(_Session):
                             "nvlink_only": "yes" if only_nvlink else "no",
                             "message": " | ".join(texts)[:500],
                         },
-                        evidence=tuple(evidence(ctx, ln) for ln in [line, *msg_lines][:12]),
+                        evidence=tuple(line_evidence(ctx, ln) for ln in [line, *msg_lines][:12]),
                         source="dcgmi_diag",
                     )
                 )
@@ -415,7 +407,7 @@ class _DiagSession(_Session):
                     observed_at=None,
                     message=match[0],
                     attrs={"seconds": match["sec"], "test": test.name if test else ""},
-                    evidence=tuple(evidence(ctx, ln) for ln in cell.lines()[:12]),
+                    evidence=tuple(line_evidence(ctx, ln) for ln in cell.lines()[:12]),
                     source="dcgmi_diag",
                 )
             )
@@ -437,7 +429,7 @@ class _DiagSession(_Session):
                             "unit": match["unit"].lower(),
                             "metric": norm_key(match["what"]) or "throughput",
                         },
-                        evidence=(evidence(ctx, line_at(match.start())),),
+                        evidence=(line_evidence(ctx, line_at(match.start())),),
                         source="dcgmi_diag",
                     )
                 )
@@ -544,7 +536,7 @@ def _find_line(lines: Sequence[Line], needle: str) -> Line | None:
     return None
 
 
-def _load_json(session: _Session, lines: Sequence[Line], what: str) -> Any:
+def _load_json(session: Session, lines: Sequence[Line], what: str) -> Any:
     text = "\n".join(ln.text for ln in lines)
     try:
         return json.loads(text)
@@ -585,7 +577,7 @@ class DcgmHealthParser:
 _HEALTH_WORDS = re.compile(r"^(Healthy|Warning|Failure|Fail|Unknown)\b", re.I)
 
 
-class _HealthSession(_Session):
+class _HealthSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.lines: list[Line] = []
@@ -616,7 +608,7 @@ class _HealthSession(_Session):
             observed_at=None,
             message=message or f"DCGM health {verdict}",
             attrs={"verdict": verdict, "message": message[:500]},
-            evidence=tuple(evidence(self.ctx, ln) for ln in lines[:12]),
+            evidence=tuple(line_evidence(self.ctx, ln) for ln in lines[:12]),
             source="dcgmi_health",
         )
 
@@ -785,7 +777,7 @@ def known_messages(
     ``entity`` is the GPU the message is filed under, for messages naming none.
     """
     text = re.sub(r"\s+", " ", text)
-    ev = tuple(evidence(ctx, ln) for ln in lines[:12])
+    ev = tuple(line_evidence(ctx, ln) for ln in lines[:12])
     for pattern, code in (*_DEPLOY, *_HEALTH_KNOWN):
         for match in pattern.finditer(text):
             yield Event(
@@ -961,7 +953,7 @@ class DcgmDmonParser:
         return _DmonSession(ctx)
 
 
-class _DmonSession(_Session):
+class _DmonSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.columns: list[str] | None = None
@@ -1005,9 +997,6 @@ class _DmonSession(_Session):
                     out.append(s)
         return out
 
-    def close(self) -> list[Record]:
-        return []
-
 
 # ------------------------------------------------------------------- nvlink status
 
@@ -1039,7 +1028,7 @@ class DcgmNvlinkParser:
         return _NvlinkSession(ctx)
 
 
-class _NvlinkSession(_Session):
+class _NvlinkSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.entity: EntityId | None = None
@@ -1083,12 +1072,9 @@ class _NvlinkSession(_Session):
             entity=NODE_ENTITY,
             observed_at=None,
             message=line.text.strip(),
-            evidence=(evidence(self.ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source="dcgmi_nvlink",
         )
-
-    def close(self) -> list[Record]:
-        return []
 
 
 # ------------------------------------------------------------------ hostengine log
@@ -1130,7 +1116,7 @@ class DcgmLogParser:
         return _LogSession(ctx)
 
 
-class _LogSession(_Session):
+class _LogSession(Session):
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         out: list[Record] = []
         for line in lines:
@@ -1154,7 +1140,7 @@ class _LogSession(_Session):
                         observed_at=None,
                         message=health["text"][:500],
                         attrs={"system": system},
-                        evidence=(evidence(self.ctx, line),),
+                        evidence=(line_evidence(self.ctx, line),),
                         source="dcgm_log",
                     )
                 )
@@ -1168,14 +1154,11 @@ class _LogSession(_Session):
                     observed_at=None,
                     message=health["text"][:500],
                     attrs={"verdict": verdict, "system": system, "message": health["text"][:500]},
-                    evidence=(evidence(self.ctx, line),),
+                    evidence=(line_evidence(self.ctx, line),),
                     source="dcgm_log",
                 )
             )
         return out
-
-    def close(self) -> list[Record]:
-        return []
 
 
 PARSERS: tuple[ArtifactParser, ...] = (

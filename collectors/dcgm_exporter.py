@@ -39,9 +39,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue
+from collectors.artifact import ArtifactParser, Line, ParseContext
 from collectors.dcgm import is_blank
-from collectors.nvidia_smi import gpu_entity
+from collectors.nvidia_smi import CLOCK_EVENT_BITS, gpu_entity
+from collectors.textparse import Session
 from core.catalog import BY_DCGM, BY_NAME
 from core.errors import CollectorUnavailable
 from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
@@ -130,19 +131,6 @@ CLOCK_EVENT_SERIES = frozenset(
     {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"}
 )
 """Bitmask series of clock event (throttle) reasons, split into ``gpu_clock_event_active``."""
-
-CLOCK_EVENT_BITS: dict[int, str] = {
-    0x001: "gpu_idle",
-    0x002: "clocks_setting",
-    0x004: "power_cap",
-    0x008: "hw_slowdown",
-    0x010: "sync_boost",
-    0x020: "sw_thermal",
-    0x040: "hw_thermal",
-    0x080: "hw_power_brake",
-    0x100: "display_clocks",
-}
-"""NVML ``nvmlClocksEventReason*`` bits (ecosystem-reference §1.4) to reason labels."""
 
 
 LEGACY_NAMES: dict[str, str] = {
@@ -477,10 +465,9 @@ def query_result_lines(doc: Any, lines: Sequence[Line]) -> list[Line]:
     return out
 
 
-class _ExporterSession:
+class _ExporterSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
-        self.ctx = ctx
-        self.issues: list[ParseIssue] = []
+        super().__init__(ctx)
         self.json_lines: list[Line] = []
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
@@ -492,7 +479,7 @@ class _ExporterSession:
     def _parse(self, lines: Sequence[Line]) -> list[Record]:
         result = parse_exposition(lines, file=self.ctx.file, node=self.ctx.node, observed_at=None)
         for number, reason in result.bad_lines:
-            self.issues.append(ParseIssue(file=self.ctx.file, line=number, reason=reason))
+            self.issue(number, reason)
         if result.skipped:
             logger.debug("%s: %d uncatalogued series skipped", self.ctx.file, result.skipped)
         return result.records
@@ -505,12 +492,8 @@ class _ExporterSession:
             doc = json.loads("\n".join(ln.text for ln in lines))
         except json.JSONDecodeError as exc:
             index = max(1, min(exc.lineno, len(lines)))
-            self.issues.append(
-                ParseIssue(
-                    file=self.ctx.file,
-                    line=lines[index - 1].number,
-                    reason=f"Prometheus query answer: invalid JSON ({exc.msg})",
-                )
+            self.issue(
+                lines[index - 1].number, f"Prometheus query answer: invalid JSON ({exc.msg})"
             )
             return []
         return self._parse(query_result_lines(doc, lines))

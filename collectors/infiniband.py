@@ -36,7 +36,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue, ParserSession
+from collectors.artifact import ArtifactParser, Line, ParseContext, ParserSession
+from collectors.textparse import Session, line_evidence
 from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,21 @@ def port_entity(device: str, port: str | int) -> EntityId:
         'mlx5_0:1'
     """
     return EntityId(f"{device}:{port}")
+
+
+def _port_sample(
+    node: NodeName, metric: str, value: float, device: str, port: str, evidence: Evidence | None
+) -> Sample:
+    """Return one reading of an IB port (state, physical state, rate), labelled device and port."""
+    return Sample(
+        metric=metric,
+        value=value,
+        observed_at=None,
+        node=node,
+        entity=port_entity(device, port),
+        labels={"device": device, "port": port},
+        evidence=evidence,
+    )
 
 
 def _state_word(text: str) -> str:
@@ -262,14 +278,6 @@ def counter_samples(
     return out
 
 
-def _ev(ctx: ParseContext, line: Line) -> Evidence:
-    return Evidence(file=ctx.file, line=line.number, text=line.text)
-
-
-def _issue(ctx: ParseContext, line: Line, reason: str) -> ParseIssue:
-    return ParseIssue(file=ctx.file, line=line.number, reason=reason)
-
-
 def _int(text: str) -> int | None:
     text = text.strip()
     try:
@@ -316,12 +324,11 @@ class _Port:
     evidence: list[Evidence] = field(default_factory=list)
 
 
-class IbstatSession:
+class IbstatSession(Session):
     """Parse ``ibstat`` or ``ibstatus`` output: one record set per port."""
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         self._ca: str | None = None
         self._ca_ev: Evidence | None = None
         self._port: _Port | None = None
@@ -335,38 +342,36 @@ class IbstatSession:
             ca = _CA.match(text) or _HCA_ID.match(text)
             if ca:
                 self._finish(out)
-                self._ca, self._ca_ev = ca["ca"], _ev(self._ctx, line)
+                self._ca, self._ca_ev = ca["ca"], line_evidence(self.ctx, line)
                 continue
             status = _IBSTATUS_PORT.match(text)
             if status:
                 self._finish(out)
                 self._ca, self._ca_ev = status["ca"], None
                 self._port = _Port(device=status["ca"], port=status["port"])
-                self._port.evidence.append(_ev(self._ctx, line))
+                self._port.evidence.append(line_evidence(self.ctx, line))
                 continue
             port = _IBSTAT_PORT.match(text) or _DEVINFO_PORT.match(text)
             if port:
                 self._finish(out)
                 if self._ca is None:
-                    self.issues.append(_issue(self._ctx, line, "ibstat port before any CA line"))
+                    self.issue(line.number, "ibstat port before any CA line")
                     continue
                 self._port = _Port(device=self._ca, port=port["port"])
                 if self._ca_ev:
                     self._port.evidence.append(self._ca_ev)
-                self._port.evidence.append(_ev(self._ctx, line))
+                self._port.evidence.append(line_evidence(self.ctx, line))
                 continue
             kv = _KEYVAL.match(text)
             if kv and self._port is not None:
                 key = kv["key"].strip().lower().replace("_", " ")
                 self._port.fields[key] = kv["value"]
                 if key in {"state", "physical state", "phys state", "rate", "link layer"}:
-                    self._port.evidence.append(_ev(self._ctx, line))
+                    self._port.evidence.append(line_evidence(self.ctx, line))
                 continue
             if kv or not text.strip():
                 continue  # CA-level fields (CA type, Firmware version...)
-            self.issues.append(
-                _issue(self._ctx, line, f"unexpected ibstat line: {text.strip()[:80]!r}")
-            )
+            self.issue(line.number, f"unexpected ibstat line: {text.strip()[:80]!r}")
         return out
 
     def close(self) -> list[Record]:
@@ -379,9 +384,8 @@ class IbstatSession:
         port, self._port = self._port, None
         if port is None:
             return
-        node = self._ctx.node
+        node = self.ctx.node
         entity = port_entity(port.device, port.port)
-        labels = {"device": port.device, "port": port.port}
         state_text = port.fields.get("state")
         phys_text = port.fields.get("physical state") or port.fields.get("phys state")
         rate_text = port.fields.get("rate")
@@ -390,49 +394,16 @@ class IbstatSession:
         phys = parse_phys_state(phys_text) if phys_text else None
         rate = parse_rate_bits(rate_text) if rate_text else None
         ev = port.evidence[-1] if port.evidence else None
-        if state is not None:
-            out.append(
-                Sample(
-                    metric="ib_port_state",
-                    value=float(state[1]),
-                    observed_at=None,
-                    node=node,
-                    entity=entity,
-                    labels=labels,
-                    evidence=ev,
-                )
-            )
-        if phys is not None:
-            out.append(
-                Sample(
-                    metric="ib_port_physical_state",
-                    value=float(phys[1]),
-                    observed_at=None,
-                    node=node,
-                    entity=entity,
-                    labels=labels,
-                    evidence=ev,
-                )
-            )
-        if rate is not None:
-            out.append(
-                Sample(
-                    metric="ib_port_rate_bits_per_second",
-                    value=rate,
-                    observed_at=None,
-                    node=node,
-                    entity=entity,
-                    labels=labels,
-                    evidence=ev,
-                )
-            )
+        for metric, value in (
+            ("ib_port_state", float(state[1]) if state is not None else None),
+            ("ib_port_physical_state", float(phys[1]) if phys is not None else None),
+            ("ib_port_rate_bits_per_second", rate),
+        ):
+            if value is not None:
+                out.append(_port_sample(node, metric, value, port.device, port.port, ev))
         if state is None:
-            self.issues.append(
-                ParseIssue(
-                    file=self._ctx.file,
-                    line=ev.line if ev else None,
-                    reason=f"port {entity}: no readable State ({state_text!r})",
-                )
+            self.issue(
+                ev.line if ev else None, f"port {entity}: no readable State ({state_text!r})"
             )
             return
         attrs = {"device": port.device, "port": port.port, "state": state[0]}
@@ -497,12 +468,11 @@ _PQ_WRAP = re.compile(r"^\s*(?:0x[0-9a-fA-F]+\s*)?\)\s*$")
 _PQ_CMD = re.compile(r"-C\s+(?P<ca>\S+)|-P\s+(?P<port>\d+)")
 
 
-class PerfquerySession:
+class PerfquerySession(Session):
     """Parse ``perfquery`` (legacy or ``-x`` extended) output."""
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         self._device: str | None = None
         self._port: str | None = None
         self._legacy = True
@@ -532,12 +502,12 @@ class PerfquerySession:
                 continue
             m = _PQ_FIELD.match(text)
             if m is None:
-                self.issues.append(_issue(self._ctx, line, f"not a perfquery line: {text[:80]!r}"))
+                self.issue(line.number, f"not a perfquery line: {text[:80]!r}")
                 continue
             name = m["name"]
             value = _int(m["value"])
             if value is None:
-                self.issues.append(_issue(self._ctx, line, f"{name}: not a number"))
+                self.issue(line.number, f"{name}: not a number")
                 continue
             if name == "PortSelect" and self._port is None:
                 self._port = str(value)
@@ -550,20 +520,16 @@ class PerfquerySession:
                 counter_samples(
                     name=name,
                     value=value,
-                    node=self._ctx.node,
+                    node=self.ctx.node,
                     device=device,
                     port="ALL" if port == "255" else port,
-                    evidence=_ev(self._ctx, line),
+                    evidence=line_evidence(self.ctx, line),
                     observed_at=None,
                     legacy=self._legacy,
                     source="perfquery",
                 )
             )
         return out
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class PerfqueryParser:
@@ -605,12 +571,11 @@ _IQE_OK = re.compile(
 )
 
 
-class IbqueryerrorsSession:
+class IbqueryerrorsSession(Session):
     """Parse ``ibqueryerrors`` port lines."""
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         self._desc: dict[str, str] = {}
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
@@ -626,15 +591,11 @@ class IbqueryerrorsSession:
             m = _IQE_PORT.match(text)
             if m is None:
                 if text.strip() and not _IQE_OK.match(text):
-                    self.issues.append(
-                        _issue(self._ctx, line, f"not an ibqueryerrors line: {text.strip()[:80]!r}")
-                    )
+                    self.issue(line.number, f"not an ibqueryerrors line: {text.strip()[:80]!r}")
                 continue
             counters = list(_IQE_COUNTER.finditer(m["rest"]))
             if not counters and m["rest"].strip():
-                self.issues.append(
-                    _issue(self._ctx, line, "ibqueryerrors port line without counters")
-                )
+                self.issue(line.number, "ibqueryerrors port line without counters")
                 continue
             guid = m["guid"].lower()
             for c in counters:
@@ -642,20 +603,16 @@ class IbqueryerrorsSession:
                     counter_samples(
                         name=c["name"],
                         value=int(c["value"]),
-                        node=self._ctx.node,
+                        node=self.ctx.node,
                         device=guid,
                         port=m["port"],
-                        evidence=_ev(self._ctx, line),
+                        evidence=line_evidence(self.ctx, line),
                         observed_at=None,
                         legacy=False,
                         source="ibqueryerrors",
                     )
                 )
         return out
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class IbqueryerrorsParser:
@@ -701,12 +658,11 @@ _ETH_CMD = re.compile(r"ethtool\s+(?:-S|--statistics)\s+(?:--\S+\s+)*(?P<if>[\w.
 _ETH_TITLE = re.compile(r"^\s*NIC statistics:\s*$")
 
 
-class EthtoolStatsSession:
+class EthtoolStatsSession(Session):
     """Parse ``ethtool -S <if>`` output."""
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         m = _ETH_CMD.search(ctx.command or "")
         self._interface = m["if"] if m else "unknown"
 
@@ -719,15 +675,13 @@ class EthtoolStatsSession:
                 continue
             m = _ETH_LINE.match(line.text)
             if m is None:
-                self.issues.append(
-                    _issue(self._ctx, line, f"not an ethtool -S line: {line.text.strip()[:80]!r}")
-                )
+                self.issue(line.number, f"not an ethtool -S line: {line.text.strip()[:80]!r}")
                 continue
             name, value = m["name"], int(m["value"])
             if value < 0:
-                self.issues.append(_issue(self._ctx, line, f"{name}: negative counter"))
+                self.issue(line.number, f"{name}: negative counter")
                 continue
-            record = self._sample(name, value, _ev(self._ctx, line))
+            record = self._sample(name, value, line_evidence(self.ctx, line))
             if record is not None:
                 out.append(record)
         return out
@@ -748,15 +702,11 @@ class EthtoolStatsSession:
             metric=metric,
             value=float(value),
             observed_at=None,
-            node=self._ctx.node,
+            node=self.ctx.node,
             entity=EntityId(iface),
             labels=labels,
             evidence=evidence,
         )
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class EthtoolStatsParser:
@@ -807,19 +757,15 @@ NETDEV_STATS: dict[str, str] = {
 """``/sys/class/net/<if>/statistics`` file (and ``carrier_changes``) to catalog metric."""
 
 
-class SysfsDumpSession:
+class SysfsDumpSession(Session):
     """Parse ``path:value`` lines of InfiniBand and netdev sysfs files."""
-
-    def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each line gives its record at once."""
         lines = unquote(lines)
         out: list[Record] = []
         for line in lines:
-            ev = _ev(self._ctx, line)
+            ev = line_evidence(self.ctx, line)
             ib = _SYSFS_IB.match(line.text.strip())
             if ib:
                 out.extend(self._ib(ib, ev, line))
@@ -834,7 +780,7 @@ class SysfsDumpSession:
                             metric=metric,
                             value=float(value),
                             observed_at=None,
-                            node=self._ctx.node,
+                            node=self.ctx.node,
                             entity=EntityId(net["if"]),
                             labels={"interface": net["if"]},
                             evidence=ev,
@@ -842,24 +788,20 @@ class SysfsDumpSession:
                     )
                 continue
             if line.text.strip() and not line.text.lstrip().startswith("#"):
-                self.issues.append(
-                    _issue(
-                        self._ctx, line, f"not a sysfs path:value line: {line.text.strip()[:80]!r}"
-                    )
-                )
+                self.issue(line.number, f"not a sysfs path:value line: {line.text.strip()[:80]!r}")
         return out
 
     def _ib(self, m: re.Match[str], ev: Evidence, line: Line) -> list[Record]:
         dev, port, folder, name, raw = m["dev"], m["port"], m["dir"], m["name"], m["value"]
         if raw.strip().upper().startswith("N/A"):
             return []  # "N/A (no PMA)": the driver has no PortCounters (iWARP, i40iw, irdma)
-        node = self._ctx.node
+        node = self.ctx.node
         if folder == "hw_counters":
             if name == "lifespan":
                 return []
             value = _int(raw)
             if value is None:
-                self.issues.append(_issue(self._ctx, line, f"{name}: not a number"))
+                self.issue(line.number, f"{name}: not a number")
                 return []
             entity = port_entity(dev, port) if port else EntityId(dev)
             return [
@@ -878,7 +820,7 @@ class SysfsDumpSession:
             pma = SYSFS_COUNTERS.get(name)
             if value is None or pma is None:
                 if value is None:
-                    self.issues.append(_issue(self._ctx, line, f"{name}: not a number"))
+                    self.issue(line.number, f"{name}: not a number")
                 return []
             return counter_samples(
                 name=pma,
@@ -896,52 +838,23 @@ class SysfsDumpSession:
         return []
 
     def _port_attr(self, dev: str, port: str, name: str, raw: str, ev: Evidence) -> list[Record]:
-        node = self._ctx.node
+        node = self.ctx.node
         entity = port_entity(dev, port)
-        labels = {"device": dev, "port": port}
         if name == "rate":
             rate = parse_rate_bits(raw)
             if rate is None:
                 return []
-            return [
-                Sample(
-                    metric="ib_port_rate_bits_per_second",
-                    value=rate,
-                    observed_at=None,
-                    node=node,
-                    entity=entity,
-                    labels=labels,
-                    evidence=ev,
-                )
-            ]
+            return [_port_sample(node, "ib_port_rate_bits_per_second", rate, dev, port, ev)]
         if name == "phys_state":
             phys = parse_phys_state(raw)
             if phys is None:
                 return []
-            return [
-                Sample(
-                    metric="ib_port_physical_state",
-                    value=float(phys[1]),
-                    observed_at=None,
-                    node=node,
-                    entity=entity,
-                    labels=labels,
-                    evidence=ev,
-                )
-            ]
+            return [_port_sample(node, "ib_port_physical_state", float(phys[1]), dev, port, ev)]
         state = parse_port_state(raw)
         if state is None:
             return []
         return [
-            Sample(
-                metric="ib_port_state",
-                value=float(state[1]),
-                observed_at=None,
-                node=node,
-                entity=entity,
-                labels=labels,
-                evidence=ev,
-            ),
+            _port_sample(node, "ib_port_state", float(state[1]), dev, port, ev),
             Event(
                 kind="ib_port_state",
                 code=state[0],
@@ -954,10 +867,6 @@ class SysfsDumpSession:
                 source="sysfs",
             ),
         ]
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class SysfsDumpParser:
@@ -1001,17 +910,13 @@ _IBDEV2NETDEV = re.compile(
 _RDMA_PAIR = re.compile(r"(?P<name>[A-Za-z_][\w]*)\s+(?P<value>\d+)\b")
 
 
-class RdmaStatisticSession:
+class RdmaStatisticSession(Session):
     """Parse ``rdma statistic show [link DEV/PORT]`` (iproute2 ``rdma-statistic(8)``).
 
     Each line is ``link DEV/PORT name value name value ...``; the names are the
     driver's ``hw_counters`` (mlx5 ``out_of_sequence``, ``local_ack_timeout_err``...)
     and become ``rdma_hw_counter_total`` samples like a sysfs dump.
     """
-
-    def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         """Parse more lines; each line gives its samples at once."""
@@ -1027,12 +932,10 @@ class RdmaStatisticSession:
             m = _RDMA_STAT.match(line.text)
             if m is None:
                 if line.text.strip():
-                    self.issues.append(
-                        _issue(self._ctx, line, f"not an rdma statistic line: {line.text[:80]!r}")
-                    )
+                    self.issue(line.number, f"not an rdma statistic line: {line.text[:80]!r}")
                 continue
             dev, port = m["dev"], m["port"]
-            ev = _ev(self._ctx, line)
+            ev = line_evidence(self.ctx, line)
             for pair in _RDMA_PAIR.finditer(m["rest"]):
                 if pair["name"] == "lifespan":
                     continue
@@ -1041,7 +944,7 @@ class RdmaStatisticSession:
                         metric="rdma_hw_counter_total",
                         value=float(int(pair["value"])),
                         observed_at=None,
-                        node=self._ctx.node,
+                        node=self.ctx.node,
                         entity=port_entity(dev, port),
                         labels={"device": dev, "port": port, "counter": pair["name"]},
                         evidence=ev,
@@ -1053,11 +956,11 @@ class RdmaStatisticSession:
         """One ``rdma link`` line: the port's logical and physical state."""
         state = parse_port_state(m["state"])
         if state is None:
-            self.issues.append(_issue(self._ctx, line, f"rdma link: unknown state {m['state']!r}"))
+            self.issue(line.number, f"rdma link: unknown state {m['state']!r}")
             return []
         dev, port = m["dev"], m["port"]
         entity = port_entity(dev, port)
-        ev = _ev(self._ctx, line)
+        ev = line_evidence(self.ctx, line)
         attrs = {"device": dev, "port": port, "state": state[0]}
         phys = parse_phys_state(m["phys"]) if m["phys"] else None
         if phys is not None:
@@ -1066,21 +969,12 @@ class RdmaStatisticSession:
             attrs["netdev"] = m["netdev"]
             # IPoIB netdevs are ib*; any other netdev means an Ethernet (RoCE) port.
             attrs["link_layer"] = "infiniband" if m["netdev"].startswith("ib") else "ethernet"
-        labels = {"device": dev, "port": port}
         return [
-            Sample(
-                metric="ib_port_state",
-                value=float(state[1]),
-                observed_at=None,
-                node=self._ctx.node,
-                entity=entity,
-                labels=labels,
-                evidence=ev,
-            ),
+            _port_sample(self.ctx.node, "ib_port_state", float(state[1]), dev, port, ev),
             Event(
                 kind="ib_port_state",
                 code=state[0],
-                node=self._ctx.node,
+                node=self.ctx.node,
                 entity=entity,
                 observed_at=None,
                 message=f"{entity} state {m['state']}",
@@ -1089,10 +983,6 @@ class RdmaStatisticSession:
                 source="rdma link",
             ),
         ]
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class RdmaStatisticParser:
@@ -1150,12 +1040,11 @@ IP_LINK_COLUMNS: dict[str, str] = {
 bytes, packets and multicast are traffic, not counted here."""
 
 
-class IpLinkStatsSession:
+class IpLinkStatsSession(Session):
     """Parse ``ip -s link`` / ``ip -s -s link`` output (one interface block after another)."""
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         self._if: str | None = None
         self._cols: tuple[str, list[str]] | None = None
 
@@ -1177,7 +1066,7 @@ class IpLinkStatsSession:
                 direction, names = self._cols
                 values = text.split()
                 if len(values) != len(names):
-                    self.issues.append(_issue(self._ctx, line, "ip -s link: column count differs"))
+                    self.issue(line.number, "ip -s link: column count differs")
                 self._cols = None
                 for name, value in zip(names, values, strict=False):
                     field_name = IP_LINK_COLUMNS.get(name)
@@ -1189,17 +1078,13 @@ class IpLinkStatsSession:
                             metric="net_nic_counter_total",
                             value=float(int(value)),
                             observed_at=None,
-                            node=self._ctx.node,
+                            node=self.ctx.node,
                             entity=EntityId(self._if),
                             labels={"interface": self._if, "counter": counter},
-                            evidence=_ev(self._ctx, line),
+                            evidence=line_evidence(self.ctx, line),
                         )
                     )
         return out
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class IpLinkStatsParser:
@@ -1253,12 +1138,11 @@ MLXLINK_COUNTERS: dict[str, str] = {
 errors, link downs, recoveries); mlxlink reports them 64-bit, never saturated."""
 
 
-class MlxlinkSession:
+class MlxlinkSession(Session):
     """Parse ``mlxlink -d DEV [-p N] [-m] [-c]`` text output."""
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         dev = port = None
         for m in _MLX_CMD.finditer(ctx.command or ""):
             dev = m["dev"] or dev
@@ -1282,7 +1166,7 @@ class MlxlinkSession:
     def close(self) -> list[Record]:
         """Return the port state event and the counters of the section."""
         out: list[Record] = []
-        node = self._ctx.node
+        node = self.ctx.node
         entity = port_entity(self._device, self._port)
         labels = {"device": self._device, "port": self._port}
         state = self._fields.get("State")
@@ -1291,7 +1175,7 @@ class MlxlinkSession:
         if state is not None:
             word = state[0].strip().lower().replace(" ", "_")
             code, phys = MLXLINK_STATES.get(word, ("unknown", "unknown"))
-            evidence = [_ev(self._ctx, state[1])]
+            evidence = [line_evidence(self.ctx, state[1])]
             attrs = {"device": self._device, "port": self._port, "state": code}
             attrs["phys_state"] = phys
             physical = self._fields.get("Physical state")
@@ -1299,10 +1183,10 @@ class MlxlinkSession:
                 attrs["mlxlink_physical_state"] = physical[0]
             if opcode is not None:
                 attrs["status_opcode"] = opcode[0]
-                evidence.append(_ev(self._ctx, opcode[1]))
+                evidence.append(line_evidence(self.ctx, opcode[1]))
             if advice is not None:
                 attrs["recommendation"] = advice[0]
-                evidence.append(_ev(self._ctx, advice[1]))
+                evidence.append(line_evidence(self.ctx, advice[1]))
             if code != "unknown":
                 out.append(
                     Event(
@@ -1318,9 +1202,7 @@ class MlxlinkSession:
                     )
                 )
             else:
-                self.issues.append(
-                    _issue(self._ctx, state[1], f"mlxlink: unknown State {state[0]!r}")
-                )
+                self.issue(state[1].number, f"mlxlink: unknown State {state[0]!r}")
         for name, pma in MLXLINK_COUNTERS.items():
             found = self._fields.get(name)
             if found is None:
@@ -1335,7 +1217,7 @@ class MlxlinkSession:
                     node=node,
                     device=self._device,
                     port=self._port,
-                    evidence=_ev(self._ctx, found[1]),
+                    evidence=line_evidence(self.ctx, found[1]),
                     observed_at=None,
                     legacy=False,
                     source="mlxlink",
@@ -1380,7 +1262,7 @@ _IBD_FABRIC_KEY = re.compile(
 _IBD_TITLE = re.compile(r"^\s*(?:Fabric Summary|Summary|-{10,})\s*$")
 
 
-class IbdiagnetSession:
+class IbdiagnetSession(Session):
     """Parse the summary table ibdiagnet prints at the end of a run.
 
     ``-I- Stage  Warnings  Errors  Comment`` then one ``-I- <stage> W E [comment]``
@@ -1391,8 +1273,7 @@ class IbdiagnetSession:
     """
 
     def __init__(self, ctx: ParseContext) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         self._in_table = False
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
@@ -1412,7 +1293,7 @@ class IbdiagnetSession:
                 Event(
                     kind="ibdiagnet_stage",
                     code=stage.lower().replace(" / ", "_").replace(" ", "_"),
-                    node=self._ctx.node,
+                    node=self.ctx.node,
                     entity=EntityId("fabric"),
                     observed_at=None,
                     message=text.strip(),
@@ -1422,15 +1303,11 @@ class IbdiagnetSession:
                         "errors": row["e"],
                         "comment": (row["c"] or "").strip(),
                     },
-                    evidence=(_ev(self._ctx, line),),
+                    evidence=(line_evidence(self.ctx, line),),
                     source="ibdiagnet",
                 )
             )
         return out
-
-    def close(self) -> list[Record]:
-        """Nothing is held back."""
-        return []
 
 
 class IbdiagnetParser:

@@ -76,6 +76,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -814,6 +815,15 @@ class KernelLogSession:
             return True
         return False
 
+    @contextmanager
+    def _logged_in(self, boot: int) -> Iterator[None]:
+        """Emit under ``boot``, the boot a held-back message was logged in, then restore."""
+        now_boot, self._boot = self._boot, boot
+        try:
+            yield
+        finally:
+            self._boot = now_boot
+
     # ------------------------------------------------------------- NVRM
     def _flush_nvrm(self, out: list[Record]) -> None:
         draft = self._nvrm
@@ -821,11 +831,8 @@ class KernelLogSession:
         if draft is None:
             return
         msg = " ".join(p for p in draft.parts if p)
-        now_boot, self._boot = self._boot, draft.boot  # the boot the message was logged in
-        try:
+        with self._logged_in(draft.boot):
             self._classify_nvrm(draft, msg, out)
-        finally:
-            self._boot = now_boot
 
     def _classify_nvrm(self, d: _Draft, msg: str, out: list[Record]) -> None:
         body = d.first_body
@@ -1141,11 +1148,8 @@ class KernelLogSession:
         if len(b.messages) > 1:
             b.attrs["message"] = message[:500]
             b.attrs["lines"] = str(len(b.messages))
-        now_boot, self._boot = self._boot, b.boot
-        try:
+        with self._logged_in(b.boot):
             self._emit(out, "xid", b.code, b.entity, b.stamp, message, b.evidence, b.attrs)
-        finally:
-            self._boot = now_boot
 
     # ------------------------------------------------------------- APEI / AER
     def _apei_line(
@@ -1167,15 +1171,10 @@ class KernelLogSession:
         )
 
     def _flush_apei(self, out: list[Record]) -> None:
-        d = self._apei
-        self._apei = None
-        if d is None:
-            return
-        now_boot, self._boot = self._boot, d.boot
-        try:
-            self._flush_apei_draft(d, out)
-        finally:
-            self._boot = now_boot
+        d, self._apei = self._apei, None
+        if d is not None:
+            with self._logged_in(d.boot):
+                self._flush_apei_draft(d, out)
 
     def _flush_apei_draft(self, d: _Draft, out: list[Record]) -> None:
         fields: dict[str, str] = {}
@@ -1219,15 +1218,10 @@ class KernelLogSession:
             )
 
     def _flush_aer(self, out: list[Record]) -> None:
-        d = self._aer
-        self._aer = None
-        if d is None:
-            return
-        now_boot, self._boot = self._boot, d.boot
-        try:
-            self._flush_aer_draft(d, out)
-        finally:
-            self._boot = now_boot
+        d, self._aer = self._aer, None
+        if d is not None:
+            with self._logged_in(d.boot):
+                self._flush_aer_draft(d, out)
 
     def _flush_aer_draft(self, d: _Draft, out: list[Record]) -> None:
         msg = " ".join(d.parts)

@@ -47,7 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from collectors.artifact import ArtifactParser, Line, ParseContext, ParseIssue, ParserSession
+from collectors.artifact import ArtifactParser, Line, ParseContext, ParserSession
+from collectors.textparse import Session, line_evidence
 from core.records import NODE_ENTITY, EntityId, Event, Evidence, NodeName, Record
 
 logger = logging.getLogger(__name__)
@@ -332,10 +333,6 @@ def _status_of(completion: re.Match[str]) -> int:
     return _STATUS_BY_NAME.get(completion["name"].upper(), -1)
 
 
-def _evidence(ctx: ParseContext, line: Line) -> Evidence:
-    return Evidence(file=ctx.file, line=line.number, text=line.text)
-
-
 def _iso_to_epoch(text: str) -> float | None:
     stamp = text.replace(",", ".").replace(" ", "T", 1)
     if stamp.endswith("Z"):
@@ -421,12 +418,11 @@ class _TestRun:
     rows: int = 0
 
 
-class CollectiveLogSession:
+class CollectiveLogSession(Session):
     """Parse one section of NCCL, UCX, PyTorch or nccl-tests output (see module doc)."""
 
     def __init__(self, ctx: ParseContext, *, source: str) -> None:
-        self.issues: list[ParseIssue] = []
-        self._ctx = ctx
+        super().__init__(ctx)
         self._source = source
         self._pending: _Pending | None = None
         self._collectives: dict[tuple[str, str], _Collective] = {}
@@ -451,11 +447,7 @@ class CollectiveLogSession:
             try:
                 self._line(line, out)
             except (ValueError, IndexError) as exc:  # defensive: never raise on bad input
-                self.issues.append(
-                    ParseIssue(
-                        file=self._ctx.file, line=line.number, reason=f"unparsable line: {exc}"
-                    )
-                )
+                self.issue(line.number, f"unparsable line: {exc}")
         return out
 
     def close(self) -> list[Record]:
@@ -497,7 +489,7 @@ class CollectiveLogSession:
             self._tests_line(line, body.strip(), out)
             return
         if _RESULT_NAME.search(body) or _COMPLETION.search(body):
-            self._summary_line(line, body, self._ctx.node, at, out)
+            self._summary_line(line, body, self.ctx.node, at, out)
             return
         failure = _TESTS_FAILURE.search(body)
         if failure:
@@ -505,22 +497,19 @@ class CollectiveLogSession:
             return
         closed = _SOCKET_CLOSED.search(body)
         if closed:
-            out.append(self._socket_event(self._ctx.node, closed, line, at))
+            out.append(self._socket_event(self.ctx.node, closed, line, at))
             return
         if _NVLS_SUMMARY.search(body) and _NVLS_FAIL.search(body):
-            out.append(self._nvls_event(self._ctx.node, body, line, at, {}))
+            out.append(self._nvls_event(self.ctx.node, body, line, at, {}))
             return
         cuda = _CUDA_FAILURE.search(body)
         if cuda:
-            self._append(out, self._cuda_event(self._ctx.node, cuda, line, at, {}))
+            self._append(out, self._cuda_event(self.ctx.node, cuda, line, at, {}))
 
     @staticmethod
     def _append(out: list[Record], event: Event | None) -> None:
         if event is not None:
             out.append(event)
-
-    def _malformed(self, line: Line, reason: str) -> None:
-        self.issues.append(ParseIssue(file=self._ctx.file, line=line.number, reason=reason))
 
     # --- NCCL --------------------------------------------------------------
 
@@ -535,7 +524,7 @@ class CollectiveLogSession:
             pending = self._pending
             if pending is not None and pending.thread == thread:
                 if len(pending.extra) < MAX_UNWIND_EVIDENCE:
-                    pending.extra.append(_evidence(self._ctx, line))
+                    pending.extra.append(line_evidence(self.ctx, line))
                 return
             if code in NCCL_RESULT:
                 self._flush_pending(out)
@@ -549,7 +538,7 @@ class CollectiveLogSession:
             return
         completion = _COMPLETION.search(msg)
         if completion is None and "Got completion" in msg:
-            self._malformed(line, "NCCL completion line without a status")
+            self.issue(line.number, "NCCL completion line without a status")
             return
         if completion:
             event = self._completion_event(node, completion, msg, line, at, m)
@@ -568,7 +557,7 @@ class CollectiveLogSession:
                     observed_at=at,
                     message=msg.strip(),
                     attrs={"device": device, "pid": m["pid"]} if device else {"pid": m["pid"]},
-                    evidence=(_evidence(self._ctx, line),),
+                    evidence=(line_evidence(self.ctx, line),),
                     source=self._source,
                 )
             )
@@ -601,7 +590,7 @@ class CollectiveLogSession:
                     observed_at=at,
                     message=msg.strip(),
                     attrs=attrs,
-                    evidence=(_evidence(self._ctx, line),),
+                    evidence=(line_evidence(self.ctx, line),),
                     source=self._source,
                 )
             )
@@ -618,7 +607,7 @@ class CollectiveLogSession:
                     observed_at=at,
                     message=msg.strip(),
                     attrs={"cuda_dev": m["dev"], "pid": m["pid"], "src": src},
-                    evidence=(_evidence(self._ctx, line),),
+                    evidence=(line_evidence(self.ctx, line),),
                     source=self._source,
                 )
             )
@@ -675,7 +664,7 @@ class CollectiveLogSession:
             observed_at=at,
             message=msg.strip(),
             attrs=attrs,
-            evidence=(_evidence(self._ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source=self._source,
         )
 
@@ -687,11 +676,11 @@ class CollectiveLogSession:
         if failure["what"] == "CUDA":
             cuda = _CUDA_FAILURE.search(f"Cuda failure '{failure['text']}'")
             if cuda:
-                self._append(out, self._cuda_event(self._ctx.node, cuda, line, at, {}))
+                self._append(out, self._cuda_event(self.ctx.node, cuda, line, at, {}))
             return
         for needle, name in NCCL_RESULT_TEXT:
             if needle in text:
-                out.append(self._result_event(self._ctx.node, name, line, at, ""))
+                out.append(self._result_event(self.ctx.node, name, line, at, ""))
                 return
 
     def _socket_event(
@@ -706,7 +695,7 @@ class CollectiveLogSession:
             observed_at=at,
             message=line.text.strip(),
             attrs=attrs,
-            evidence=(_evidence(self._ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source=self._source,
         )
 
@@ -721,7 +710,7 @@ class CollectiveLogSession:
             observed_at=at,
             message=msg.strip(),
             attrs=attrs,
-            evidence=(_evidence(self._ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source=self._source,
         )
 
@@ -753,7 +742,7 @@ class CollectiveLogSession:
             observed_at=at,
             message=line.text.strip(),
             attrs=full,
-            evidence=(_evidence(self._ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source=self._source,
         )
 
@@ -783,14 +772,14 @@ class CollectiveLogSession:
         if m:
             self._openib_event(m, text, first, out)
         elif final:
-            self._malformed(first, "Open MPI openib error without a status")
+            self.issue(first.number, "Open MPI openib error without a status")
 
     def _openib_event(self, m: re.Match[str], text: str, first: Line, out: list[Record]) -> None:
         self._openib = None
         status = (
             int(m["num"]) if m["num"] else OPENIB_STATUS_TEXT.get(" ".join(m["name"].split()), -1)
         )
-        node = NodeName(m["host"]) if m["host"] else self._ctx.node
+        node = NodeName(m["host"]) if m["host"] else self.ctx.node
         attrs = {"status_name": wc_status_name(status), "openib_status": m["name"]}
         entity: EntityId = NODE_ENTITY
         if m["peer"]:
@@ -808,7 +797,7 @@ class CollectiveLogSession:
                 observed_at=None,
                 message=text[:300],
                 attrs=attrs,
-                evidence=(_evidence(self._ctx, first),),
+                evidence=(line_evidence(self.ctx, first),),
                 source=self._source,
             )
         )
@@ -824,7 +813,7 @@ class CollectiveLogSession:
             observed_at=at,
             message=line.text.strip(),
             attrs={"pid": pid} if pid else {},
-            evidence=(_evidence(self._ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source=self._source,
         )
 
@@ -882,7 +871,7 @@ class CollectiveLogSession:
                 observed_at=old.observed_at,
                 message=old.message,
                 attrs=attrs,
-                evidence=(*old.evidence, _evidence(self._ctx, line)),
+                evidence=(*old.evidence, line_evidence(self.ctx, line)),
                 source=old.source,
             )
             self._flush_pending(out)
@@ -915,7 +904,7 @@ class CollectiveLogSession:
             observed_at=at,
             message=msg,
             attrs=attrs,
-            evidence=(_evidence(self._ctx, line),),
+            evidence=(line_evidence(self.ctx, line),),
             source=self._source,
         )
         self._pending = _Pending(event=event, thread=thread)
@@ -938,7 +927,7 @@ class CollectiveLogSession:
                         observed_at=at,
                         message=msg,
                         attrs={"status_name": wc_status_name(status), "pid": m["pid"]},
-                        evidence=(_evidence(self._ctx, line),),
+                        evidence=(line_evidence(self.ctx, line),),
                         source=self._source,
                     )
                 )
@@ -964,7 +953,7 @@ class CollectiveLogSession:
         stamp = _TORCH_TIME.search(body)
         if stamp is None:
             return None, False
-        year = self._ctx.default_year
+        year = self.ctx.default_year
         assumed = True
         if year is None:
             year = datetime.now(UTC).year
@@ -999,12 +988,12 @@ class CollectiveLogSession:
             cuda = _CUDA_FAILURE.search(body)
             if cuda:
                 attrs = {"rank": rank} if rank else {}
-                self._append(out, self._cuda_event(self._ctx.node, cuda, line, at, attrs))
+                self._append(out, self._cuda_event(self.ctx.node, cuda, line, at, attrs))
                 return
             if "Watchdog caught" in body:
-                self._malformed(line, "watchdog timeout line without SeqNum/OpType")
+                self.issue(line.number, "watchdog timeout line without SeqNum/OpType")
             return
-        node = self._ctx.node
+        node = self.ctx.node
         key = (node, seq)
         coll = self._collectives.get(key)
         if coll is None:
@@ -1028,7 +1017,7 @@ class CollectiveLogSession:
         if work:
             coll.enqueued, coll.completed = work["enq"], work["done"]
         if len(coll.evidence) < 8:
-            coll.evidence.append(_evidence(self._ctx, line))
+            coll.evidence.append(line_evidence(self.ctx, line))
 
     def _collective_event(self, coll: _Collective) -> Event:
         attrs = {"seq": coll.seq, "ranks": ",".join(sorted(coll.ranks, key=int))}
@@ -1062,7 +1051,7 @@ class CollectiveLogSession:
 
     def _keep_node_evidence(self, line: Line) -> None:
         if len(self._run.node_evidence) < 4:
-            self._run.node_evidence.append(_evidence(self._ctx, line))
+            self._run.node_evidence.append(line_evidence(self.ctx, line))
 
     def _tests_line(self, line: Line, body: str, out: list[Record]) -> None:
         run = self._run
@@ -1070,7 +1059,7 @@ class CollectiveLogSession:
             tokens = body.lstrip("#").split()
             run.wrong_cols = [i for i, tok in enumerate(tokens) if tok == "#wrong"]
             run.ncols = len(tokens)
-            run.header = _evidence(self._ctx, line)
+            run.header = line_evidence(self.ctx, line)
             return
         rank = _TESTS_RANK.match(body)
         if rank:
@@ -1081,7 +1070,7 @@ class CollectiveLogSession:
         if oob:
             if int(oob["n"]) > 0 or (oob["verdict"] or "").upper() == "FAILED":
                 run.oob_failed = max(run.oob_failed, int(oob["n"]))
-                run.evidence.append(_evidence(self._ctx, line))
+                run.evidence.append(line_evidence(self.ctx, line))
             return
         avg = _TESTS_AVG.match(body)
         if avg:
@@ -1103,13 +1092,9 @@ class CollectiveLogSession:
             elif len(tokens) == 12 and not cols:
                 cols = [7, 11]  # tables without the root column (older versions)
             else:
-                self.issues.append(
-                    ParseIssue(
-                        file=self._ctx.file,
-                        line=line.number,
-                        reason=f"nccl-tests row with {len(tokens)} columns, "
-                        f"expected {run.ncols or 13}",
-                    )
+                self.issue(
+                    line.number,
+                    f"nccl-tests row with {len(tokens)} columns, expected {run.ncols or 13}",
                 )
                 return
         run.rows += 1
@@ -1123,7 +1108,7 @@ class CollectiveLogSession:
             if len(run.sizes) < 64:
                 run.sizes.append(tokens[0])
             if len(run.evidence) < MAX_WRONG_EVIDENCE:
-                run.evidence.append(_evidence(self._ctx, line))
+                run.evidence.append(line_evidence(self.ctx, line))
 
     def _avg_event(self, line: Line, busbw: float, out: list[Record]) -> None:
         attrs = {"busbw_gigabytes_per_second": f"{busbw:g}"}
@@ -1133,12 +1118,12 @@ class CollectiveLogSession:
             Event(
                 kind="collective",
                 code="avg_busbw",
-                node=self._ctx.node,
+                node=self.ctx.node,
                 entity=NODE_ENTITY,
                 observed_at=None,
                 message=f"nccl-tests average bus bandwidth {busbw:g} GB/s",
                 attrs=attrs,
-                evidence=(_evidence(self._ctx, line),),
+                evidence=(line_evidence(self.ctx, line),),
                 source=self._source,
             )
         )
@@ -1153,7 +1138,7 @@ class CollectiveLogSession:
             self._run.wrong_cols, self._run.ncols = run.wrong_cols, run.ncols
             self._run.header = run.header
             return
-        nodes = sorted(run.nodes) or [str(self._ctx.node)]
+        nodes = sorted(run.nodes) or [str(self.ctx.node)]
         ranks = sorted({r for rs in run.nodes.values() for r in rs}, key=int)
         evidence = tuple(([run.header] if run.header else []) + run.node_evidence + run.evidence)
         attrs = {

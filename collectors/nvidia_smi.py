@@ -50,10 +50,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collectors.artifact import MIN_SCORE, ArtifactParser, Line, ParseContext, ParseIssue
+from collectors.artifact import MIN_SCORE, ArtifactParser, Line, ParseContext
+from collectors.textparse import Session, line_evidence
 from core.catalog import BY_NAME
 from core.ids import gpu_index_entity, normalize_pci_bus_id
-from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
+from core.records import EntityId, Event, NodeName, Record, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -202,11 +203,6 @@ _ECC_LOCATIONS: dict[str, str] = {
 # --------------------------------------------------------------------------- helpers
 
 
-def evidence(ctx: ParseContext, line: Line) -> Evidence:
-    """Return the evidence of one input line."""
-    return Evidence(file=ctx.file, line=line.number, text=line.text)
-
-
 def is_missing(value: str) -> bool:
     """Return True for values that mean "no reading" (``N/A``, ``Not Supported``...).
 
@@ -334,7 +330,7 @@ def make_sample(
         node=node or ctx.node,
         entity=entity,
         labels=dict(labels or {}),
-        evidence=evidence(ctx, line) if line is not None else None,
+        evidence=line_evidence(ctx, line) if line is not None else None,
     )
 
 
@@ -350,7 +346,7 @@ def err_event(
         observed_at=None,
         message=f"nvidia-smi could not read {field_name} (ERR!)",
         attrs={"field": field_name},
-        evidence=tuple(evidence(ctx, line) for line in lines),
+        evidence=tuple(line_evidence(ctx, line) for line in lines),
         source=source,
     )
 
@@ -399,20 +395,9 @@ def nvml_error_event(
         observed_at=None,
         message=message,
         attrs={"field": field_name, "message": message},
-        evidence=tuple(evidence(ctx, line) for line in lines),
+        evidence=tuple(line_evidence(ctx, line) for line in lines),
         source=source,
     )
-
-
-class _BaseSession:
-    """Common state of the sessions: issues and the context."""
-
-    def __init__(self, ctx: ParseContext) -> None:
-        self.ctx = ctx
-        self.issues: list[ParseIssue] = []
-
-    def issue(self, line: int | None, reason: str) -> None:
-        self.issues.append(ParseIssue(file=self.ctx.file, line=line, reason=reason))
 
 
 # ------------------------------------------------------------- -q / -q -x field mapping
@@ -839,7 +824,7 @@ class _FieldMapper:
                     message=f"NVLink fabric state {state[0]}, status "
                     f"{attrs.get('status', 'N/A')}, health {attrs.get('health_summary', 'N/A')}",
                     attrs=attrs,
-                    evidence=tuple(evidence(ctx, ln) for ln in lines),
+                    evidence=tuple(line_evidence(ctx, ln) for ln in lines),
                     source=self.source,
                 )
             )
@@ -932,7 +917,7 @@ class NvidiaSmiQParser:
         return _QSession(ctx)
 
 
-class _QSession(_BaseSession):
+class _QSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.mapper = _FieldMapper(ctx, "nvidia_smi_q")
@@ -1038,7 +1023,7 @@ class NvidiaSmiXmlParser:
         return _XmlSession(ctx)
 
 
-class _XmlSession(_BaseSession):
+class _XmlSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.lines: list[Line] = []
@@ -1174,7 +1159,7 @@ class NvidiaSmiTableParser:
 _TABLE_LINE = re.compile(r"^\s*[|+]")
 
 
-class _TableSession(_BaseSession):
+class _TableSession(Session):
     """Rows of the default table.
 
     Text of another ``nvidia-smi`` kind pasted right after the table without a
@@ -1302,7 +1287,7 @@ class _TableSession(_BaseSession):
                     observed_at=None,
                     message=f"every field of GPU {m1['index']} reads ERR! ({', '.join(errs)})",
                     attrs={"field": "row", "fields": ",".join(errs)},
-                    evidence=(evidence(ctx, l1), evidence(ctx, l2)),
+                    evidence=(line_evidence(ctx, l1), line_evidence(ctx, l2)),
                     source="nvidia_smi_table",
                 )
             )
@@ -1403,7 +1388,7 @@ def _command_fields(command: str | None) -> list[str] | None:
     return [f.strip().lower() for f in match[1].split(",") if f.strip()]
 
 
-class _CsvSession(_BaseSession):
+class _CsvSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.fields: list[str] | None = None
@@ -1511,7 +1496,7 @@ class _CsvSession(_BaseSession):
                     observed_at=None,
                     message=f"NVLink fabric state {state}, status {attrs.get('status', 'N/A')}",
                     attrs=attrs,
-                    evidence=(evidence(ctx, line),),
+                    evidence=(line_evidence(ctx, line),),
                     source="nvidia_smi_csv",
                 )
             )
@@ -1599,9 +1584,6 @@ class _CsvSession(_BaseSession):
         metric, default_unit, labels = spec
         add(metric, to_base(val, unit or default_unit), labels)
 
-    def close(self) -> list[Record]:
-        return []
-
 
 # ----------------------------------------------------------------------- nvlink -s / -e
 
@@ -1651,7 +1633,7 @@ class NvidiaSmiNvlinkParser:
         return _NvlinkSession(ctx)
 
 
-class _NvlinkSession(_BaseSession):
+class _NvlinkSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.entity: EntityId | None = None
@@ -1717,9 +1699,6 @@ class _NvlinkSession(_BaseSession):
                 out.append(s)
         return out
 
-    def close(self) -> list[Record]:
-        return []
-
 
 # ------------------------------------------------------------------------------ lspci
 
@@ -1756,7 +1735,7 @@ class LspciParser:
         return _LspciSession(ctx)
 
 
-class _LspciSession(_BaseSession):
+class _LspciSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.entity: EntityId | None = None
@@ -1802,9 +1781,6 @@ class _LspciSession(_BaseSession):
             if s is not None:
                 out.append(s)
         return out
-
-    def close(self) -> list[Record]:
-        return []
 
 
 PARSERS: tuple[ArtifactParser, ...] = (

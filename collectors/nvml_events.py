@@ -254,7 +254,7 @@ class NvmlEventWatcher:
                     self.on_error("not_supported")
             except lib.NVMLError as exc:
                 self._fail(
-                    f"register:{gpu.index}",
+                    f"event_register:{gpu.index}",
                     "GPU %s: NVML events not registered: %s",
                     gpu.pci_bus_id,
                     exc,
@@ -319,7 +319,9 @@ class NvmlEventWatcher:
                     failures = 0
                     continue
                 failures += 1
-                reason = "gpu_is_lost" if code == _ERR_GPU_IS_LOST else f"event_wait_{code}"
+                reason = (
+                    "event_wait_gpu_is_lost" if code == _ERR_GPU_IS_LOST else f"event_wait_{code}"
+                )
                 self._fail(
                     reason, "NVML event wait failed: %s (the poller keeps reading the GPUs)", exc
                 )

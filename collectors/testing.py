@@ -672,6 +672,9 @@ class FakeNvml:
         self.gaps: list[str] = []
         self.hung: list[str] = []
         self.no_library = False
+        self.allow_deprecated = False
+        """Answer the deprecated calls (to stand in for an nvidia-ml-py without their
+        replacements); by default they are gaps, so that the collector never uses them."""
         self.initialised = 0
         self._fail: dict[tuple[str, int | None], tuple[int, int | None]] = {}
         self._lost: set[int] = set()
@@ -1195,12 +1198,22 @@ class FakeNvml:
     # --- deprecated calls the collector must not make -------------------------------------------
 
     def nvmlDeviceGetTemperature(self, h: FakeHandle, sensor: int) -> int:
-        """Record a call to deprecated ``nvmlDeviceGetTemperature``."""
-        return int(self._deprecated("nvmlDeviceGetTemperature"))
+        """Deprecated ``nvmlDeviceGetTemperature``: a gap unless :attr:`allow_deprecated`."""
+        if not self.allow_deprecated:
+            return int(self._deprecated("nvmlDeviceGetTemperature"))
+        gpu = self._enter("nvmlDeviceGetTemperature", h)
+        assert gpu is not None
+        return int(self._fact(gpu, "temperature_c", "nvmlDeviceGetTemperature"))
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeHandle) -> int:
-        """Record a call to deprecated ``nvmlDeviceGetCurrentClocksThrottleReasons``."""
-        return int(self._deprecated("nvmlDeviceGetCurrentClocksThrottleReasons"))
+        """Deprecated ``...ThrottleReasons``: a gap unless :attr:`allow_deprecated`."""
+        if not self.allow_deprecated:
+            return int(self._deprecated("nvmlDeviceGetCurrentClocksThrottleReasons"))
+        gpu = self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        assert gpu is not None
+        return int(
+            self._fact(gpu, "clock_event_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+        )
 
     def nvmlDeviceGetPowerState(self, h: FakeHandle) -> int:
         """Record a call to deprecated ``nvmlDeviceGetPowerState``."""

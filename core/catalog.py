@@ -625,6 +625,98 @@ CATALOG: tuple[MetricSpec, ...] = (
         help="Time the last collection took",
         labels=("collector",),
     ),
+    # --- fleet state, predictions and remediation (read by the Grafana dashboards) ---
+    MetricSpec(
+        name="gpu_failure_probability_ratio",
+        type=G,
+        unit="ratio",
+        help="Predicted probability that the GPU fails within the horizon, 0-1",
+        labels=("horizon",),
+    ),
+    MetricSpec(
+        name="gpuhealth_gpus",
+        type=G,
+        unit="1",
+        help="GPUs by health state (healthy, warning, major, critical, out_of_service)",
+        labels=("state",),
+    ),
+    MetricSpec(
+        name="gpuhealth_open_findings",
+        type=G,
+        unit="1",
+        help="Findings not yet resolved, by severity",
+        labels=("severity",),
+    ),
+    MetricSpec(
+        name="gpuhealth_open_incidents",
+        type=G,
+        unit="1",
+        help="Incidents not yet resolved or cancelled, by worst severity and phase",
+        labels=("severity", "phase"),
+    ),
+    MetricSpec(
+        name="gpuhealth_disrupted_nodes",
+        type=G,
+        unit="1",
+        help="Nodes out of service because of gpuhealth (counted against the budget)",
+    ),
+    MetricSpec(
+        name="gpuhealth_disruption_budget_nodes",
+        type=G,
+        unit="1",
+        help="Most nodes gpuhealth may hold out of service at once (the disruption budget)",
+    ),
+    MetricSpec(
+        name="gpuhealth_remediation_actions_total",
+        type=C,
+        unit="1",
+        help="Remediation actions that reached a phase, by step and phase",
+        labels=("step", "phase"),
+    ),
+    MetricSpec(
+        name="gpuhealth_incidents_resolved_total",
+        type=C,
+        unit="1",
+        help="Incidents resolved (back in service)",
+    ),
+    MetricSpec(
+        name="gpuhealth_time_to_remediate_seconds_total",
+        type=C,
+        unit="seconds",
+        help="Sum over resolved incidents of the time from detection to back in service",
+    ),
+    MetricSpec(
+        name="gpuhealth_pipeline_lag_seconds",
+        type=G,
+        unit="seconds",
+        help="Age of the newest record a stage has processed (now minus observed_at)",
+        labels=("stage",),
+    ),
+    MetricSpec(
+        name="gpuhealth_spool_depth",
+        type=G,
+        unit="1",
+        help="Records waiting in the store's durable spool",
+    ),
+    MetricSpec(
+        name="gpuhealth_spool_dropped_total",
+        type=C,
+        unit="1",
+        help="Raw samples the full spool dropped, oldest first (events are never dropped)",
+    ),
+    MetricSpec(
+        name="gpuhealth_store_rejected_total",
+        type=C,
+        unit="1",
+        help="Samples and events a store rejected or converted before writing, by reason",
+        labels=("reason",),
+    ),
+    MetricSpec(
+        name="gpuhealth_outbox_depth",
+        type=G,
+        unit="1",
+        help="Alerts waiting in the notifier outbox",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOG}

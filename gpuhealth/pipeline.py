@@ -34,9 +34,9 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from alerting.alerts import AlertPolicy, AlertTracker
+from alerting.alerts import AlertPolicy, AlertTracker, finding_from_prediction
 from alerting.outbox import Outbox, notifier_name
-from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule, PageGrouper, inhibited
+from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, InhibitRule, PageGrouper
 from alerting.silences import SilenceStore
 from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
 from core.clock import Clock, system_clock
@@ -48,6 +48,7 @@ from core.records import (
     AlertState,
     AuditRecord,
     Finding,
+    Prediction,
     Record,
     Severity,
 )
@@ -193,6 +194,7 @@ class Pipeline:
             scheduler if scheduler is not None else DryRunScheduler()
         )
         self._nodes: dict[str, Observations] = {}
+        self._predicted: dict[tuple[str, str], Finding] = {}
         self._node_facts = {str(k): dict(v) for k, v in (node_facts or {}).items()}
         self._tracker = AlertTracker(
             min_severity=min_alert_severity,
@@ -202,6 +204,7 @@ class Pipeline:
             extra_labels=extra_labels,
             runbook_base_url=runbook_base_url,
         )
+        self._inhibitor = Inhibitor(inhibit_rules)
         self._grouper = PageGrouper(group_by=group_by, page_severity=page_severity, clock=clock)
         self._outbox = Outbox(path=outbox_path, clock=clock, max_per_notifier=max_outbox)
         self._alert_targets = _named(notifiers, "")
@@ -209,6 +212,8 @@ class Pipeline:
         self._notified: set[str] = set()
         self._last_resend: dict[str, float] = {}
         self._muted: dict[str, str] = {}
+        self._silence_key: tuple[tuple[str, float], ...] = ()
+        self._silence_cache: dict[str, str | None] = {}
         self._lock = threading.RLock()
         self._policy = RemediationPolicy(
             dry_run=dry_run,
@@ -233,9 +238,18 @@ class Pipeline:
         """The durable outbox (its depth per notifier is a metric)."""
         return self._outbox
 
-    def outbox_depths(self) -> dict[str, int]:
-        """Return the undelivered notifications per notifier name (pagers prefixed ``page:``)."""
-        return self._outbox.depths()
+    def outbox_depths(self, *, every_notifier: bool = False) -> dict[str, int]:
+        """Return the undelivered notifications per notifier name (pagers prefixed ``page:``).
+
+        Args:
+            every_notifier: Also list this pipeline's notifiers with nothing queued (0),
+                as the ``gpuhealth_outbox_depth{notifier}`` gauge wants.
+        """
+        depths = self._outbox.depths()
+        if every_notifier:
+            for name in (*self._alert_targets, *self._page_targets):
+                depths.setdefault(name, 0)
+        return depths
 
     def active_alerts(self) -> list[Alert]:
         """Return the alerts firing now (muted ones included)."""
@@ -275,6 +289,22 @@ class Pipeline:
                 if obs is None:
                     obs = nodes[record.node] = Observations()
                 obs.add(record)
+
+    def observe_predictions(self, predictions: Iterable[Prediction]) -> None:
+        """Account for failure predictions; the latest per entity alerts while it holds.
+
+        A prediction at or above 0.5 becomes a ``warning`` alert, at or above 0.9 a
+        ``major`` one (:func:`~alerting.alerts.finding_from_prediction`); a newer
+        prediction below 0.5 for the same entity clears it.
+        """
+        with self._lock:
+            for prediction in predictions:
+                key = (prediction.node, prediction.entity)
+                finding = finding_from_prediction(prediction)
+                if finding is None:
+                    self._predicted.pop(key, None)
+                else:
+                    self._predicted[key] = finding
 
     def observe_snapshot(self, node: str, records: Iterable[Record]) -> bool:
         """Account for one complete observation of ``node`` (a file, an ingested document).
@@ -326,6 +356,9 @@ class Pipeline:
         found: list[Finding] = []
         for node, obs in self._nodes.items():
             found.extend(evaluate(obs, self._context(node, now), self.rules))
+        if self._predicted:
+            found.extend(self._predicted.values())
+            return merge_findings(found)
         return merge_findings(found) if len(self._nodes) > 1 else found
 
     async def aevaluate(self) -> PipelineOutput:
@@ -382,17 +415,27 @@ class Pipeline:
         active = self._tracker.active()
         muted: dict[str, str] = {
             target: f"inhibited:{source}"
-            for target, source in inhibited(active, self.inhibit_rules).items()
+            for target, source in self._inhibitor.muted(active).items()
         }
         silenced: set[str] = set()
         if self.silences is not None:
             live = self.silences.active()
+            key = tuple(sorted((s.id, s.updated_at) for s in live))
+            if key != self._silence_key or len(self._silence_cache) > 4 * len(active) + 1024:
+                # a fingerprint stands for its labels: the answer holds while the set does
+                self._silence_key, self._silence_cache = key, {}
+            cache = self._silence_cache
             if live:
                 for alert in active:
-                    ids = [s.id for s in live if s.mutes(alert.labels, now)]
-                    if ids:
-                        silenced.add(alert.fingerprint)
-                        muted.setdefault(alert.fingerprint, f"silenced:{ids[0]}")
+                    fp = alert.fingerprint
+                    if fp in cache:
+                        hit = cache[fp]
+                    else:
+                        hit = cache[fp] = next(
+                            (s.id for s in live if s.mutes(alert.labels, now)), None)
+                    if hit is not None:
+                        silenced.add(fp)
+                        muted.setdefault(fp, f"silenced:{hit}")
         self._muted = muted
         out: list[Alert] = []
         sent_now: set[str] = set()
@@ -446,6 +489,10 @@ class Pipeline:
             for name, count in counts.items():
                 self.notify_failures[name] = self.notify_failures.get(name, 0) + count
         return stats.failures
+
+    def close(self) -> None:
+        """Close the outbox (undelivered notifications stay in its file for the next start)."""
+        self._outbox.close()
 
     def flush(self) -> int:
         """Try every undelivered notification once now, from synchronous code.

@@ -12,7 +12,9 @@ Each file is a snapshot of its node (:meth:`~gpuhealth.pipeline.Pipeline.observe
 a later file that shows the node healthy clears its earlier findings and resolves its
 alerts. Facts per node (``nvlink=absent`` for one case, ``expected`` for another) come
 from ``node_facts``, which :func:`load_node_facts` reads from a JSON file shaped like
-the cases' ``expected.json`` (``{file name: {"context": {...}}}``). The report lists
+the cases' ``expected.json`` (``{file name: {"context": {...}}}``); a replayed folder
+that holds a ``context.json`` (or, failing that, the case collection's
+``expected.json``) supplies them itself, only its ``context`` entries being read. The report lists
 the alerts and the pages (one per node group, ``major`` and worse) each node got;
 undelivered notifications are tried once more at the end.
 
@@ -145,6 +147,30 @@ def load_node_facts(path: str) -> dict[str, dict[str, str]]:
     return out
 
 
+CONTEXT_FILES = ("context.json", "expected.json")
+"""Files in a replayed folder whose ``context`` entries give facts per file (first found)."""
+
+
+def folder_node_facts(paths: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Return the facts per node that the replayed folders carry (see :data:`CONTEXT_FILES`).
+
+    Unreadable or malformed files are ignored (they are not inputs of the replay).
+    """
+    out: dict[str, dict[str, str]] = {}
+    for path in paths:
+        if not os.path.isdir(path):
+            continue
+        for name in CONTEXT_FILES:
+            candidate = os.path.join(path, name)
+            if os.path.isfile(candidate):
+                try:
+                    out.update(load_node_facts(candidate))
+                except (OSError, ValueError):
+                    continue
+                break
+    return out
+
+
 def _on_node(records: Iterable[Record], node: NodeName) -> Iterator[Record]:
     """Move every record onto ``node`` (host names inside a file do not name our nodes)."""
     for record in records:
@@ -205,6 +231,8 @@ def replay(
     facts = dict(facts or {})
     files = list(expand_paths(list(paths)))
     fixed_node = facts.get("node")
+    if not fixed_node:
+        node_facts = {**folder_node_facts(paths), **(node_facts or {})} or None
     node_names = [fixed_node] if fixed_node else list(dict.fromkeys(map(node_of_file, files)))
     size = cluster_size if cluster_size is not None else max(1, len(node_names))
     pipeline = Pipeline(
@@ -262,6 +290,7 @@ def replay(
             on_file(path, index)
     pipeline.flush()
     report.undelivered = {k: v for k, v in pipeline.outbox_depths().items() if v}
+    pipeline.close()
     for finding in findings:
         slot(finding.node).findings.append(finding)
     return report

@@ -1,7 +1,33 @@
-"""gpuhealth storage package: time-series stores (entry-point group ``gpuhealth.stores``)."""
+"""gpuhealth storage package: time-series stores (entry-point group ``gpuhealth.stores``).
+
+``InfluxDbStore`` is imported on first use, so that ``influxdb-client`` is needed only by
+sites that write to InfluxDB or VictoriaMetrics.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from storage.lineprotocol import LineEncoder, export, import_lines, read_records
+from storage.promql import PromqlStore
+from storage.spool import SpoolingStore
 from storage.sqlite import SqliteStore
 
-__all__ = ["SqliteStore"]
+__all__ = [
+    "InfluxDbStore",
+    "LineEncoder",
+    "PromqlStore",
+    "SpoolingStore",
+    "SqliteStore",
+    "export",
+    "import_lines",
+    "read_records",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InfluxDbStore":
+        from storage.influxdb import InfluxDbStore
+
+        return InfluxDbStore
+    raise AttributeError(f"module 'storage' has no attribute {name!r}")

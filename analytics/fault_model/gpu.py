@@ -153,6 +153,23 @@ def _finding(
     )
 
 
+def _flagged(
+    obs: Observations, metric: str, diag_code: str
+) -> Iterator[tuple[tuple[NodeName, EntityId], list[Sample], list[Evidence]]]:
+    """Yield ``(key, flag samples set, DCGM diag evidence)`` per GPU that shows the condition.
+
+    A GPU shows it when a ``metric`` flag sample reads >= 1 or a ``dcgm_diag_error``
+    event with code ``diag_code`` names it; keys come in sorted order.
+    """
+    flags = _by_entity(obs, metric)
+    diag = {(g.node, g.entity): g for g in obs.events("dcgm_diag_error", diag_code)}
+    for key in sorted(set(flags) | set(diag)):
+        hits = [s for s in flags.get(key, []) if s.value >= 1]
+        group = diag.get(key)
+        if hits or group is not None:
+            yield key, hits, list(group.evidence) if group else []
+
+
 def _group_evidence(groups: Iterable[EventGroup]) -> list[Evidence]:
     return [e for g in groups for e in g.evidence]
 
@@ -273,19 +290,12 @@ def row_remap_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     """
     del ctx
     source = f"gpu.row_remap_rule ({MEMERR}; {NVML} nvmlDeviceGetRemappedRows)"
-    failures = _by_entity(obs, "gpu_row_remap_failure")
-    pendings = _by_entity(obs, "gpu_row_remap_pending")
-    diag_fail = {(g.node, g.entity): g for g in obs.events("dcgm_diag_error", "row_remap_failure")}
-    diag_pend = {(g.node, g.entity): g for g in obs.events("dcgm_diag_error", "row_remap_pending")}
+    remapped = _by_entity(obs, "gpu_remapped_rows")
     failed: set[tuple[str, str]] = set()
-    for key in sorted(set(failures) | set(diag_fail)):
+    for key, hits, diag in _flagged(obs, "gpu_row_remap_failure", "row_remap_failure"):
         node, entity = key
-        hits = [s for s in failures.get(key, []) if s.value >= 1]
-        group = diag_fail.get(key)
-        if not hits and group is None:
-            continue
         failed.add(key)
-        unc = list(_by_entity(obs, "gpu_remapped_rows").get(key, []))
+        unc = list(remapped.get(key, []))
         yield _finding(
             node=node,
             entity=entity,
@@ -295,18 +305,14 @@ def row_remap_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             action=Action.SERVICE_HARDWARE,
             summary=f"{_gpu_name(entity)}: row remapping failed: the GPU has reached "
             "NVIDIA's RMA threshold for memory errors",
-            evidence=_ev(hits + unc) + (list(group.evidence) if group else []),
+            evidence=_ev(hits + unc) + diag,
             source=source,
         )
-    for key in sorted(set(pendings) | set(diag_pend)):
+    for key, hits, diag in _flagged(obs, "gpu_row_remap_pending", "row_remap_pending"):
         if key in failed:
             continue
         node, entity = key
-        hits = [s for s in pendings.get(key, []) if s.value >= 1]
-        group = diag_pend.get(key)
-        if not hits and group is None:
-            continue
-        extra = [s for s in _by_entity(obs, "gpu_remapped_rows").get(key, []) if s.value > 0]
+        extra = [s for s in remapped.get(key, []) if s.value > 0]
         yield _finding(
             node=node,
             entity=entity,
@@ -316,7 +322,7 @@ def row_remap_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             action=Action.RESET_GPU,
             summary=f"{_gpu_name(entity)}: a row remap is pending: reset the GPU at the next "
             "opportunity to apply it (not an RMA unless remapping fails)",
-            evidence=_ev(hits + extra) + (list(group.evidence) if group else []),
+            evidence=_ev(hits + extra) + diag,
             source=source,
         )
 
@@ -333,15 +339,10 @@ def retired_pages_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     """
     del ctx
     source = f"gpu.retired_pages_rule ({DPR}; {NVML} nvmlDeviceGetRetiredPagesPendingStatus)"
-    pend = _by_entity(obs, "gpu_retired_pages_pending")
-    diag = {(g.node, g.entity): g for g in obs.events("dcgm_diag_error", "retired_pages_pending")}
-    for key in sorted(set(pend) | set(diag)):
+    retired = _by_entity(obs, "gpu_retired_pages")
+    for key, hits, diag in _flagged(obs, "gpu_retired_pages_pending", "retired_pages_pending"):
         node, entity = key
-        hits = [s for s in pend.get(key, []) if s.value >= 1]
-        group = diag.get(key)
-        if not hits and group is None:
-            continue
-        counts = [s for s in _by_entity(obs, "gpu_retired_pages").get(key, []) if s.value > 0]
+        counts = [s for s in retired.get(key, []) if s.value > 0]
         yield _finding(
             node=node,
             entity=entity,
@@ -351,7 +352,7 @@ def retired_pages_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             action=Action.RESET_GPU,
             summary=f"{_gpu_name(entity)}: retired page(s) pending: reset the GPU (or reload "
             "the driver) at the next opportunity to blacklist them",
-            evidence=_ev(hits + counts) + (list(group.evidence) if group else []),
+            evidence=_ev(hits + counts) + diag,
             source=source,
         )
 
@@ -910,36 +911,33 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                 if below_peers and what == "generation" and not _busy(obs, node, entity):
                     below_peers = False  # idle GPUs lower their link speed to save power
                 if below_peers:
-                    yield _finding(
-                        node=node,
-                        entity=entity,
-                        kind="pcie",
-                        code=f"link_{what}",
-                        severity=Severity.MAJOR,
-                        action=Action.SERVICE_HARDWARE,
-                        summary=f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below its "
-                        f"capability {cap.value:g} and below its peers: downtrained link",
-                        evidence=_ev([cur, cap]),
-                        source=source,
+                    severity, action = Severity.MAJOR, Action.SERVICE_HARDWARE
+                    summary = (
+                        f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below its "
+                        f"capability {cap.value:g} and below its peers: downtrained link"
                     )
                 else:
-                    yield _finding(
-                        node=node,
-                        entity=entity,
-                        kind="pcie",
-                        code=f"link_{what}",
-                        severity=Severity.INFO,
-                        action=Action.NONE,
-                        summary=f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below "
+                    severity, action = Severity.INFO, Action.NONE
+                    summary = (
+                        f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below "
                         f"capability {cap.value:g}, "
                         + (
                             "like its peers (platform limit or idle)"
                             if peers
                             else "no peers to compare with (platform limit or idle)"
-                        ),
-                        evidence=_ev([cur, cap]),
-                        source=source,
+                        )
                     )
+                yield _finding(
+                    node=node,
+                    entity=entity,
+                    kind="pcie",
+                    code=f"link_{what}",
+                    severity=severity,
+                    action=action,
+                    summary=summary,
+                    evidence=_ev([cur, cap]),
+                    source=source,
+                )
 
 
 def _busy(obs: Observations, node: str, entity: str) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from analytics.fault_model.common import attr, group_finding, uuid_map, year_note
 from analytics.fault_model.engine import Context, EventGroup, Observations, Rule
-from analytics.fault_model.xid import keep_evidence, uuid_map
-from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, Severity
+from core.records import NODE_ENTITY, Action, EntityId, Finding, Severity
 
 logger = logging.getLogger(__name__)
 
@@ -44,30 +44,17 @@ def _finding(
     act: Action,
     summary: str,
     source: str,
-    extra: Iterable[EventGroup] = (),
 ) -> Finding:
-    evidence: list[Evidence] = []
-    keep_evidence(evidence, g.evidence)
-    first, last, count = g.first_seen_at, g.last_seen_at, g.count
-    for other in extra:
-        keep_evidence(evidence, other.evidence)
-        count += other.count
-    years = g.attr_values.get("year_assumed")
-    if years:
-        summary += f" (year {min(years)} assumed: the log's stamps carry none)"
-    return Finding(
-        node=g.node,
+    years = attr(g, "year_assumed")
+    return group_finding(
+        g,
         entity=entity,
         kind=kind,
         code=code,
         severity=sev,
         action=act,
-        summary=summary,
-        evidence=tuple(evidence),
+        summary=summary + year_note(min(years) if years else None),
         source=source,
-        first_seen_at=first,
-        last_seen_at=last,
-        occurrences=count,
     )
 
 
@@ -88,40 +75,33 @@ def host_memory_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 total += 1
         total = max(total, g.count)
         if g.code == "UE":
-            yield _finding(
-                g,
-                NODE_ENTITY,
-                "host_memory",
-                "UE",
-                Severity.CRITICAL,
-                Action.SERVICE_HARDWARE,
+            code, sev, act = "UE", Severity.CRITICAL, Action.SERVICE_HARDWARE
+            text = (
                 f"host DRAM uncorrectable error ({total} reported): drain the node and "
-                "replace the DIMM named in the evidence",
-                f"host.host_memory_rule: Linux EDAC / MCE; {FAULT_MODEL}",
+                "replace the DIMM named in the evidence"
             )
+            doc = "Linux EDAC / MCE"
         elif total >= HOST_CE_WARNING_COUNT:
-            yield _finding(
-                g,
-                NODE_ENTITY,
-                "host_memory",
-                "CE",
-                Severity.WARNING,
-                Action.SERVICE_HARDWARE,
+            code, sev, act = "CE", Severity.WARNING, Action.SERVICE_HARDWARE
+            text = (
                 f"host DRAM corrected errors: {total} in this input (>= "
-                f"{HOST_CE_WARNING_COUNT}): schedule a DIMM replacement",
-                f"host.host_memory_rule: Linux EDAC; {FAULT_MODEL}",
+                f"{HOST_CE_WARNING_COUNT}): schedule a DIMM replacement"
             )
+            doc = "Linux EDAC"
         else:
-            yield _finding(
-                g,
-                NODE_ENTITY,
-                "host_memory",
-                "CE",
-                Severity.INFO,
-                Action.NONE,
-                f"host DRAM corrected errors: {total} in this input; watch the rate",
-                f"host.host_memory_rule: Linux EDAC; {FAULT_MODEL}",
-            )
+            code, sev, act = "CE", Severity.INFO, Action.NONE
+            text = f"host DRAM corrected errors: {total} in this input; watch the rate"
+            doc = "Linux EDAC"
+        yield _finding(
+            g,
+            NODE_ENTITY,
+            "host_memory",
+            code,
+            sev,
+            act,
+            text,
+            f"host.host_memory_rule: {doc}; {FAULT_MODEL}",
+        )
 
 
 def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
@@ -143,58 +123,40 @@ def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         if g.kind in ("gpu_lost", "nvml_error") or (g.kind == "xid" and g.code == "79"):
             unreachable.setdefault(g.node, set()).add(to_pci.get(g.entity, g.entity))
     for g in obs.events("pcie_aer"):
-        vendor = _attr(g, "vendor_id")
-        driver = _attr(g, "driver")
+        vendor = attr(g, "vendor_id")
+        driver = attr(g, "driver")
         on_gpu = (
             NVIDIA_VENDOR_ID in vendor
             or "nvidia" in driver
-            or bool(_attr(g, "gpu_below"))  # the report names a GPU below the port
+            or bool(attr(g, "gpu_below"))  # the report names a GPU below the port
             or g.entity in gpus.get(g.node, set())
         )
         where = g.entity if g.entity != NODE_ENTITY else "an unnamed device"
-        below = _attr(g, "gpu_below") - {g.entity}
+        below = attr(g, "gpu_below") - {g.entity}
         if below:
             where = f"{min(below)} (reported by port {where})"
         src = f"host.pcie_rule: Linux pcieaer-howto; {FAULT_MODEL}"
         if on_gpu:
             if g.code != "corrected":
-                yield _finding(
-                    g,
-                    g.entity,
-                    "pcie",
-                    g.code,
-                    Severity.CRITICAL,
-                    Action.REBOOT_NODE,
+                sev, act = Severity.CRITICAL, Action.REBOOT_NODE
+                text = (
                     f"uncorrectable PCIe error ({g.code.replace('_', ' ')}) on GPU {where}'s "
-                    "link: reboot; inspect the slot, riser and cable if it recurs",
-                    src,
+                    "link: reboot; inspect the slot, riser and cable if it recurs"
                 )
             elif g.count >= AER_CORRECTED_FLOOD and g.entity in unreachable.get(g.node, set()):
-                yield _finding(
-                    g,
-                    g.entity,
-                    "pcie",
-                    g.code,
-                    Severity.CRITICAL,
-                    Action.REBOOT_NODE,
+                sev, act = Severity.CRITICAL, Action.REBOOT_NODE
+                text = (
                     f"flood of corrected PCIe errors ({g.count}) on GPU {where} with the GPU "
-                    "unreachable",
-                    src,
+                    "unreachable"
                 )
             else:
                 sev = Severity.WARNING if g.count >= AER_CORRECTED_FLOOD else Severity.INFO
                 act = Action.SERVICE_HARDWARE if sev is Severity.WARNING else Action.NONE
-                yield _finding(
-                    g,
-                    g.entity,
-                    "pcie",
-                    g.code,
-                    sev,
-                    act,
+                text = (
                     f"corrected PCIe errors ({g.count}) on GPU {where}'s link: recovered by "
-                    "hardware, watch the rate",
-                    src,
+                    "hardware, watch the rate"
                 )
+            yield _finding(g, g.entity, "pcie", g.code, sev, act, text, src)
             continue
         if g.code == "corrected" and g.count < AER_CORRECTED_FLOOD:
             sev, act = Severity.INFO, Action.NONE
@@ -214,7 +176,7 @@ def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             src,
         )
     for g in obs.events("pcie_bandwidth_limited"):
-        by = min(_attr(g, "limited_by")) if _attr(g, "limited_by") else "the platform"
+        by = min(attr(g, "limited_by")) if attr(g, "limited_by") else "the platform"
         yield _finding(
             g,
             g.entity,
@@ -225,10 +187,6 @@ def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             f"PCIe bandwidth of {g.entity} limited by {by}: a platform limit, not a fault",
             f"host.pcie_rule: Linux PCI core bandwidth notice; {FAULT_MODEL}",
         )
-
-
-def _attr(group: EventGroup, key: str) -> set[str]:
-    return group.attr_values.get(key, set())
 
 
 RULES: tuple[Rule, ...] = (host_memory_rule, pcie_rule)

@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from analytics.fault_model.common import group_finding
 from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
 from core.records import (
     NODE_ENTITY,
@@ -359,11 +360,9 @@ def ofi_completion_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """
     del ctx
     for group in obs.events("ofi_completion"):
-        first, last = _span([group])
         errors = ", ".join(sorted(group.attr_values.get("error", set()))) or "no text"
-        yield Finding(
-            node=group.node,
-            entity=group.entity,
+        yield group_finding(
+            group,
             kind="rdma_transport",
             code=f"ofi_rc_{group.code}",
             severity=Severity.MAJOR,
@@ -374,12 +373,40 @@ def ofi_completion_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 "transfer to the peer; check the fabric path and that traffic between the "
                 "instances is allowed (EFA security group)"
             ),
-            evidence=tuple(_evidence([group])),
             source="network.ofi_completion_rule: aws-ofi-nccl fi_cq_readerr; " + _DOC,
-            first_seen_at=first,
-            last_seen_at=last,
-            occurrences=group.count,
         )
+
+
+def _node_finding(
+    groups: Sequence[EventGroup],
+    folded: Sequence[EventGroup],
+    *,
+    kind: str,
+    code: str,
+    severity: Severity,
+    action: Action,
+    summary: str,
+    source: str,
+) -> Finding:
+    """A node finding over ``groups`` (counted) with the evidence of ``folded`` symptoms added.
+
+    The folded groups get at most half of the evidence and widen the time span.
+    """
+    first, last = _span([*groups, *folded])
+    return Finding(
+        node=groups[0].node,
+        entity=NODE_ENTITY,
+        kind=kind,
+        code=code,
+        severity=severity,
+        action=action,
+        summary=summary,
+        evidence=tuple(_evidence(groups) + _evidence(folded, MAX_EVIDENCE // 2)),
+        source=source,
+        first_seen_at=first,
+        last_seen_at=last,
+        occurrences=sum(g.count for g in groups),
+    )
 
 
 def _verbs_finding(verbs: Sequence[EventGroup], folded: Sequence[EventGroup]) -> Finding:
@@ -391,12 +418,11 @@ def _verbs_finding(verbs: Sequence[EventGroup], folded: Sequence[EventGroup]) ->
     Converged Ethernet" and "Docker" sections). No fabric fault is shown: warning,
     ``fix_config``; the NCCL error results that follow are folded in.
     """
-    first, last = _span([*verbs, *folded])
     calls = ", ".join(sorted({g.code for g in verbs}))
     count = sum(g.count for g in verbs)
-    return Finding(
-        node=verbs[0].node,
-        entity=NODE_ENTITY,
+    return _node_finding(
+        verbs,
+        folded,
         kind="rdma_verbs",
         code=sorted({g.code for g in verbs})[0],
         severity=Severity.WARNING,
@@ -407,11 +433,7 @@ def _verbs_finding(verbs: Sequence[EventGroup], folded: Sequence[EventGroup]) ->
             "HCA resource limits and that the RDMA devices are available to the job"
             + (f"; {sum(g.count for g in folded)} NCCL error line(s) folded in" if folded else "")
         ),
-        evidence=tuple(_evidence(verbs) + _evidence(folded, MAX_EVIDENCE // 2)),
         source="network.rdma_transport_rule: rdma-core verbs, NCCL troubleshooting; " + _DOC,
-        first_seen_at=first,
-        last_seen_at=last,
-        occurrences=count,
     )
 
 
@@ -424,12 +446,11 @@ def _socket_finding(sockets: Sequence[EventGroup], results: Sequence[EventGroup]
     warning, action ``none`` (correlate with the peer's logs), as fault-model.md
     treats a collective failure without a visible cause.
     """
-    first, last = _span([*sockets, *results])
     peers = sorted({p for g in sockets for p in g.attr_values.get("peer", set())})
     count = sum(g.count for g in sockets)
-    return Finding(
-        node=sockets[0].node,
-        entity=NODE_ENTITY,
+    return _node_finding(
+        sockets,
+        results,
         kind="nccl",
         code="connection_closed_by_peer",
         severity=Severity.WARNING,
@@ -439,11 +460,7 @@ def _socket_finding(sockets: Sequence[EventGroup], results: Sequence[EventGroup]
             f"({count} time(s)): the remote rank most likely exited or the path dropped; "
             "look at that peer's logs first, do not act on this node alone"
         ),
-        evidence=tuple(_evidence(sockets) + _evidence(results, MAX_EVIDENCE // 2)),
         source="network.rdma_transport_rule: NCCL misc/socket.cc; " + _DOC,
-        first_seen_at=first,
-        last_seen_at=last,
-        occurrences=count,
     )
 
 
@@ -451,10 +468,8 @@ def _orphan_symptoms(
     symptoms: Sequence[EventGroup], results: Sequence[EventGroup]
 ) -> Iterable[Finding]:
     for group in symptoms:
-        first, last = _span([group])
-        yield Finding(
-            node=group.node,
-            entity=group.entity,
+        yield group_finding(
+            group,
             kind="rdma_transport",
             code=group.code,
             severity=Severity.WARNING,
@@ -463,18 +478,13 @@ def _orphan_symptoms(
                 f"RDMA work requests flushed (IBV_WC_WR_FLUSH_ERR) {group.count} time(s) without "
                 "the error that caused them in the input: correlate with the peer's logs"
             ),
-            evidence=tuple(_evidence([group])),
             source="network.rdma_transport_rule: rdma-core ibv_wc_status 5; " + _DOC,
-            first_seen_at=first,
-            last_seen_at=last,
-            occurrences=group.count,
         )
     if results and not symptoms:
-        first, last = _span(results)
         names = ", ".join(sorted({g.code for g in results}))
-        yield Finding(
-            node=results[0].node,
-            entity=NODE_ENTITY,
+        yield _node_finding(
+            results,
+            (),
             kind="nccl",
             code=sorted({g.code for g in results})[0],
             severity=Severity.WARNING,
@@ -483,11 +493,7 @@ def _orphan_symptoms(
                 f"NCCL reported {names} without a visible cause: a network error or a peer "
                 "process that exited; correlate with the other ranks' logs"
             ),
-            evidence=tuple(_evidence(results)),
             source="network.rdma_transport_rule: NCCL ncclResult_t (nccl.h); " + _DOC,
-            first_seen_at=first,
-            last_seen_at=last,
-            occurrences=sum(g.count for g in results),
         )
 
 
@@ -555,20 +561,14 @@ def rdma_async_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         verdict = async_verdict(group.code)
         if verdict is None:
             continue
-        first, last = _span([group])
-        yield Finding(
-            node=group.node,
-            entity=group.entity,
+        yield group_finding(
+            group,
             kind="rdma_async",
             code=group.code,
             severity=verdict.severity,
             action=verdict.action,
             summary=f"RDMA async event '{group.code}' on {group.entity}: {verdict.meaning}",
-            evidence=tuple(_evidence([group])),
             source="network.rdma_async_rule: rdma-core ibv_event_type; " + _DOC,
-            first_seen_at=first,
-            last_seen_at=last,
-            occurrences=group.count,
         )
 
 
@@ -608,10 +608,8 @@ def ib_port_state_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         advice = sorted(group.attr_values.get("recommendation", set()) - {"No issue was observed"})
         if advice:
             hint = f"{hint} (mlxlink: {'; '.join(advice)})"
-        first, last = _span([group])
-        yield Finding(
-            node=group.node,
-            entity=group.entity,
+        yield group_finding(
+            group,
             kind="ib_port",
             code=f"state_{group.code}",
             severity=Severity.WARNING if recovered else Severity.MAJOR,
@@ -621,12 +619,8 @@ def ib_port_state_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 + (", Active again in the latest reading" if recovered else "")
                 + f": {hint}; the node is missing this rail"
             ),
-            evidence=tuple(_evidence([group])),
             source="network.ib_port_state_rule: IBA PortInfo PortState, ibstat(8), "
             "sysfs-class-infiniband; " + _DOC,
-            first_seen_at=first,
-            last_seen_at=last,
-            occurrences=group.count,
         )
 
 
@@ -1016,9 +1010,8 @@ def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding
         what = f"{sizes} size(s), up to {worst_wrong} wrong elements"
         if oob:
             what += f"; {oob} out-of-bounds value(s)"
-        yield Finding(
-            node=group.node,
-            entity=group.entity,
+        yield group_finding(
+            group,
             kind="collective",
             code="wrong_results",
             severity=Severity.CRITICAL,
@@ -1028,11 +1021,7 @@ def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding
                 f"{', '.join(nodes) or group.node}: data corruption; take "
                 "the nodes out of service and bisect with single-node and pairwise runs"
             ),
-            evidence=tuple(_evidence([group])),
             source="network.collective_results_rule: nccl-tests #wrong; " + _DOC,
-            first_seen_at=group.first_seen_at,
-            last_seen_at=group.last_seen_at,
-            occurrences=group.count,
         )
     expected_text = ctx.fact("expected_busbw_gbps")
     if not expected_text:
@@ -1070,11 +1059,9 @@ def nvls_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """
     del ctx
     for group in obs.events("nvls"):
-        first, last = _span([group])
         devs = ",".join(sorted(group.attr_values.get("cuda_dev", set())))
-        yield Finding(
-            node=group.node,
-            entity=group.entity,
+        yield group_finding(
+            group,
             kind="nvls",
             code=group.code,
             severity=Severity.MAJOR,
@@ -1084,11 +1071,7 @@ def nvls_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 + (f", CUDA device(s) {devs}" if devs else "")
                 + "): reset the GPUs (and check the NVSwitch fabric / Fabric Manager)"
             ),
-            evidence=tuple(_evidence([group])),
             source="network.nvls_rule: NCCL NVLS; " + _DOC,
-            first_seen_at=first,
-            last_seen_at=last,
-            occurrences=group.count,
         )
 
 

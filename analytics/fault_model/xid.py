@@ -19,7 +19,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
+from analytics.fault_model.common import attr, keep_evidence, uuid_map, year_note
+from analytics.fault_model.engine import Context, EventGroup, Observations, Rule
 from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, NodeName, Severity
 
 logger = logging.getLogger(__name__)
@@ -177,9 +178,6 @@ class _Root:
             self.year = min(years)
 
     def finding(self) -> Finding:
-        summary = self.summary
-        if self.year is not None:
-            summary += f" (year {self.year} assumed: the log's stamps carry none)"
         return Finding(
             node=self.node,
             entity=self.entity,
@@ -187,7 +185,7 @@ class _Root:
             code=self.code,
             severity=self.severity,
             action=self.action,
-            summary=summary,
+            summary=self.summary + year_note(self.year),
             evidence=tuple(self.evidence),
             source=self.source,
             first_seen_at=self.first,
@@ -195,17 +193,6 @@ class _Root:
             occurrences=max(self.occurrences, 1),
             confidence=self.confidence,
         )
-
-
-def keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
-    """Append ``new`` lines to ``kept``, keeping the first and the latest (at most MAX_EVIDENCE)."""
-    head = MAX_EVIDENCE // 2
-    for item in new:
-        if item in kept:
-            continue
-        if len(kept) >= MAX_EVIDENCE:
-            del kept[head]
-        kept.append(item)
 
 
 def _min(a: float | None, b: float | None) -> float | None:
@@ -216,25 +203,12 @@ def _max(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _attr(group: EventGroup, key: str) -> set[str]:
-    return group.attr_values.get(key, set())
-
-
-def uuid_map(obs: Observations) -> dict[str, str]:
-    """Map GPU UUIDs to PCI bus ids from ``gpu_identity`` events (``NVRM: GPU at PCI:...``)."""
-    mapping: dict[str, str] = {}
-    for g in obs.events("gpu_identity"):
-        for uuid in _attr(g, "uuid"):
-            mapping[uuid] = g.entity
-    return mapping
-
-
 def _xid_verdict(n: int, group: EventGroup) -> tuple[Severity, Action, str, float]:
     """Severity, action, summary text and confidence for one Xid group (not 45, 79, 154)."""
     name = XID_NAMES.get(n, "")
     label = f"Xid {n}" + (f" ({name})" if name else "")
     if n in APP_LEVEL_XIDS:
-        procs = {p for p in _attr(group, "process") if p and p != "<unknown>"}
+        procs = {p for p in attr(group, "process") if p and p != "<unknown>"}
         if len(procs) >= 2:
             return (
                 Severity.WARNING,
@@ -342,10 +316,10 @@ def _nvlink5(n: int, group: EventGroup, label: str) -> tuple[Severity, Action, s
 
 def _recovery(group: EventGroup) -> tuple[Severity, Action, str]:
     worst_sev, worst_act, worst_name = Severity.INFO, Action.NONE, "None"
-    names = set(_attr(group, "recovery_action"))
+    names = set(attr(group, "recovery_action"))
     if not names:
-        names = {_RECOVERY_CODES.get(c, c) for c in _attr(group, "recovery_action_code")}
-    codes = _attr(group, "recovery_action_code")
+        names = {_RECOVERY_CODES.get(c, c) for c in attr(group, "recovery_action_code")}
+    codes = attr(group, "recovery_action_code")
     for name in names:
         sev_act = RECOVERY_ACTIONS.get(name.strip().lower()) or _recovery_by_words(name)
         if sev_act is None:
@@ -429,7 +403,7 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     # --- GPU lost: Xid 79, fallen off the bus, NVML GPU_IS_LOST, init failures, GSP at boot
     lost_groups: list[EventGroup] = []
     for g in obs.groups.values():
-        at_boot = "yes" in _attr(g, "at_boot")
+        at_boot = "yes" in attr(g, "at_boot")
         if (
             (g.kind == "xid" and g.code == "79")
             or g.kind in LOST_KINDS
@@ -600,7 +574,7 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         elif (
             g.kind == "gsp_error"
             and g.code in ("heartbeat_timeout", "memsys_error")
-            and ("yes" not in _attr(g, "at_boot"))
+            and ("yes" not in attr(g, "at_boot"))
         ):
             root = add_root(
                 _Root(
@@ -619,7 +593,7 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         elif g.kind in ("gsp_rpc_timeout", "nvml_error", "cuda_error") or (
             g.kind == "gsp_error" and g.code == "pmu_halted"
         ):
-            if g.kind == "gsp_rpc_timeout" and "yes" in _attr(g, "at_boot"):
+            if g.kind == "gsp_rpc_timeout" and "yes" in attr(g, "at_boot"):
                 continue
             symptoms.append((g, entity))
 
@@ -650,7 +624,7 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     # --- Xid 45: folded, or standing for the Xid it names
     for g in xid45:
         entity = ent(g)
-        caused = sorted(_attr(g, "caused_by"))
+        caused = sorted(attr(g, "caused_by"))
         target = _worst([r for r in roots.get((g.node, entity), []) if r.code != "45"])
         if target is not None:
             target.take(g)
@@ -742,6 +716,23 @@ def _lost_summary(g: EventGroup, entity: str) -> str:
     return f"{what} on {_gpu_words(entity)}: GPU lost"
 
 
+_NVML_SYMPTOMS: dict[str, tuple[Action, str]] = {
+    "init_failed": (
+        Action.FIX_CONFIG,
+        "NVML failed to initialise (driver/library mismatch or container set-up)",
+    ),
+    "driver_not_loaded": (
+        Action.FIX_CONFIG,
+        "nvidia-smi cannot reach the NVIDIA driver: driver not loaded",
+    ),
+    "no_devices": (
+        Action.REBOOT_NODE,
+        "NVML finds no GPUs on this node: check the kernel log for Xid 79 / init failures",
+    ),
+}
+"""NVML errors that name no GPU, alone in the input: warning, confidence 0.5, this action."""
+
+
 def _symptom_alone(g: EventGroup, entity: EntityId) -> _Root:
     src = f"xid.gpu_driver_rule: symptom without a root cause in the input ({FAULT_MODEL})"
     where = _gpu_words(entity)
@@ -785,41 +776,17 @@ def _symptom_alone(g: EventGroup, entity: EntityId) -> _Root:
             ),
             source=src,
         )
-    if g.code == "init_failed":
+    if g.code in _NVML_SYMPTOMS:
+        action, summary = _NVML_SYMPTOMS[g.code]
         return _Root(
             node=g.node,
             entity=entity,
             kind="nvml_error",
             code=g.code,
             severity=Severity.WARNING,
-            action=Action.FIX_CONFIG,
+            action=action,
             confidence=0.5,
-            summary="NVML failed to initialise (driver/library mismatch or container set-up)",
-            source=src,
-        )
-    if g.code == "driver_not_loaded":
-        return _Root(
-            node=g.node,
-            entity=entity,
-            kind="nvml_error",
-            code=g.code,
-            severity=Severity.WARNING,
-            action=Action.FIX_CONFIG,
-            confidence=0.5,
-            summary="nvidia-smi cannot reach the NVIDIA driver: driver not loaded",
-            source=src,
-        )
-    if g.code == "no_devices":
-        return _Root(
-            node=g.node,
-            entity=entity,
-            kind="nvml_error",
-            code=g.code,
-            severity=Severity.WARNING,
-            action=Action.REBOOT_NODE,
-            confidence=0.5,
-            summary="NVML finds no GPUs on this node: check the kernel log for Xid 79 / init "
-            "failures",
+            summary=summary,
             source=src,
         )
     return _Root(
@@ -847,7 +814,7 @@ def sxid_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """
     del ctx
     for g in obs.events("sxid"):
-        fatal = _attr(g, "fatal")
+        fatal = attr(g, "fatal")
         code = int(g.code) if g.code.isdigit() else -1
         if "yes" in fatal:
             sev, act, text = (

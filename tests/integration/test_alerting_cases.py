@@ -229,3 +229,31 @@ def test_cases_page_once_per_major_or_critical_file_and_lose_nothing(
     sent = [(a.fingerprint, a.state.value) for n in report.nodes for a in n.alerts]
     got = [(a["fingerprint"], a["state"]) for a in receiver.accepted]
     assert Counter(got) == Counter(sent)
+
+
+def test_receiver_rejects_replays_and_forgeries_over_http(receiver):
+    import asyncio
+
+    from alerting.alerts import alert_for
+    from core.errors import PermanentError
+    from core.records import Action, EntityId, Finding, NodeName, Severity
+
+    clock = FakeClock(now=1_800_000_000.0)
+    receiver.verifier.clock = clock
+    alert = alert_for(Finding(node=NodeName("n1"), entity=EntityId("GPU-1"), kind="xid",
+                              code="79", severity=Severity.CRITICAL, action=Action.REBOOT_NODE,
+                              summary="lost", evidence=(), source="t"), starts_at=clock())
+    same_id = WebhookNotifier(url=receiver.url, secret=SECRET, clock=clock,
+                              id_factory=lambda: "msg_fixed")
+    asyncio.run(same_id.send(alert))
+    with pytest.raises(PermanentError, match="400"):
+        asyncio.run(same_id.send(alert))  # the same webhook-id again: a replay
+    forged = WebhookNotifier(url=receiver.url, secret="whsec_" + "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFB",
+                             clock=clock)
+    with pytest.raises(PermanentError):
+        asyncio.run(forged.send(alert))
+    stale = WebhookNotifier(url=receiver.url, secret=SECRET, clock=FakeClock(now=clock() - 600))
+    with pytest.raises(PermanentError):
+        asyncio.run(stale.send(alert))
+    assert len(receiver.accepted) == 1
+    assert [r.split(" ")[0] for r in receiver.rejected] == ["replayed", "no", "webhook-timestamp"]

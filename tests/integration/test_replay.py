@@ -348,3 +348,30 @@ def test_audit_failure_still_sends_alerts(tmp_path):
     with pytest.raises(OSError):  # noqa: PT011 (any OSError: the folder cannot be made)
         pipeline.evaluate()
     assert [a.labels["alertname"] for a in good.sent] == ["GpuXid79"]
+
+
+def test_folder_context_files_give_facts_per_node(tmp_path):
+    from gpuhealth.replay import folder_node_facts, load_node_facts
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "expected.json").write_text(json.dumps({
+        "a.log": {"worst_severity": "major", "context": {"nvlink": "expected"}},
+        "b.log": {"worst_severity": "info"},
+    }))
+    assert folder_node_facts([str(folder)]) == {"a": {"nvlink": "expected"}}
+    (folder / "context.json").write_text(json.dumps({"b": {"nvlink": "absent"}}))
+    assert folder_node_facts([str(folder)]) == {"b": {"nvlink": "absent"}}  # context.json wins
+    (folder / "context.json").write_text("not json")  # unreadable: the next file counts
+    assert folder_node_facts([str(folder), str(folder / "a.log")]) == {"a": {"nvlink": "expected"}}
+    assert load_node_facts(str(folder / "expected.json")) == {"a": {"nvlink": "expected"}}
+
+
+def test_cases_folder_pages_once_per_major_or_critical_file():
+    expected = json.loads((cases_dir() / "expected.json").read_text())
+    report = replay([str(cases_dir())], clock=FakeClock(now=1_800_000_000.0))
+    for node in report.nodes:
+        (name,) = [f for f in expected if node.files[0].endswith(f)]
+        severity = expected[name]["worst_severity"]
+        pages = [p.labels["severity"] for p in node.pages]
+        assert pages == ([severity] if severity in ("major", "critical") else []), name

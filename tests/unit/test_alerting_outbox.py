@@ -135,3 +135,30 @@ def test_batches_for_send_many_and_force():
     deliver(box, rec)
     deliver(box, rec, force=True)  # ignores the backoff
     assert len(rec.sent) == 1
+
+
+class PickyMany:
+    name = "picky"
+
+    def __init__(self):
+        self.got = []
+
+    async def send(self, alert):
+        if alert.labels["entity"] == "GPU-1":
+            raise PermanentError("400 bad label")
+        self.got.append(alert.labels["entity"])
+
+    async def send_many(self, batch):
+        if any(a.labels["entity"] == "GPU-1" for a in batch):
+            raise PermanentError("400 bad label")
+        self.got.extend(a.labels["entity"] for a in batch)
+
+
+def test_a_refused_batch_is_retried_one_by_one_and_only_the_bad_alert_dropped():
+    box = Outbox(clock=FakeClock())
+    picky = PickyMany()
+    box.enqueue(picky.name, alerts(4))
+    stats = deliver(box, picky)
+    assert picky.got == ["GPU-0", "GPU-2", "GPU-3"]
+    assert stats.dropped == {"picky": 1}
+    assert box.depths() == {}

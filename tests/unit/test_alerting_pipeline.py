@@ -131,3 +131,36 @@ def test_outbox_is_durable_across_pipelines(tmp_path):
     again = make(clock, notifiers=[up], outbox_path=path)
     assert again.flush() == 0
     assert [a.labels["code"] for a in up.sent] == ["79"]
+
+
+def test_outbox_depths_for_the_metric():
+    p = make(FakeClock(), notifiers=[RecordingNotifier(name="hook")],
+             page_notifiers=[RecordingNotifier(name="pd")])
+    assert p.outbox_depths() == {}
+    assert p.outbox_depths(every_notifier=True) == {"hook": 0, "page:pd": 0}
+
+
+def test_predictions_alert_and_clear():
+    from core.records import Prediction
+
+    def pred(p):
+        return Prediction(node=NodeName("n7"), entity=EntityId("GPU-3"), probability=p,
+                          horizon_seconds=86400, top_features={"ecc_rate": 0.8, "temp": 0.1},
+                          predicted_at=5.0)
+
+    clock = FakeClock(now=0)
+    rec, pager = RecordingNotifier(), RecordingNotifier(name="pd")
+    p = make(clock, notifiers=[rec], page_notifiers=[pager])
+    p.observe_predictions([pred(0.3)])
+    assert p.evaluate().alerts == []
+    p.observe_predictions([pred(0.6)])
+    (alert,) = p.evaluate().alerts
+    assert (alert.labels["alertname"], alert.labels["severity"]) == ("GpuPredictionFailure",
+                                                                     "warning")
+    assert pager.sent == []  # a warning is a ticket
+    p.observe_predictions([pred(0.95)])
+    p.evaluate()
+    assert [pg.labels["severity"] for pg in pager.sent] == ["major"]
+    p.observe_predictions([pred(0.1)])
+    out = p.evaluate()
+    assert [a.state for a in out.alerts] == [AlertState.RESOLVED]

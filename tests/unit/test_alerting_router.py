@@ -84,3 +84,17 @@ def test_escalation_repages_with_the_same_fingerprint():
     (second,) = grouper.update([major, alert(code="79")])
     assert (first.labels["severity"], second.labels["severity"]) == ("major", "critical")
     assert first.fingerprint == second.fingerprint
+
+
+def test_cached_inhibitor_agrees_with_inhibited():
+    from alerting.router import Inhibitor
+
+    alerts = [alert(code="62"), alert(code="45", severity=Severity.WARNING),
+              alert(kind="gpu_lost", code="fallen_off_bus", entity="0000:3b:00.0"),
+              alert(kind="nvidia_smi_err", code="row", entity="0000:3b:00.0",
+                    severity=Severity.WARNING),
+              alert(kind="node_down", code="unreachable", entity="node", node="gpu-009"),
+              alert(node="gpu-009")]
+    inhibitor = Inhibitor(DEFAULT_INHIBIT_RULES)
+    for subset in (alerts, alerts[:2], alerts[2:], alerts):
+        assert inhibitor.muted(subset) == inhibited(subset, DEFAULT_INHIBIT_RULES)

@@ -3,8 +3,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import pytest
+
 from collectors.artifact import (
     MAX_BLOCK_LINES,
+    MAX_LINE_CHARS,
     ArtifactResult,
     Line,
     ParseContext,
@@ -30,8 +33,15 @@ class _Session:
         return []
 
     def close(self) -> Iterable[Record]:
-        return [Event(kind=self.kind, code="closed", node=self.ctx.node, entity="node",  # type: ignore[arg-type]
-                      observed_at=None)]
+        return [
+            Event(
+                kind=self.kind,
+                code="closed",
+                node=self.ctx.node,
+                entity="node",  # type: ignore[arg-type]
+                observed_at=None,
+            )
+        ]
 
 
 class _Parser:
@@ -70,14 +80,51 @@ def test_sections_of_one_kind_share_a_session_and_kinds_change_by_content() -> N
     assert result.kinds == ["alpha", "beta"]
 
 
-def test_unrecognised_section_is_an_issue_naming_file_and_line() -> None:
+def test_unrecognised_sections_are_skipped_quietly_beside_recognised_ones() -> None:
     log: list[tuple[str, list[int]]] = []
     result = ArtifactResult()
     ctx = ParseContext(file="f.txt", node=NodeName("n1"))
     list(parse_lines(lines("hello\nworld\n\nAAA\n"), ctx, [_Parser("alpha", "AAA", log)], result))
-    assert result.issues[0].file == "f.txt"
+    result.summarise("f.txt")
+    assert result.issues == []
+    assert result.skipped_sections == 1
+
+
+def test_input_with_nothing_recognised_is_one_issue_naming_file_and_line() -> None:
+    log: list[tuple[str, list[int]]] = []
+    result = ArtifactResult()
+    ctx = ParseContext(file="f.txt", node=NodeName("n1"))
+    list(
+        parse_lines(lines("\nhello\nworld\n\nmore\n"), ctx, [_Parser("alpha", "AAA", log)], result)
+    )
+    result.summarise("f.txt")
+    (issue,) = result.issues
+    assert (issue.file, issue.line) == ("f.txt", 2)
+    assert "no known artifact" in issue.reason
+    assert "2 section(s)" in issue.reason
+
+
+def test_stdin_gzip_utf16_and_long_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+    import io
+    import sys
+
+    text = "AAA one\nAAA two\n"
+    gz = tmp_path / "kern.log.2.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    u16 = tmp_path / "u16.log"
+    u16.write_text(text, encoding="utf-16")
+    longf = tmp_path / "long.log"
+    longf.write_text("AAA " + "x" * (MAX_LINE_CHARS * 2) + "\nAAA tail\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    for path, lines_expected in ((str(gz), 2), (str(u16), 2), ("-", 2), (str(longf), 2)):
+        log: list[tuple[str, list[int]]] = []
+        result = ArtifactResult()
+        ctx = ParseContext(file=path, node=NodeName("n"))
+        list(read_artifact(path, ctx, [_Parser("alpha", "AAA", log)], result))
+        assert result.parsed_lines == lines_expected, path
+    assert "cut" in result.issues[0].reason
     assert result.issues[0].line == 1
-    assert "unrecognised" in result.issues[0].reason
 
 
 def test_binary_empty_and_missing_files_are_issues(tmp_path: Path) -> None:

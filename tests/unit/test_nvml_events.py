@@ -28,22 +28,35 @@ def _watched(fake: FakeNvml) -> list[WatchedGpu]:
     for i, handle in enumerate(fake.handles):
         facts = fake.gpus[i].facts
         pci = EntityId("0000:" + str(facts["pci_bus_id"]).lower()[-7:])
-        out.append(WatchedGpu(index=i, handle=handle, pci_bus_id=pci,
-                              sample_entity=EntityId(str(facts["uuid"])),
-                              uuid=str(facts["uuid"])))
+        out.append(
+            WatchedGpu(
+                index=i,
+                handle=handle,
+                pci_bus_id=pci,
+                sample_entity=EntityId(str(facts["uuid"])),
+                uuid=str(facts["uuid"]),
+            )
+        )
     return out
 
 
 @pytest.fixture
 def fake() -> FakeNvml:
-    return FakeNvml.from_dump(DUMPS / "h100-80gb-hbm3-x8-q.txt",
-                              **given_for_dump(supported_events=ALL))
+    return FakeNvml.from_dump(
+        DUMPS / "h100-80gb-hbm3-x8-q.txt", **given_for_dump(supported_events=ALL)
+    )
 
 
 @pytest.fixture
 def watcher(fake: FakeNvml) -> Iterator[NvmlEventWatcher]:
-    w = NvmlEventWatcher(fake, _watched(fake), node="n1", clock=FakeClock(now=50.0),
-                         wait_ms=20, read_recovery_action=lambda gpu: 1)
+    w = NvmlEventWatcher(
+        fake,
+        _watched(fake),
+        node="n1",
+        clock=FakeClock(now=50.0),
+        wait_ms=20,
+        read_recovery_action=lambda gpu: 1,
+    )
     assert w.start()
     yield w
     w.stop()
@@ -67,10 +80,18 @@ def test_xid_event_matches_the_kernel_log_record(fake: FakeNvml, watcher: NvmlEv
     (event,) = _wait_records(watcher, 1)
     assert isinstance(event, Event)
     (kernel,) = parse_kernel_lines(
-        ["[ 1234.5] NVRM: Xid (PCI:0000:75:00): 79, pid='<unknown>', name=<unknown>, "
-         "GPU has fallen off the bus."], ParseContext(file="k", node=NodeName("n1")))
+        [
+            "[ 1234.5] NVRM: Xid (PCI:0000:75:00): 79, pid='<unknown>', name=<unknown>, "
+            "GPU has fallen off the bus."
+        ],
+        ParseContext(file="k", node=NodeName("n1")),
+    )
     assert (event.kind, event.code, event.node, event.entity) == (
-        kernel.kind, kernel.code, kernel.node, kernel.entity)
+        kernel.kind,
+        kernel.code,
+        kernel.node,
+        kernel.entity,
+    )
     assert event.source == "nvml"
     assert event.observed_at == 50.0
     assert event.evidence
@@ -79,26 +100,34 @@ def test_xid_event_matches_the_kernel_log_record(fake: FakeNvml, watcher: NvmlEv
 
 
 def test_nvml_xid79_is_the_same_critical_finding_as_the_kernel_logs(
-        fake: FakeNvml, watcher: NvmlEventWatcher) -> None:
+    fake: FakeNvml, watcher: NvmlEventWatcher
+) -> None:
     fake.push_event(2, pynvml.nvmlEventTypeXidCriticalError, 79)
     obs = Observations()
     obs.extend(_wait_records(watcher, 1))
     (finding,) = [f for f in evaluate(obs, Context()) if f.entity == PCI]
     assert (finding.kind, finding.code, finding.severity, finding.action) == (
-        "xid", "79", Severity.CRITICAL, Action.REBOOT_NODE)
+        "xid",
+        "79",
+        Severity.CRITICAL,
+        Action.REBOOT_NODE,
+    )
 
 
 def test_dbe_event_is_xid_48_and_pairs_with_the_xid_event(
-        fake: FakeNvml, watcher: NvmlEventWatcher) -> None:
+    fake: FakeNvml, watcher: NvmlEventWatcher
+) -> None:
     fake.push_event(2, pynvml.nvmlEventTypeDoubleBitEccError)
     fake.push_event(2, pynvml.nvmlEventTypeXidCriticalError, 48)
     records = _wait_records(watcher, 1)
     assert [(r.kind, r.code, r.entity) for r in records if isinstance(r, Event)] == [
-        ("xid", "48", PCI)]
+        ("xid", "48", PCI)
+    ]
 
 
 def test_recovery_action_event_is_xid_154_with_the_action(
-        fake: FakeNvml, watcher: NvmlEventWatcher) -> None:
+    fake: FakeNvml, watcher: NvmlEventWatcher
+) -> None:
     fake.push_event(2, pynvml.nvmlEventTypeGpuRecoveryAction, 1)
     fake.push_event(2, pynvml.nvmlEventTypeXidCriticalError, 154)  # the same occurrence
     records = _wait_records(watcher, 2)
@@ -108,7 +137,10 @@ def test_recovery_action_event_is_xid_154_with_the_action(
     assert event.attrs["recovery_action"] == "GPU Reset Required"
     assert event.attrs["recovery_action_code"] == "1"
     assert next((s.metric, s.value, s.entity) for s in samples) == (
-        "gpu_recovery_action", 1.0, UUID)
+        "gpu_recovery_action",
+        1.0,
+        UUID,
+    )
     obs = Observations()
     obs.extend(records)
     worst = evaluate(obs, Context())[0]
@@ -120,7 +152,8 @@ def test_single_bit_events_are_rate_limited(fake: FakeNvml, watcher: NvmlEventWa
         fake.push_event(0, pynvml.nvmlEventTypeSingleBitEccError)
     records = _wait_records(watcher, 1)
     assert [(r.kind, r.code) for r in records if isinstance(r, Event)] == [
-        ("ecc_event", "single_bit")]
+        ("ecc_event", "single_bit")
+    ]
 
 
 def test_mig_attribution_is_kept(fake: FakeNvml, watcher: NvmlEventWatcher) -> None:
@@ -131,8 +164,9 @@ def test_mig_attribution_is_kept(fake: FakeNvml, watcher: NvmlEventWatcher) -> N
 
 
 def test_only_supported_events_are_registered() -> None:
-    fake = FakeNvml.from_dump(DUMPS / "h100-80gb-hbm3-x8-q.txt",
-                              **given_for_dump(supported_events=0x0008))
+    fake = FakeNvml.from_dump(
+        DUMPS / "h100-80gb-hbm3-x8-q.txt", **given_for_dump(supported_events=0x0008)
+    )
     fake.gpus[0].set(supported_events=0)
     errors: list[str] = []
     w = NvmlEventWatcher(fake, _watched(fake), node="n1", wait_ms=10, on_error=errors.append)
@@ -170,8 +204,14 @@ def test_a_failing_wait_backs_off_and_recovers(fake: FakeNvml) -> None:
 
 
 def _xid(code: str, source: str, entity: str = PCI) -> Event:
-    return Event(kind="xid", code=code, node=NodeName("n1"), entity=EntityId(entity),
-                 observed_at=None, source=source)
+    return Event(
+        kind="xid",
+        code=code,
+        node=NodeName("n1"),
+        entity=EntityId(entity),
+        observed_at=None,
+        source=source,
+    )
 
 
 def test_dedup_pairs_one_copy_per_source() -> None:
@@ -205,12 +245,19 @@ def test_dedup_window_expires() -> None:
 
 
 def test_dedup_filter_over_both_streams_gives_one_finding(
-        fake: FakeNvml, watcher: NvmlEventWatcher) -> None:
+    fake: FakeNvml, watcher: NvmlEventWatcher
+) -> None:
     fake.push_event(2, pynvml.nvmlEventTypeXidCriticalError, 79)
     nvml = _wait_records(watcher, 1)
-    kernel = list(parse_kernel_lines(
-        ["[ 1234.5] NVRM: Xid (PCI:0000:75:00): 79, pid='<unknown>', name=<unknown>, "
-         "GPU has fallen off the bus."], ParseContext(file="k", node=NodeName("n1"))))
+    kernel = list(
+        parse_kernel_lines(
+            [
+                "[ 1234.5] NVRM: Xid (PCI:0000:75:00): 79, pid='<unknown>', name=<unknown>, "
+                "GPU has fallen off the bus."
+            ],
+            ParseContext(file="k", node=NodeName("n1")),
+        )
+    )
     dedup = XidDedup()
     kept = dedup.filter([*nvml, *kernel])
     assert len([r for r in kept if isinstance(r, Event) and r.kind == "xid"]) == 1

@@ -89,8 +89,11 @@ def test_field_values_answer_per_entry() -> None:
     fake = FakeNvml.from_dump(DUMPS / "a10-q.txt", **given_for_dump())
     values = fake.nvmlDeviceGetFieldValues(
         fake.handles[0],
-        [pynvml.NVML_FI_DEV_REMAPPED_UNC, pynvml.NVML_FI_DEV_MEMORY_TEMP,
-         pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION],
+        [
+            pynvml.NVML_FI_DEV_REMAPPED_UNC,
+            pynvml.NVML_FI_DEV_MEMORY_TEMP,
+            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+        ],
     )
     assert values[0].nvmlReturn == pynvml.NVML_SUCCESS
     assert values[0].value.ullVal == 4
@@ -128,8 +131,9 @@ def test_hang_blocks_until_released() -> None:
     fake = FakeNvml.from_dump(DUMPS / "a10-q.txt")
     release = fake.hang("nvmlDeviceGetPowerUsage")
     got: list[int] = []
-    thread = threading.Thread(target=lambda: got.append(
-        fake.nvmlDeviceGetPowerUsage(fake.handles[0])))
+    thread = threading.Thread(
+        target=lambda: got.append(fake.nvmlDeviceGetPowerUsage(fake.handles[0]))
+    )
     thread.start()
     thread.join(0.05)
     assert thread.is_alive()

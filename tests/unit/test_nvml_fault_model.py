@@ -24,8 +24,15 @@ from core.clock import FakeClock
 from core.records import Action, Finding, NodeName, Record, Severity
 
 DUMPS = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
-STATE_KINDS = {"recovery_action", "row_remap", "ecc", "retired_pages", "throttle", "xid",
-               "gpu_lost"}
+STATE_KINDS = {
+    "recovery_action",
+    "row_remap",
+    "ecc",
+    "retired_pages",
+    "throttle",
+    "xid",
+    "gpu_lost",
+}
 
 Verdict = tuple[str, str, Severity, Action]
 
@@ -46,8 +53,9 @@ def _verdicts(findings: list[Finding]) -> set[Verdict]:
 
 def _via_nvml(path: Path, fake: FakeNvml | None = None) -> tuple[set[Verdict], list[Record]]:
     fake = fake or FakeNvml.from_dump(path, **given_for_dump())
-    collector = NvmlCollector(node="n1", nvml=fake, clock=FakeClock(now=1000.0),
-                              deadline_seconds=0, events=False)
+    collector = NvmlCollector(
+        node="n1", nvml=fake, clock=FakeClock(now=1000.0), deadline_seconds=0, events=False
+    )
     records = list(collector.collect())
     records += list(collector.collect())  # a second fast tick: fallbacks settled
     collector.close()
@@ -60,8 +68,14 @@ def _via_nvml(path: Path, fake: FakeNvml | None = None) -> tuple[set[Verdict], l
 def _via_smi(path: Path) -> set[Verdict]:
     text = path.read_text(encoding="utf-8")
     lines = [Line(i, t) for i, t in enumerate(text.splitlines(), start=1)]
-    records = list(parse_lines(lines, ParseContext(file=str(path), node=NodeName("n1")),
-                               nvidia_smi.PARSERS, ArtifactResult()))
+    records = list(
+        parse_lines(
+            lines,
+            ParseContext(file=str(path), node=NodeName("n1")),
+            nvidia_smi.PARSERS,
+            ArtifactResult(),
+        )
+    )
     obs = Observations()
     obs.extend(records)
     return _verdicts(evaluate(obs, Context()))
@@ -70,62 +84,101 @@ def _via_smi(path: Path) -> set[Verdict]:
 CASES = [
     pytest.param(
         "h100-80gb-hbm3-mig-q.txt",
-        (("GPU Recovery Action                                : None",
-          "GPU Recovery Action                                : Reset", 1),),
+        (
+            (
+                "GPU Recovery Action                                : None",
+                "GPU Recovery Action                                : Reset",
+                1,
+            ),
+        ),
         ("recovery_action", "gpu_reset", Severity.CRITICAL, Action.RESET_GPU),
         id="recovery-action-reset",
     ),
     pytest.param(
         "a100-sxm4-80gb-mig-qx.xml",
-        (("<drain_and_reset_recommended>No</drain_and_reset_recommended>",
-          "<drain_and_reset_recommended>Yes</drain_and_reset_recommended>", 1),),
+        (
+            (
+                "<drain_and_reset_recommended>No</drain_and_reset_recommended>",
+                "<drain_and_reset_recommended>Yes</drain_and_reset_recommended>",
+                1,
+            ),
+        ),
         ("recovery_action", "drain_and_reset", Severity.CRITICAL, Action.RESET_GPU),
         id="drain-and-reset-driver-535",
     ),
     pytest.param(
-        "a10-q.txt", (),  # as captured: Remapped Rows Pending: Yes
+        "a10-q.txt",
+        (),  # as captured: Remapped Rows Pending: Yes
         ("row_remap", "pending", Severity.WARNING, Action.RESET_GPU),
         id="row-remap-pending",
     ),
     pytest.param(
         "a10-q.txt",
-        (("            SRAM Uncorrectable            : 0",
-          "            SRAM Uncorrectable            : 2", 2),),
+        (
+            (
+                "            SRAM Uncorrectable            : 0",
+                "            SRAM Uncorrectable            : 2",
+                2,
+            ),
+        ),
         ("ecc", "sram_uncorrectable", Severity.CRITICAL, Action.RESET_GPU),
         id="sram-uncorrectable",
     ),
     pytest.param(
         "h100-80gb-hbm3-x8-q.txt",
-        (("            SRAM Uncorrectable Parity     : 0",
-          "            SRAM Uncorrectable Parity     : 1", 2),),
+        (
+            (
+                "            SRAM Uncorrectable Parity     : 0",
+                "            SRAM Uncorrectable Parity     : 1",
+                2,
+            ),
+        ),
         ("ecc", "sram_uncorrectable", Severity.CRITICAL, Action.RESET_GPU),
         id="sram-uncorrectable-parity-hopper",
     ),
     pytest.param(
         "titan-v-q.txt",
-        (("        Single Bit ECC                    : N/A",
-          "        Single Bit ECC                    : 0", 1),
-         ("        Double Bit ECC                    : N/A",
-          "        Double Bit ECC                    : 2", 1),
-         ("        Pending Page Blacklist            : N/A",
-          "        Pending Page Blacklist            : Yes", 1)),
+        (
+            (
+                "        Single Bit ECC                    : N/A",
+                "        Single Bit ECC                    : 0",
+                1,
+            ),
+            (
+                "        Double Bit ECC                    : N/A",
+                "        Double Bit ECC                    : 2",
+                1,
+            ),
+            (
+                "        Pending Page Blacklist            : N/A",
+                "        Pending Page Blacklist            : Yes",
+                1,
+            ),
+        ),
         ("retired_pages", "pending", Severity.WARNING, Action.RESET_GPU),
         id="retired-pages-pending",
     ),
     pytest.param(
-        "h100-80gb-hbm3-x8-q.txt", (),  # as captured: GPU 75 HW Power Brake Slowdown: Active
+        "h100-80gb-hbm3-x8-q.txt",
+        (),  # as captured: GPU 75 HW Power Brake Slowdown: Active
         ("throttle", "hw_power_brake", Severity.MAJOR, Action.FIX_CONFIG),
         id="power-brake",
     ),
     pytest.param(
-        "h100-80gb-hbm3-x8-q.txt", (),  # as captured: GPU 75 SW Thermal Slowdown: Active
+        "h100-80gb-hbm3-x8-q.txt",
+        (),  # as captured: GPU 75 SW Thermal Slowdown: Active
         ("throttle", "thermal", Severity.WARNING, Action.SERVICE_HARDWARE),
         id="thermal-slowdown-sw",
     ),
     pytest.param(
         "a10-q.txt",
-        (("            HW Thermal Slowdown           : Not Active",
-          "            HW Thermal Slowdown           : Active", 1),),
+        (
+            (
+                "            HW Thermal Slowdown           : Not Active",
+                "            HW Thermal Slowdown           : Active",
+                1,
+            ),
+        ),
         ("throttle", "thermal", Severity.WARNING, Action.SERVICE_HARDWARE),
         id="thermal-slowdown-hw",
     ),
@@ -143,8 +196,9 @@ def test_nvml_state_gets_the_nvidia_smi_diagnosis(
     assert nvml == smi
 
 
-@pytest.mark.parametrize("dump", sorted(p.name for p in DUMPS.iterdir()
-                                        if p.suffix in {".txt", ".xml"}))
+@pytest.mark.parametrize(
+    "dump", sorted(p.name for p in DUMPS.iterdir() if p.suffix in {".txt", ".xml"})
+)
 def test_fixture_dumps_as_captured_agree(dump: str) -> None:
     nvml, _records = _via_nvml(DUMPS / dump)
     assert nvml == _via_smi(DUMPS / dump)
@@ -153,8 +207,7 @@ def test_fixture_dumps_as_captured_agree(dump: str) -> None:
 def test_gpu_is_lost_is_the_xid79_class_finding() -> None:
     fake = FakeNvml.from_dump(DUMPS / "h100-80gb-hbm3-x8-q.txt", **given_for_dump())
     clock = FakeClock(now=1000.0)
-    collector = NvmlCollector(node="n1", nvml=fake, clock=clock, deadline_seconds=0,
-                              events=False)
+    collector = NvmlCollector(node="n1", nvml=fake, clock=clock, deadline_seconds=0, events=False)
     records = list(collector.collect())
     fake.lose(2)  # GPU_IS_LOST from every call on GPU 2 from now on
     clock.advance(1.0)
@@ -166,13 +219,21 @@ def test_gpu_is_lost_is_the_xid79_class_finding() -> None:
     lost = [r for r in records if getattr(r, "kind", "") == "gpu_lost"]
     assert [r.entity for r in lost] == ["0000:75:00.0"]
     # the kernel log's Xid 79 for the same GPU is the same finding, not a second one
-    obs.extend(parse_kernel_lines(
-        ["[ 99.0] NVRM: Xid (PCI:0000:75:00): 79, pid='<unknown>', name=<unknown>, "
-         "GPU has fallen off the bus."], ParseContext(file="k", node=NodeName("n1"))))
+    obs.extend(
+        parse_kernel_lines(
+            [
+                "[ 99.0] NVRM: Xid (PCI:0000:75:00): 79, pid='<unknown>', name=<unknown>, "
+                "GPU has fallen off the bus."
+            ],
+            ParseContext(file="k", node=NodeName("n1")),
+        )
+    )
     lost_findings = [f for f in evaluate(obs, Context()) if f.entity == "0000:75:00.0"]
     assert len(lost_findings) == 1
     assert (lost_findings[0].severity, lost_findings[0].action) == (
-        Severity.CRITICAL, Action.REBOOT_NODE)
+        Severity.CRITICAL,
+        Action.REBOOT_NODE,
+    )
 
 
 def test_injected_remap_failure_and_recovery_reboot() -> None:

@@ -145,3 +145,46 @@ def test_second_connection_reads_while_a_write_is_open(tmp_path: Path) -> None:
         writer.close()
         reader.close()
         store.close()
+
+
+def test_chunks_tiers_late_data_and_raw_retention(tmp_path: Path) -> None:
+    t0 = 1_699_999_200.0  # an hour boundary
+    clock = FakeClock(now=t0 + 3 * 3600 + 10)
+    store = SqliteStore(path=tmp_path / "db.sqlite", retention_seconds=2 * 3600.0,
+                        downsample=((60.0, 86400.0),), clock=clock)
+    store.write([_s("gpu_power_watts", float(i % 60), t0 + i) for i in range(3 * 3600)], [])
+    conn = sqlite3.connect(tmp_path / "db.sqlite")
+    assert conn.execute("SELECT COUNT(*) FROM head").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM chunks WHERE step = 60000").fetchone()[0] == 3
+    assert conn.execute("SELECT COUNT(*) FROM chunks WHERE step = 0").fetchone()[0] == 2
+    # a late sample replaces the value of an already compacted window (last write wins)
+    store.write([_s("gpu_power_watts", 99.0, t0 + 5000)], [])
+    store.compact()
+    raw = store.read("gpu_power_watts", None, t0, t0 + 4 * 3600)
+    assert raw["observed_at"].min() >= clock() - 2 * 3600  # raw retention applies on read
+    assert raw.loc[raw["observed_at"] == t0 + 5000, "value"].tolist() == [99.0]
+    # older than raw retention: the 1-minute tier answers stepped reads
+    hourly = store.read("gpu_power_watts", None, t0, t0 + 3 * 3600 - 1, step_seconds=3600)
+    assert len(hourly) == 3
+    assert hourly["value"].round(6).tolist()[0] == 29.5
+    store.close()
+    conn.close()
+
+
+def test_a_reader_in_another_process_sees_head_and_chunks(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "db.sqlite"
+    clock = FakeClock(now=1_700_000_000.0)
+    store = SqliteStore(path=path, clock=clock)
+    store.write([_s("gpu_power_watts", float(i), 1_699_990_000.0 + i) for i in range(100)], [])
+    clock.advance(7200)
+    store.compact()
+    store.write([_s("gpu_power_watts", 5.0, 1_700_007_000.0)], [])
+    code = ("from storage.sqlite import SqliteStore;"
+            f"print(len(SqliteStore(path={str(path)!r}).read('gpu_power_watts', None, 0, 2e9)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2])
+    assert out.stdout.strip() == "101"
+    store.close()

@@ -1,0 +1,250 @@
+"""Peer comparison: a GPU against the other GPUs of its node and of its model fleet-wide.
+
+A cross-section (one value per GPU at one time) is compared with robust statistics: the robust
+z-score ``(x - median) / (1.4826 MAD)`` (Rousseeuw & Croux, JASA 1993; Iglewicz & Hoaglin's
+modified z-score). Two comparisons, both vectorised over the whole fleet with pandas group-bys:
+
+* **within the node**: against the median and MAD of the node's GPUs, so a node whose cooling
+  or inlet air heats every GPU together flags no single GPU;
+* **the node against the fleet**: the node's median against the medians of the nodes of the
+  same GPU model, so the whole-node shift is reported once, for ``entity="node"``.
+
+A covariate turns a comparison into "at equal load": for temperature at equal power (or power
+at equal utilisation) the value is first replaced by its residual from a robust straight-line
+fit of value on covariate across the model fleet (least squares, then refit without points
+beyond 3 robust z, as in iteratively trimmed regression). A GPU 8 °C hotter than its peers at
+the same power is suspicious; one 8 °C hotter because it draws 200 W more is not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analytics.windowing import BoolArray, FloatArray, IntArray
+from core.records import Anomaly, EntityId, FeatureVector, NodeName
+
+_MAD_SCALE = 1.4826
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerVerdict:
+    """Result of one peer comparison, aligned with the input rows.
+
+    Attributes:
+        value: The compared value (the residual at equal covariate when one was given).
+        z_node: Robust z-score of each GPU against the other GPUs of its node (0 without peers).
+        z_fleet: Robust z-score of each GPU's node median against the other nodes of its model.
+        flagged: GPU deviates from its node peers: ``|z_node| > z_threshold`` (upper only
+            when ``upper_only``).
+        node_flagged: The GPU's whole node deviates from its model fleet.
+    """
+
+    value: FloatArray
+    z_node: FloatArray
+    z_fleet: FloatArray
+    flagged: BoolArray
+    node_flagged: BoolArray
+
+
+def robust_residuals(value: FloatArray, covariate: FloatArray, group: IntArray) -> FloatArray:
+    """Residual of ``value`` from a trimmed least-squares line on ``covariate``, per group.
+
+    Examples:
+        >>> power = np.array([100.0, 200.0, 300.0, 400.0, 250.0])
+        >>> temp = 30.0 + 0.1 * power + np.array([0.0, 0.0, 0.0, 0.0, 8.0])
+        >>> robust_residuals(temp, power, np.zeros(5, dtype=np.int64)).round(1).tolist()
+        [0.0, 0.0, 0.0, 0.0, 8.0]
+    """
+    out = np.zeros_like(value)
+    for g in np.unique(group):
+        rows = np.flatnonzero(group == g)
+        x, y = covariate[rows], value[rows]
+        keep = np.ones(rows.size, dtype=bool)
+        slope, intercept = 0.0, float(np.median(y))
+        for _ in range(2):
+            if keep.sum() >= 3 and np.ptp(x[keep]) > 0:
+                slope, intercept = np.polyfit(x[keep], y[keep], 1)
+            resid = y - (slope * x + intercept)
+            centre = np.median(resid)
+            mad = np.median(np.abs(resid - centre)) * _MAD_SCALE
+            keep = np.abs(resid - centre) <= 3.0 * max(mad, 1e-9)
+        out[rows] = y - (slope * x + intercept)
+    return out
+
+
+class PeerComparison:
+    """Robust peer comparison of one metric across the fleet, node-shift aware.
+
+    Args:
+        z_threshold: Robust z beyond which a GPU (or node) deviates; > 0.
+        min_peers: Fewest other GPUs in the node (or other nodes of the model) to compare
+            with; >= 2. With fewer, the z-score is 0 (no verdict).
+        min_scale: Floor on the robust scale, in the metric's unit, so identical peers do not
+            turn tiny differences into huge z-scores (e.g. 1.0 for °C); >= 0.
+        upper_only: Flag only values above the peers (hot, high error rate).
+
+    Raises:
+        ValueError: An argument is out of range.
+
+    Examples:
+        >>> peers = PeerComparison(min_scale=0.5)
+        >>> node = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+        >>> temp = np.array([60, 61, 60, 75, 70, 71, 70, 71, 60, 61, 61, 60], dtype=float)
+        >>> v = peers.compare(temp, node=node, group=np.zeros(12, dtype=np.int64))
+        >>> v.flagged.nonzero()[0].tolist()  # GPU 3 only; node 1 is hot as a whole
+        [3]
+    """
+
+    def __init__(
+        self,
+        *,
+        z_threshold: float = 5.0,
+        min_peers: int = 3,
+        min_scale: float = 0.0,
+        upper_only: bool = True,
+    ) -> None:
+        if z_threshold <= 0:
+            raise ValueError(f"z_threshold must be > 0, got {z_threshold!r}")
+        if min_peers < 2:
+            raise ValueError(f"min_peers must be >= 2, got {min_peers}")
+        if min_scale < 0:
+            raise ValueError(f"min_scale must be >= 0, got {min_scale!r}")
+        self.z_threshold = z_threshold
+        self.min_peers = min_peers
+        self.min_scale = min_scale
+        self.upper_only = upper_only
+
+    def _exceeds(self, z: FloatArray) -> BoolArray:
+        if self.upper_only:
+            return z > self.z_threshold
+        return np.abs(z) > self.z_threshold
+
+    def compare(
+        self,
+        value: FloatArray,
+        *,
+        node: IntArray,
+        group: IntArray,
+        covariate: FloatArray | None = None,
+    ) -> PeerVerdict:
+        """Compare each GPU with its node peers, and each node with its model fleet.
+
+        Args:
+            value: One value per GPU, shape ``(n,)``, in the metric's unit.
+            node: Node code of each GPU, shape ``(n,)``.
+            group: GPU-model code of each GPU, shape ``(n,)`` (compare like with like).
+            covariate: Optional load per GPU (e.g. watts), shape ``(n,)``; compares at equal load.
+
+        Returns:
+            A :class:`PeerVerdict` aligned with the rows.
+        """
+        v = robust_residuals(value, covariate, group) if covariate is not None else value
+        frame = pd.DataFrame({"v": v, "node": node, "group": group})
+        by_node = frame.groupby(["group", "node"])["v"]
+        count = by_node.transform("size").to_numpy()
+        median = by_node.transform("median").to_numpy()
+        frame["dev"] = np.abs(v - median)
+        mad = frame.groupby(["group", "node"])["dev"].transform("median").to_numpy()
+        scale = np.maximum(_MAD_SCALE * mad, self.min_scale)
+        scale = np.where(scale > 0, scale, np.inf)
+        z_node = np.where(count - 1 >= self.min_peers, (v - median) / scale, 0.0)
+        # Node medians against the other nodes of the same model.
+        nodes = frame.assign(m=median).groupby(["group", "node"], as_index=False)["m"].first()
+        per_group = nodes.groupby("group")["m"]
+        n_nodes = per_group.transform("size").to_numpy()
+        fleet_median = per_group.transform("median").to_numpy()
+        nodes["dev"] = np.abs(nodes["m"].to_numpy() - fleet_median)
+        fleet_mad = nodes.groupby("group")["dev"].transform("median").to_numpy()
+        fleet_scale = np.maximum(_MAD_SCALE * fleet_mad, self.min_scale)
+        fleet_scale = np.where(fleet_scale > 0, fleet_scale, np.inf)
+        nodes["z"] = np.where(
+            n_nodes - 1 >= self.min_peers, (nodes["m"].to_numpy() - fleet_median) / fleet_scale, 0.0
+        )
+        z_fleet = (
+            frame[["group", "node"]]
+            .merge(nodes[["group", "node", "z"]], on=["group", "node"], how="left")["z"]
+            .to_numpy()
+        )
+        return PeerVerdict(
+            value=np.asarray(v, dtype=np.float64),
+            z_node=z_node,
+            z_fleet=z_fleet,
+            flagged=self._exceeds(z_node),
+            node_flagged=self._exceeds(z_fleet),
+        )
+
+
+class PeerDetector:
+    """``Detector`` adapter: compares each arriving feature vector with its peers' latest ones.
+
+    Keeps the latest feature vector of every entity (dropping those older than
+    ``max_age_seconds``), and on each :meth:`observe` compares every feature of the entity
+    with the same feature of the other entities through :class:`PeerComparison` (all entities
+    form one model group; give each GPU model its own detector). Peer comparison has no model
+    to train, so there is nothing to learn from flagged points; the warm-up is ``min_peers``.
+    For a whole fleet per tick, call :meth:`PeerComparison.compare` on the columns instead
+    (``observe`` is O(fleet) per call).
+
+    Args:
+        z_threshold: See :class:`PeerComparison`.
+        min_peers: See :class:`PeerComparison`.
+        min_scale: See :class:`PeerComparison`.
+        max_age_seconds: Peer vectors older than this are ignored; > 0.
+
+    Raises:
+        ValueError: An argument is out of range.
+    """
+
+    name = "peers"
+
+    def __init__(
+        self,
+        *,
+        z_threshold: float = 5.0,
+        min_peers: int = 3,
+        min_scale: float = 0.0,
+        max_age_seconds: float = 120.0,
+    ) -> None:
+        if max_age_seconds <= 0:
+            raise ValueError(f"max_age_seconds must be > 0, got {max_age_seconds!r}")
+        self.z_threshold = z_threshold
+        self.min_peers = min_peers
+        self.min_scale = min_scale
+        self.max_age_seconds = max_age_seconds
+        self._compare = PeerComparison(
+            z_threshold=z_threshold, min_peers=min_peers, min_scale=min_scale
+        )
+        self._latest: dict[tuple[NodeName, EntityId], FeatureVector] = {}
+
+    def observe(self, x: FeatureVector) -> Anomaly | None:
+        """Store ``x`` as its entity's latest vector; return its worst peer deviation, if any."""
+        self._latest[(x.node, x.entity)] = x
+        now = x.window_end_at
+        fresh = [v for v in self._latest.values() if now - v.window_end_at <= self.max_age_seconds]
+        nodes: dict[NodeName, int] = {}
+        worst: Anomaly | None = None
+        for feature in sorted(x.values):
+            rows = [v for v in fresh if feature in v.values]
+            if len(rows) <= self.min_peers:
+                continue
+            me = next(i for i, v in enumerate(rows) if (v.node, v.entity) == (x.node, x.entity))
+            verdict = self._compare.compare(
+                np.array([v.values[feature] for v in rows]),
+                node=np.array([nodes.setdefault(v.node, len(nodes)) for v in rows]),
+                group=np.zeros(len(rows), dtype=np.int64),
+            )
+            if verdict.flagged[me]:
+                z = float(verdict.z_node[me])
+                if worst is None or z > worst.score:
+                    worst = Anomaly(
+                        detector=self.name,
+                        node=x.node,
+                        entity=x.entity,
+                        score=z,
+                        threshold=self.z_threshold,
+                        observed_at=now,
+                    )
+        return worst

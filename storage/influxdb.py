@@ -1,0 +1,310 @@
+"""InfluxDB v2 store: writes through ``influxdb-client``'s write API, reads with Flux.
+
+The same write API is accepted by VictoriaMetrics (``docs/infra.md`` §1), which is what CI
+writes to. The schema is the one in :mod:`storage.lineprotocol`: measurement = the metric's
+prefix (``gpu``, ``net``, ``ib``), field = the rest of its name, a float always
+(``ecosystem-reference.md`` §0 item 16: an ``int`` would become an integer field and
+conflict with later floats); tags ``node``, ``entity`` and the catalogued labels, all of
+bounded cardinality (§4.3). Identity such as model, driver version or PCI bus id belongs to
+the ``gpu_info`` series' labels, not to every point. Events are ``gpuhealth_event`` points.
+
+Writes: the batch is checked (:mod:`storage.sanitize`), encoded by our own
+:class:`~storage.lineprotocol.LineEncoder` (``Point`` costs 2.4-2.7x a formatted string),
+cut into bodies of ``batch_size`` lines and posted with the client's **synchronous**
+write API at millisecond precision. Transient HTTP failures (connection refused, timeouts,
+429, 5xx) are retried by the client's ``WritesRetry`` (honours ``Retry-After``, jittered
+exponential backoff, at most ``max_retries`` times and ``max_retry_time_seconds``), then
+``on_error`` is called with ``((bucket, org, precision), body, exception)`` (the shape of
+the client's batching ``error_callback``) and :class:`~core.errors.TemporaryError` is
+raised so that the :class:`~storage.spool.SpoolingStore` keeps the batch. The client's own
+batching mode is not used: it acknowledges a write before it is sent, holds it only in
+memory, and reports failures on another thread, which would lose batches that the spool
+was told were written. When one body of a multi-body batch fails, the spool re-sends the
+whole batch; identical points are deduplicated by the server.
+
+Reads: Flux through the client's query API (``from |> range |> filter |>
+aggregateWindow``), parsed from annotated CSV by the client. No InfluxDB 2 server runs in
+CI; the reader is tested against a local stand-in answering ``/api/v2/query``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+import urllib3.exceptions
+from influxdb_client.client.influxdb_client import InfluxDBClient
+from influxdb_client.client.write.retry import WritesRetry
+from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.domain.write_precision import WritePrecision
+from influxdb_client.rest import ApiException
+
+from core.clock import Clock, system_clock
+from core.errors import PermanentError, TemporaryError
+from core.records import EntityId, EntityRef, Event, NodeName, Sample
+from storage.lineprotocol import LineEncoder, split_metric
+from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
+
+logger = logging.getLogger(__name__)
+
+_BASE_COLUMNS = ["observed_at", "node", "entity", "value"]
+_FLUX_META = {"result", "table", "_start", "_stop", "_time", "_value", "_field",
+              "_measurement", "node", "entity"}
+
+_MS: Any = WritePrecision.MS  # the client annotates the class, its values are plain strings
+ErrorCallback = Callable[[tuple[str, str, str], bytes, Exception], None]
+
+
+@contextlib.contextmanager
+def _mapped_errors(url: str) -> Iterator[None]:
+    """Translate client, HTTP and socket failures into our error tree."""
+    try:
+        yield
+    except ApiException as exc:
+        status = int(exc.status or 0)
+        if status == 429 or status >= 500 or status == 0:
+            retry_after = None
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                retry_after = float(exc.headers.get("Retry-After", ""))
+            raise TemporaryError(f"{url}: HTTP {status} {exc.reason}",
+                                 retry_after_seconds=retry_after) from exc
+        raise PermanentError(f"{url}: HTTP {status} {exc.reason}: {exc.body!r}") from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise TemporaryError(f"{url}: {exc}") from exc
+
+
+def _flux_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _flux_time(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class InfluxDbStore:
+    """A :class:`core.protocols.Store` on the InfluxDB v2 API (or VictoriaMetrics).
+
+    Args:
+        url: Base URL, e.g. ``http://127.0.0.1:8086``.
+        org: Organization name or ID.
+        bucket: Bucket written and read.
+        token: API token; prefer ``token_env``.
+        token_env: Environment variable holding the token (secrets never sit in the
+            configuration file); read when ``token`` is ``None``.
+        timeout_seconds: HTTP timeout of one request.
+        batch_size: Lines per POST body (5,000 is near the server's sweet spot).
+        max_retries: Retries of one POST on a transient failure before giving up.
+        retry_interval_seconds: First retry delay; doubles up to ``max_retry_delay_seconds``.
+        max_retry_delay_seconds: Longest delay between two retries.
+        max_retry_time_seconds: Longest total time retrying one POST.
+        enable_gzip: Compress request bodies.
+        on_error: Called as ``on_error((bucket, org, precision), body, exc)`` when a body
+            finally fails.
+        max_future_seconds: Samples stamped further ahead of the clock are rejected.
+        min_at: Samples stamped before this epoch second are rejected.
+        entities_lookback_seconds: How far back :meth:`entities` looks.
+        clock: Stamps unstamped records; epoch seconds.
+
+    Attributes:
+        rejected: Reason → samples and events rejected or converted before writing.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        org: str,
+        bucket: str,
+        token: str | None = None,
+        token_env: str = "INFLUX_TOKEN",
+        timeout_seconds: float = 10.0,
+        batch_size: int = 5000,
+        max_retries: int = 2,
+        retry_interval_seconds: float = 0.5,
+        max_retry_delay_seconds: float = 5.0,
+        max_retry_time_seconds: float = 15.0,
+        enable_gzip: bool = False,
+        on_error: ErrorCallback | None = None,
+        max_future_seconds: float = MAX_FUTURE_SECONDS,
+        min_at: float = MIN_AT,
+        entities_lookback_seconds: float = 7 * 86400.0,
+        clock: Clock = system_clock,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.url = url
+        self.org = org
+        self.bucket = bucket
+        self.token_env = token_env
+        self.timeout_seconds = timeout_seconds
+        self.batch_size = batch_size
+        self.max_retries = max_retries
+        self.retry_interval_seconds = retry_interval_seconds
+        self.max_retry_delay_seconds = max_retry_delay_seconds
+        self.max_retry_time_seconds = max_retry_time_seconds
+        self.enable_gzip = enable_gzip
+        self.on_error = on_error
+        self.max_future_seconds = max_future_seconds
+        self.min_at = min_at
+        self.entities_lookback_seconds = entities_lookback_seconds
+        self.clock = clock
+        self.rejected: Counter[str] = Counter()
+        self._encoder = LineEncoder(precision="ms")
+        secret = token if token is not None else os.environ.get(token_env, "")
+        retries = WritesRetry(total=max_retries, retry_interval=retry_interval_seconds,
+                              max_retry_delay=max_retry_delay_seconds,
+                              max_retry_time=max_retry_time_seconds, jitter_interval=100,
+                              connect=max_retries, read=max_retries, status=max_retries)
+        self._client = InfluxDBClient(url=url, token=secret, org=org,
+                                      timeout=int(timeout_seconds * 1000),
+                                      enable_gzip=enable_gzip, retries=retries)
+        self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        self._query_api = self._client.query_api()
+
+    # --- writing -------------------------------------------------------------------------
+
+    def encode(self, samples: Sequence[Sample], events: Sequence[Event]) -> list[str]:
+        """Check and encode a batch as line protocol (ms timestamps); counts rejects."""
+        now = self.clock()
+        good = check_samples(samples, now=now, counts=self.rejected,
+                             max_future_seconds=self.max_future_seconds, min_at=self.min_at)
+        good_events = check_events(events, now=now, counts=self.rejected,
+                                   max_future_seconds=self.max_future_seconds,
+                                   min_at=self.min_at)
+        return self._encoder.samples(good) + self._encoder.events(good_events)
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """Post encoded lines (ms precision) in bodies of ``batch_size`` lines.
+
+        Raises:
+            TemporaryError: The server is unreachable, slow, or answered 429/5xx.
+            PermanentError: The server refused the data (4xx other than 429).
+        """
+        for start in range(0, len(lines), self.batch_size):
+            body = "\n".join(lines[start:start + self.batch_size]).encode()
+            try:
+                with _mapped_errors(self.url):
+                    self._write_api.write(bucket=self.bucket, org=self.org, record=body,
+                                          write_precision=_MS)
+            except (TemporaryError, PermanentError) as exc:
+                if self.on_error is not None:
+                    self.on_error((self.bucket, self.org, "ms"), body, exc)
+                raise
+
+    def write(self, samples: Sequence[Sample], events: Sequence[Event]) -> None:
+        """Write a batch (see the module docstring for batching and retries).
+
+        Raises:
+            TemporaryError: Transient failure; the caller (the spool) keeps the batch.
+            PermanentError: The server refused the data.
+        """
+        lines = self.encode(samples, events)
+        if lines:
+            self.write_lines(lines)
+
+    # --- reading -------------------------------------------------------------------------
+
+    def flux(self, metric: str, entities: Sequence[EntityRef] | None, since_at: float,
+             until_at: float, step_seconds: float | None = None) -> str:
+        """Return the Flux query :meth:`read` runs.
+
+        Examples:
+            >>> store = InfluxDbStore(url="http://127.0.0.1:1", org="o", bucket="b", token="t")
+            >>> print(store.flux("gpu_power_watts", None, 0.0, 60.0, 10.0))
+            from(bucket: "b")
+              |> range(start: 1970-01-01T00:00:00.000000Z, stop: 1970-01-01T00:01:00.001000Z)
+              |> filter(fn: (r) => r._measurement == "gpu" and r._field == "power_watts")
+              |> aggregateWindow(every: 10000ms, fn: mean, createEmpty: false, timeSrc: "_start")
+            >>> store.close()
+        """
+        measurement, field_key = split_metric(metric)
+        lines = [
+            f"from(bucket: {_flux_string(self.bucket)})",
+            f"  |> range(start: {_flux_time(since_at)}, stop: {_flux_time(until_at + 0.001)})",
+            f"  |> filter(fn: (r) => r._measurement == {_flux_string(measurement)} and "
+            f"r._field == {_flux_string(field_key)})",
+        ]
+        if entities is not None:
+            terms = " or ".join(
+                f"(r.node == {_flux_string(e.node)} and r.entity == {_flux_string(e.entity)})"
+                for e in entities)
+            lines.append(f"  |> filter(fn: (r) => {terms})")
+        if step_seconds is not None:
+            lines.append(f"  |> aggregateWindow(every: {round(step_seconds * 1000)}ms, fn: mean,"
+                         ' createEmpty: false, timeSrc: "_start")')
+        return "\n".join(lines)
+
+    def read(
+        self,
+        metric: str,
+        entities: Sequence[EntityRef] | None,
+        since_at: float,
+        until_at: float,
+        step_seconds: float | None = None,
+    ) -> pd.DataFrame:
+        """Read one metric over ``[since_at, until_at]`` with Flux.
+
+        Returns:
+            Columns ``observed_at`` (epoch seconds), ``node``, ``entity``, ``value`` and one
+            per tag, sorted by node, entity, labels and time; with ``step_seconds``, bucket
+            means stamped at the bucket start.
+
+        Raises:
+            TemporaryError: The server is unreachable or failed.
+        """
+        if step_seconds is not None and step_seconds <= 0:
+            raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
+        if entities is not None and not entities:
+            return pd.DataFrame(columns=_BASE_COLUMNS)
+        query = self.flux(metric, entities, since_at, until_at, step_seconds)
+        with _mapped_errors(self.url):
+            tables = self._query_api.query(query, org=self.org)
+        rows: list[dict[str, Any]] = []
+        label_keys: set[str] = set()
+        for table in tables:
+            for record in table.records:
+                values = record.values
+                labels = {k: str(v) for k, v in values.items()
+                          if k not in _FLUX_META and v is not None and not k.startswith("_")}
+                label_keys.update(labels)
+                when = record.values.get("_time")
+                rows.append({"observed_at": when.timestamp() if when else float("nan"),
+                             "node": str(values.get("node", "")),
+                             "entity": str(values.get("entity", "")),
+                             "value": float(values.get("_value")), **labels})
+        columns = _BASE_COLUMNS + sorted(label_keys)
+        frame = pd.DataFrame.from_records(rows, columns=columns)
+        if frame.empty:
+            return frame
+        order = ["node", "entity", *sorted(label_keys), "observed_at"]
+        return frame.sort_values(order, kind="stable").reset_index(drop=True)
+
+    def entities(self) -> Sequence[EntityRef]:
+        """List the (node, entity) pairs written in the last ``entities_lookback_seconds``."""
+        query = "\n".join([
+            f"from(bucket: {_flux_string(self.bucket)})",
+            f"  |> range(start: -{int(self.entities_lookback_seconds)}s)",
+            "  |> filter(fn: (r) => exists r.node and exists r.entity)",
+            '  |> keep(columns: ["node", "entity", "_value", "_time"])',
+            '  |> group(columns: ["node", "entity"])',
+            "  |> last()",
+        ])
+        with _mapped_errors(self.url):
+            tables = self._query_api.query(query, org=self.org)
+        pairs = {(str(r.values.get("node")), str(r.values.get("entity")))
+                 for t in tables for r in t.records}
+        return [EntityRef(node=NodeName(n), entity=EntityId(e)) for n, e in sorted(pairs)]
+
+    def close(self) -> None:
+        """Close the client (idempotent)."""
+        self._write_api.close()  # type: ignore[no-untyped-call]
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    def __repr__(self) -> str:
+        return f"InfluxDbStore(url={self.url!r}, org={self.org!r}, bucket={self.bucket!r})"

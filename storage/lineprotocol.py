@@ -1,0 +1,485 @@
+r"""InfluxDB line protocol: the schema, a fast encoder, a decoder, export and import.
+
+Syntax and escaping follow ``ecosystem-reference.md`` §4.1 (InfluxDB's line-protocol
+reference): measurement escapes comma and space; tag keys, tag values and field keys
+escape comma, ``=`` and space; string field values are double-quoted with ``"`` and
+``\\`` escaped; timestamps are integer nanoseconds unless a precision is declared.
+
+Schema (§4.3: bounded tags, float fields). A catalogued metric ``<prefix>_<rest>`` is
+written as measurement ``<prefix>``, field ``<rest>``, so that VictoriaMetrics, which
+names a series ``<measurement>_<field>``, stores it under the catalog name itself
+(``gpu_temperature_celsius`` → ``gpu temperature_celsius=41.0``); a name without an
+underscore, or whose rest would be ``value``, is written as measurement ``<name>``,
+field ``value``. Tags: ``node``, ``entity`` (GPU UUID or PCI bus id, port, ``node``) and
+the sample's labels (``link``, ``type``...), all bounded. Every value is a float field.
+Events are measurement ``gpuhealth_event`` with tags ``node``, ``entity``, ``kind``,
+``code`` and ``source`` and fields ``count=1`` (numeric, so VictoriaMetrics keeps a
+``gpuhealth_event_count`` series), ``message``, ``attrs`` and ``evidence`` (JSON strings).
+
+Operators move history with these files: :func:`export` writes a window of any store,
+:func:`import_lines` writes files into a store in batches keeping the original
+timestamps, and :func:`read_records` yields the records of files for ``gpuhealth replay``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from core.catalog import CATALOG
+from core.clock import Clock, system_clock
+from core.protocols import Store
+from core.records import EntityId, EntityRef, Event, Evidence, NodeName, Record, Sample
+from storage.sanitize import check_events, check_samples
+
+logger = logging.getLogger(__name__)
+
+Precision = Literal["ns", "us", "ms", "s"]
+EVENT_MEASUREMENT = "gpuhealth_event"
+_PER_SECOND: dict[str, int] = {"ns": 1_000_000_000, "us": 1_000_000, "ms": 1_000, "s": 1}
+
+_MEAS_ESC = str.maketrans({",": "\\,", " ": "\\ "})
+_TAG_ESC = str.maketrans({",": "\\,", "=": "\\=", " ": "\\ "})
+_STR_ESC = str.maketrans({"\\": "\\\\", '"': '\\"'})
+
+
+def escape_measurement(text: str) -> str:
+    r"""Escape a measurement name.
+
+    Examples:
+        >>> escape_measurement("gpu metrics,x")
+        'gpu\\ metrics\\,x'
+    """
+    return text.translate(_MEAS_ESC)
+
+
+def escape_key(text: str) -> str:
+    r"""Escape a tag key, tag value or field key (comma, ``=``, space).
+
+    Examples:
+        >>> escape_key('node 01,rack=a"b')
+        'node\\ 01\\,rack\\=a"b'
+    """
+    return text.translate(_TAG_ESC)
+
+
+def quote_string(text: str) -> str:
+    r"""Quote a string field value.
+
+    Examples:
+        >>> quote_string('NVIDIA H100 "SXM"')
+        '"NVIDIA H100 \\"SXM\\""'
+    """
+    return '"' + text.translate(_STR_ESC).replace("\n", "\\n") + '"'
+
+
+def split_metric(metric: str) -> tuple[str, str]:
+    """Return the ``(measurement, field)`` a metric is written as.
+
+    Examples:
+        >>> split_metric("gpu_temperature_celsius")
+        ('gpu', 'temperature_celsius')
+        >>> split_metric("up")
+        ('up', 'value')
+    """
+    prefix, sep, rest = metric.partition("_")
+    if not sep or not prefix or not rest or rest == "value":
+        return metric, "value"
+    return prefix, rest
+
+
+def join_metric(measurement: str, field_key: str) -> str:
+    """Return the metric a ``(measurement, field)`` pair stands for (inverse of split).
+
+    Examples:
+        >>> join_metric("gpu", "power_watts")
+        'gpu_power_watts'
+    """
+    return measurement if field_key == "value" else f"{measurement}_{field_key}"
+
+
+def _stamp(at: float, precision: Precision) -> int:
+    if precision == "ns":
+        return round(at * 1_000_000) * 1000  # microseconds are as far as a float epoch goes
+    return round(at * _PER_SECOND[precision])
+
+
+class LineEncoder:
+    """Turns samples and events into line protocol, caching each series' prefix.
+
+    The per-sample cost is one dictionary lookup, one float ``repr`` and one join, which
+    keeps serialisation close to a plain formatted string (``benchmarks/store_ingest.py``).
+
+    Args:
+        precision: Unit of the timestamps written (``ns`` for files, ``ms`` for stores
+            that keep milliseconds anyway).
+        max_series_cache: Series prefixes kept before the cache is cleared.
+    """
+
+    def __init__(self, *, precision: Precision = "ns", max_series_cache: int = 1_000_000) -> None:
+        self.precision = precision
+        self.max_series_cache = max_series_cache
+        self._prefixes: dict[tuple[Any, ...], str] = {}
+
+    def _prefix(self, s: Sample) -> str:
+        measurement, field_key = split_metric(s.metric)
+        tags = {"node": s.node, "entity": s.entity, **s.labels}
+        text = escape_measurement(measurement) + "".join(
+            f",{escape_key(k)}={escape_key(v)}" for k, v in sorted(tags.items()) if v)
+        return f"{text} {escape_key(field_key)}="
+
+    def samples(self, samples: Iterable[Sample]) -> list[str]:
+        """Encode checked samples (float values, stamped) as lines without newlines."""
+        prefixes = self._prefixes
+        if len(prefixes) > self.max_series_cache:
+            prefixes.clear()
+        out: list[str] = []
+        append = out.append
+        precision = self.precision
+        per_second = _PER_SECOND[precision]
+        for s in samples:
+            labels = s.labels
+            key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
+                s.metric, s.node, s.entity)
+            prefix = prefixes.get(key)
+            if prefix is None:
+                prefix = prefixes[key] = self._prefix(s)
+            at = s.observed_at
+            assert at is not None
+            stamp = (round(at * 1_000_000) * 1000 if precision == "ns"
+                     else round(at * per_second))
+            append(f"{prefix}{s.value!r} {stamp}")
+        return out
+
+    def events(self, events: Iterable[Event]) -> list[str]:
+        """Encode stamped events as ``gpuhealth_event`` lines."""
+        out = []
+        for e in events:
+            assert e.observed_at is not None
+            tags = {"code": e.code, "entity": e.entity, "kind": e.kind, "node": e.node,
+                    "source": e.source}
+            head = EVENT_MEASUREMENT + "".join(
+                f",{k}={escape_key(v)}" for k, v in sorted(tags.items()) if v)
+            fields = ",".join((
+                "count=1.0",
+                f"message={quote_string(e.message)}",
+                f"attrs={quote_string(json.dumps(dict(e.attrs), sort_keys=True))}",
+                "evidence=" + quote_string(json.dumps([[v.file, v.line, v.text]
+                                                       for v in e.evidence])),
+            ))
+            out.append(f"{head} {fields} {_stamp(e.observed_at, self.precision)}")
+        return out
+
+
+# --- decoding ------------------------------------------------------------------------------
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    """Split on ``sep`` outside backslash escapes and double quotes, unescaping nothing."""
+    if "\\" not in text and '"' not in text:
+        return text.split(sep)
+    parts: list[str] = []
+    current: list[str] = []
+    i, n, quoted = 0, len(text), False
+    while i < n:
+        ch = text[i]
+        if ch == "\\" and i + 1 < n:
+            current.append(text[i:i + 2])
+            i += 2
+            continue
+        if ch == '"':
+            quoted = not quoted
+        elif ch == sep and not quoted:
+            parts.append("".join(current))
+            current = []
+            i += 1
+            continue
+        current.append(ch)
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in ',= "\\':
+            out.append(text[i + 1])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _unquote(text: str) -> str:
+    body = text[1:-1]
+    if "\\" not in body:
+        return body
+    return body.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+
+
+def _field_value(text: str) -> float | str | None:
+    """Return a float (numbers and booleans), a string, or None when unparsable."""
+    if text.startswith('"') and text.endswith('"') and len(text) >= 2:
+        return _unquote(text)
+    if text and text[-1] in "iu":
+        try:
+            return float(int(text[:-1]))
+        except ValueError:
+            return None
+    if text in ("t", "T", "true", "True", "TRUE"):
+        return 1.0
+    if text in ("f", "F", "false", "False", "FALSE"):
+        return 0.0
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@dataclass
+class DecodeReport:
+    """What decoding skipped, by reason (``syntax``, ``string_field``, ``value``)."""
+
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def decode_line(line: str, *, precision: Precision = "ns",
+                report: DecodeReport | None = None) -> list[Record]:
+    r"""Decode one line into samples (one per numeric field) or one event.
+
+    Args:
+        line: One line without its newline; comments and blank lines give ``[]``.
+        precision: Unit of the line's timestamp.
+        report: Counts what was skipped.
+
+    Returns:
+        Records stamped with the line's time in epoch seconds (``None`` when it has none).
+
+    Examples:
+        >>> decode_line("gpu,entity=GPU-a,node=n\\ 1 power_watts=312.5 1700000000000000000")[0]
+        ... # doctest: +NORMALIZE_WHITESPACE
+        Sample(metric='gpu_power_watts', value=312.5, observed_at=1700000000.0, node='n 1',
+               entity='GPU-a', labels={}, evidence=None)
+    """
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return []
+    report = report if report is not None else DecodeReport()
+    parts = _split_unescaped(line, " ")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        report.skipped["syntax"] += 1
+        return []
+    at: float | None = None
+    if len(parts) == 3:
+        try:
+            at = int(parts[2]) / _PER_SECOND[precision]
+        except ValueError:
+            report.skipped["syntax"] += 1
+            return []
+    head = _split_unescaped(parts[0], ",")
+    measurement = _unescape(head[0])
+    tags: dict[str, str] = {}
+    for item in head[1:]:
+        key, sep, value = item.partition("=")
+        while key.endswith("\\") and sep:  # an escaped '=' inside the key
+            more_key, sep, value = value.partition("=")
+            key = f"{key}={more_key}"
+        if not sep:
+            report.skipped["syntax"] += 1
+            return []
+        tags[_unescape(key)] = _unescape(value)
+    fields: dict[str, float | str] = {}
+    for item in _split_unescaped(parts[1], ","):
+        key, sep, value = item.partition("=")
+        parsed = _field_value(value) if sep else None
+        if parsed is None:
+            report.skipped["value"] += 1
+            continue
+        fields[_unescape(key)] = parsed
+    node = NodeName(tags.pop("node", "") or tags.pop("host", "") or "unknown")
+    entity = EntityId(tags.pop("entity", "") or tags.pop("uuid", "") or "node")
+    if measurement == EVENT_MEASUREMENT:
+        def text(key: str) -> str:
+            found = fields.get(key, "")
+            return found if isinstance(found, str) else ""
+        try:
+            attrs = json.loads(text("attrs") or "{}")
+            evidence = tuple(Evidence(file=f, line=ln, text=t)
+                             for f, ln, t in json.loads(text("evidence") or "[]"))
+        except (ValueError, TypeError):
+            report.skipped["value"] += 1
+            return []
+        return [Event(kind=tags.get("kind", ""), code=tags.get("code", ""), node=node,
+                      entity=entity, observed_at=at, message=text("message"), attrs=attrs,
+                      evidence=evidence, source=tags.get("source", ""))]
+    records: list[Record] = []
+    for key, field_value in fields.items():
+        if isinstance(field_value, str):
+            report.skipped["string_field"] += 1
+            continue
+        records.append(Sample(metric=join_metric(measurement, key), value=field_value,
+                              observed_at=at, node=node, entity=entity, labels=dict(tags)))
+    return records
+
+
+def read_records(paths: Sequence[str | Path], *, precision: Precision = "ns",
+                 report: DecodeReport | None = None) -> Iterator[Record]:
+    """Yield the records of line-protocol files in file and line order.
+
+    This is what ``gpuhealth replay`` calls for ``.lp`` files: the records keep the
+    timestamps written in the file.
+    """
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                yield from decode_line(line, precision=precision, report=report)
+
+
+# --- export and import ---------------------------------------------------------------------
+
+
+@dataclass
+class TransferReport:
+    """Counts of one export or import.
+
+    Attributes:
+        samples: Samples written out or into the store.
+        events: Events written out or into the store.
+        rejected: Reason → records skipped or converted (decode and sanitize reasons).
+    """
+
+    samples: int = 0
+    events: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+def _metrics_of(store: Store) -> list[str]:
+    listed = getattr(store, "metrics", None)
+    if callable(listed):
+        return list(listed())
+    return [spec.name for spec in CATALOG]
+
+
+def export(
+    store: Store,
+    out: IO[str],
+    *,
+    since_at: float,
+    until_at: float,
+    metrics: Sequence[str] | None = None,
+    entities: Sequence[EntityRef] | None = None,
+    precision: Precision = "ns",
+) -> TransferReport:
+    """Write ``[since_at, until_at]`` of a store as line protocol, metric by metric.
+
+    Args:
+        store: Any store; its ``metrics()`` lists what to export when it has one, else
+            every catalogued metric is read. Events come from ``read_events`` if present.
+        out: Text stream to write to.
+        since_at: Window start, epoch seconds (inclusive).
+        until_at: Window end, epoch seconds (inclusive).
+        metrics: Only these metrics.
+        entities: Only these entities.
+        precision: Timestamp unit written; a file without a declared unit is ``ns``.
+
+    Returns:
+        How many samples and events were written.
+    """
+    encoder = LineEncoder(precision=precision)
+    report = TransferReport()
+    out.write(f"# gpuhealth export {since_at!r}..{until_at!r} precision={precision}\n")
+    for metric in metrics if metrics is not None else _metrics_of(store):
+        frame = store.read(metric, entities, since_at, until_at)
+        if frame.empty:
+            continue
+        label_cols = [c for c in frame.columns
+                      if c not in ("observed_at", "node", "entity", "value")]
+        batch = []
+        for rowd in frame.to_dict("records"):
+            labels = {c: str(rowd[c]) for c in label_cols
+                      if isinstance(rowd[c], str) and rowd[c]}
+            batch.append(Sample(metric=metric, value=float(rowd["value"]),
+                                observed_at=float(rowd["observed_at"]),
+                                node=NodeName(str(rowd["node"])),
+                                entity=EntityId(str(rowd["entity"])), labels=labels))
+        lines = encoder.samples(s for s in batch if math.isfinite(s.value))
+        out.write("\n".join(lines) + "\n")
+        report.samples += len(lines)
+    read_events = getattr(store, "read_events", None)
+    if callable(read_events):
+        events = [e for e in read_events(since_at, until_at)
+                  if entities is None or EntityRef(node=e.node, entity=e.entity) in entities]
+        if events:
+            out.write("\n".join(encoder.events(events)) + "\n")
+        report.events = len(events)
+    return report
+
+
+def import_lines(
+    store: Store,
+    sources: Iterable[str | Path],
+    *,
+    precision: Precision = "ns",
+    batch_size: int = 5000,
+    clock: Clock = system_clock,
+    max_future_seconds: float = 600.0,
+) -> TransferReport:
+    """Write line-protocol files into a store in batches, keeping their timestamps.
+
+    Lines without a timestamp are stamped with ``clock``. Bad lines and values are
+    skipped and counted (``syntax``, ``value``, ``string_field``, and the reasons of
+    :mod:`storage.sanitize`), never written.
+
+    Args:
+        store: The target store.
+        sources: Files to read, in order.
+        precision: Timestamp unit of the files.
+        batch_size: Records per ``store.write`` call.
+        clock: Epoch seconds, for unstamped lines and the future bound.
+        max_future_seconds: Latest accepted timestamp after ``clock()``.
+
+    Returns:
+        Counts written and skipped.
+
+    Raises:
+        TemporaryError: The store failed; the batches before it were written.
+    """
+    report = TransferReport()
+    decode = DecodeReport(skipped=report.rejected)
+    samples: list[Sample] = []
+    events: list[Event] = []
+
+    def flush() -> None:
+        now = clock()
+        good = check_samples(samples, now=now, counts=report.rejected,
+                             max_future_seconds=max_future_seconds)
+        good_events = check_events(events, now=now, counts=report.rejected,
+                                   max_future_seconds=max_future_seconds)
+        if good or good_events:
+            store.write(good, good_events)
+        report.samples += len(good)
+        report.events += len(good_events)
+        samples.clear()
+        events.clear()
+
+    for record in read_records(list(sources), precision=precision, report=decode):
+        if isinstance(record, Sample):
+            samples.append(record)
+        else:
+            events.append(record)
+        if len(samples) + len(events) >= batch_size:
+            flush()
+    flush()
+    if report.rejected:
+        logger.warning("import skipped or converted: %s", dict(report.rejected))
+    return report

@@ -1,0 +1,413 @@
+"""A durable, bounded on-disk spool in front of a remote store.
+
+``SpoolingStore(store=...)`` is itself a :class:`core.protocols.Store`. While the spool is
+empty a batch goes straight to the remote store. When the store fails with
+:class:`~core.errors.TemporaryError` (unreachable, slow, 5xx), the batch is appended to the
+spool, and every later batch is appended behind it, so order is kept; each ``write`` then
+tries to deliver spooled batches oldest first, at most ``replay_budget_seconds`` per call,
+and not before ``retry_seconds`` (doubling up to ``max_retry_seconds``) after a failure.
+
+On disk (``path`` is a folder)::
+
+    000000000001.seg ...   append-only segments of records
+    cursor                 "<segment> <offset>": where the next undelivered record starts
+
+A record is a 17-byte header (magic ``GHSP``, payload length, CRC-32, record count, kind
+``S`` for samples or ``E`` for events) and a payload of line protocol
+(:mod:`storage.lineprotocol`, microsecond timestamps), readable with ``tail``. A batch is
+"accepted" when ``write`` returns: its records are in the segment file (the page cache
+survives ``kill -9``; ``fsync=True`` also survives power loss). A torn record at the end of
+the last segment (a crash in mid-append) was never accepted and is cut off when the spool
+is opened. A batch delivered just before a crash, whose cursor update was lost, is sent
+again on restart: delivery is at-least-once, and stores deduplicate identical
+(series, timestamp) points (VictoriaMetrics with ``-dedup.minScrapeInterval``, InfluxDB by
+point identity, SQLite by primary key).
+
+Bound: when the segments exceed ``max_bytes``, the oldest segment loses its sample records
+(events are kept), oldest segment first; :attr:`SpoolingStore.dropped_samples` counts them
+(exported as ``gpuhealth_spool_dropped_total``). Events are never dropped, so a spool that
+holds only events may exceed the bound; that is logged.
+
+Synchronous on purpose: the service writes from one writer thread, and the remote stores
+this wraps are synchronous at their write call (see :mod:`storage.influxdb`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from core.clock import Clock, system_clock
+from core.errors import PermanentError, TemporaryError
+from core.protocols import Store
+from core.records import EntityRef, Event, Sample
+from storage.lineprotocol import DecodeReport, LineEncoder, decode_line
+from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<4sIIIc")
+_MAGIC = b"GHSP"
+_SAMPLES, _EVENTS = b"S", b"E"
+
+
+class _Record:
+    __slots__ = ("count", "kind", "offset", "payload", "seq")
+
+    def __init__(self, seq: int, offset: int, kind: bytes, count: int, payload: bytes) -> None:
+        self.seq, self.offset, self.kind, self.count, self.payload = (
+            seq, offset, kind, count, payload)
+
+    @property
+    def end(self) -> int:
+        return self.offset + _HEADER.size + len(self.payload)
+
+
+def _read_records(path: Path, seq: int, start: int) -> Iterator[_Record]:
+    """Yield whole, valid records from ``start``; stop at a torn or corrupt one."""
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        offset = start
+        while True:
+            header = handle.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return
+            magic, length, crc, count, kind = _HEADER.unpack(header)
+            payload = handle.read(length)
+            if magic != _MAGIC or len(payload) < length or zlib.crc32(payload) != crc:
+                return
+            yield _Record(seq, offset, kind, count, payload)
+            offset += _HEADER.size + length
+
+
+class SpoolingStore:
+    """A store that spools batches to disk while the wrapped store is unavailable.
+
+    Args:
+        store: The remote store (``influxdb``, or any :class:`~core.protocols.Store`).
+        path: Spool folder; created.
+        max_bytes: Bound of the spool on disk (default 256 MiB: about 40 minutes of
+            1,000 GPUs x 30 metrics every 10 s).
+        segment_bytes: Size at which a new segment starts; the unit in which samples are
+            dropped when the spool is full.
+        retry_seconds: First wait after a failed delivery before the store is tried again.
+        max_retry_seconds: Longest wait between tries (the wait doubles per failure).
+        replay_budget_seconds: Longest a ``write`` call spends delivering spooled batches.
+        fsync: ``fsync`` after each append (survives power loss, costs a disk flush).
+        max_future_seconds: Samples stamped further ahead of the clock are rejected.
+        min_at: Samples stamped before this epoch second are rejected.
+        clock: Stamps unstamped records when they are accepted, and times the retries.
+
+    Attributes:
+        dropped_samples: Samples dropped because the spool was full.
+        retried_batches: Batches delivered after an earlier attempt of theirs failed (they
+            may have reached the store twice).
+        rejected: Reason → samples and events rejected or converted on the way in.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        path: str | Path,
+        max_bytes: int = 256 * 1024 * 1024,
+        segment_bytes: int | None = None,
+        retry_seconds: float = 1.0,
+        max_retry_seconds: float = 30.0,
+        replay_budget_seconds: float = 2.0,
+        fsync: bool = False,
+        max_future_seconds: float = MAX_FUTURE_SECONDS,
+        min_at: float = MIN_AT,
+        clock: Clock = system_clock,
+    ) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
+        self.store = store
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes or max(4096, max_bytes // 16)
+        self.retry_seconds = retry_seconds
+        self.max_retry_seconds = max_retry_seconds
+        self.replay_budget_seconds = replay_budget_seconds
+        self.fsync = fsync
+        self.max_future_seconds = max_future_seconds
+        self.min_at = min_at
+        self.clock = clock
+        self.dropped_samples = 0
+        self.retried_batches = 0
+        self.rejected: Counter[str] = Counter()
+        self._encoder = LineEncoder(precision="us")
+        self._lock = threading.RLock()
+        self._retry_at: float | None = None
+        self._wait = retry_seconds
+        self._failed: set[tuple[int, int]] = set()
+        self._warned_events_only = False
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._segments: list[int] = sorted(
+            int(p.stem) for p in self.path.glob("*.seg") if p.stem.isdigit())
+        self._cursor = self._load_cursor()
+        self._segments = [s for s in self._segments if s >= self._cursor[0]]
+        for stale in self.path.glob("*.seg"):
+            if stale.stem.isdigit() and int(stale.stem) < self._cursor[0]:
+                stale.unlink()
+        self._depth = 0
+        self._repair()
+        self._active: int | None = None
+
+    # --- files ---------------------------------------------------------------------------
+
+    def _seg(self, seq: int) -> Path:
+        return self.path / f"{seq:012d}.seg"
+
+    def _load_cursor(self) -> tuple[int, int]:
+        try:
+            seq, offset = (self.path / "cursor").read_text().split()
+            return int(seq), int(offset)
+        except (OSError, ValueError):
+            return (self._segments[0] if self._segments else 0), 0
+
+    def _save_cursor(self) -> None:
+        tmp = self.path / "cursor.tmp"
+        tmp.write_text(f"{self._cursor[0]} {self._cursor[1]}\n")
+        os.replace(tmp, self.path / "cursor")
+
+    def _repair(self) -> None:
+        """Count what is pending and cut a torn record off the end of each segment."""
+        for seq in self._segments:
+            start = self._cursor[1] if seq == self._cursor[0] else 0
+            end = start
+            for record in _read_records(self._seg(seq), seq, start):
+                self._depth += record.count
+                end = record.end
+            if self._seg(seq).stat().st_size > end:
+                logger.warning("spool %s: cutting a torn record at byte %d", self._seg(seq), end)
+                os.truncate(self._seg(seq), end)
+
+    def _bytes(self) -> int:
+        total = sum(self._seg(s).stat().st_size for s in self._segments)
+        if self._segments and self._segments[0] == self._cursor[0]:
+            total -= self._cursor[1]
+        return total
+
+    @property
+    def depth(self) -> int:
+        """Samples and events waiting in the spool (``gpuhealth_spool_depth``)."""
+        return self._depth
+
+    def _append(self, kind: bytes, count: int, lines: list[str]) -> None:
+        payload = ("\n".join(lines) + "\n").encode()
+        if self._active is None or self._seg(self._active).stat().st_size >= self.segment_bytes:
+            self._active = (self._segments[-1] + 1) if self._segments else max(
+                1, self._cursor[0])
+            self._segments.append(self._active)
+            if len(self._segments) == 1:
+                self._cursor = (self._active, 0)
+                self._save_cursor()
+        with open(self._seg(self._active), "ab") as handle:
+            handle.write(_HEADER.pack(_MAGIC, len(payload), zlib.crc32(payload), count, kind))
+            handle.write(payload)
+            handle.flush()
+            if self.fsync:
+                os.fsync(handle.fileno())
+        self._depth += count
+
+    def _enforce_bound(self) -> None:
+        """Drop sample records of the oldest segments until the spool fits ``max_bytes``."""
+        index = 0
+        while self._bytes() > self.max_bytes and index < len(self._segments):
+            seq = self._segments[index]
+            if seq == self._active:
+                self._active = None  # the next append starts a new segment
+            start = self._cursor[1] if seq == self._cursor[0] else 0
+            kept: list[_Record] = []
+            dropped = 0
+            for record in _read_records(self._seg(seq), seq, start):
+                if record.kind == _SAMPLES:
+                    dropped += record.count
+                else:
+                    kept.append(record)
+            if dropped:
+                tmp = self._seg(seq).with_suffix(".tmp")
+                with open(tmp, "wb") as handle:
+                    for record in kept:
+                        handle.write(_HEADER.pack(_MAGIC, len(record.payload),
+                                                  zlib.crc32(record.payload), record.count,
+                                                  record.kind))
+                        handle.write(record.payload)
+                os.replace(tmp, self._seg(seq))
+                if seq == self._cursor[0]:
+                    self._cursor = (seq, 0)
+                    self._save_cursor()
+                self._failed = {k for k in self._failed if k[0] != seq}
+                self.dropped_samples += dropped
+                self._depth -= dropped
+                logger.warning("spool full (%d bytes): dropped %d oldest samples; events kept",
+                               self.max_bytes, dropped)
+            index += 1
+        if self._bytes() > self.max_bytes and not self._warned_events_only:
+            self._warned_events_only = True
+            logger.warning("spool holds only events and exceeds %d bytes; events are never "
+                           "dropped", self.max_bytes)
+
+    # --- the Store protocol ----------------------------------------------------------------
+
+    def write(self, samples: Sequence[Sample], events: Sequence[Event]) -> None:
+        """Deliver a batch, or accept it into the spool when the store is unavailable.
+
+        Raises:
+            OSError: The spool folder cannot be written (disk full); the batch was not
+                accepted.
+        """
+        now = self.clock()
+        good = check_samples(samples, now=now, counts=self.rejected,
+                             max_future_seconds=self.max_future_seconds, min_at=self.min_at)
+        good_events = check_events(events, now=now, counts=self.rejected,
+                                   max_future_seconds=self.max_future_seconds,
+                                   min_at=self.min_at)
+        if not good and not good_events:
+            return
+        with self._lock:
+            if not self._depth and self._may_try(now):
+                try:
+                    self.store.write(good, good_events)
+                except TemporaryError as exc:
+                    self._note_failure(now, exc)
+                    self._spool(good, good_events, failed=True)
+                else:
+                    return
+            else:
+                self._spool(good, good_events, failed=False)
+            self._enforce_bound()
+            self.flush()
+
+    def _spool(self, samples: Sequence[Sample], events: Sequence[Event], *, failed: bool
+               ) -> None:
+        if events:
+            self._append(_EVENTS, len(events), self._encoder.events(events))
+        if samples:
+            self._append(_SAMPLES, len(samples), self._encoder.samples(samples))
+        if failed and self._active is not None:
+            self._failed.add((self._active, -1))  # marks the segment's last batch tried
+
+    def _may_try(self, now: float) -> bool:
+        return self._retry_at is None or now >= self._retry_at
+
+    def _note_failure(self, now: float, exc: Exception) -> None:
+        if self._retry_at is None:
+            logger.warning("store unavailable, spooling to %s: %s", self.path, exc)
+        self._retry_at = now + self._wait
+        self._wait = min(self._wait * 2.0, self.max_retry_seconds)
+
+    def flush(self, *, budget_seconds: float | None = None) -> int:
+        """Deliver spooled batches oldest first until one fails or the budget is spent.
+
+        Args:
+            budget_seconds: Wall time to spend; default ``replay_budget_seconds``; ``0``
+                or less means no limit.
+
+        Returns:
+            Records (samples plus events) delivered by this call.
+        """
+        budget = self.replay_budget_seconds if budget_seconds is None else budget_seconds
+        deadline = time.monotonic() + budget if budget > 0 else None
+        delivered = 0
+        with self._lock:
+            if not self._may_try(self.clock()) and budget_seconds is None:
+                return 0
+            while self._segments:
+                seq = self._segments[0]
+                start = self._cursor[1] if seq == self._cursor[0] else 0
+                progressed = False
+                for record in _read_records(self._seg(seq), seq, start):
+                    if deadline is not None and time.monotonic() > deadline:
+                        return delivered
+                    if not self._deliver(record):
+                        return delivered
+                    delivered += record.count
+                    progressed = True
+                if seq == self._active and not progressed:
+                    break
+                if seq == self._active:
+                    continue  # more may have been appended meanwhile; loop re-reads
+                self._segments.pop(0)
+                self._seg(seq).unlink(missing_ok=True)
+                self._cursor = (self._segments[0], 0) if self._segments else (seq + 1, 0)
+                self._save_cursor()
+            if not self._segments or (self._depth == 0 and self._segments == [self._active]):
+                self._reset()
+        return delivered
+
+    def _reset(self) -> None:
+        for seq in self._segments:
+            self._seg(seq).unlink(missing_ok=True)
+        next_seq = (self._segments[-1] + 1) if self._segments else self._cursor[0]
+        self._segments = []
+        self._active = None
+        self._cursor = (max(1, next_seq), 0)
+        self._save_cursor()
+        self._failed.clear()
+
+    def _deliver(self, record: _Record) -> bool:
+        report = DecodeReport()
+        samples: list[Sample] = []
+        events: list[Event] = []
+        for line in record.payload.decode().splitlines():
+            for item in decode_line(line, precision="us", report=report):
+                (samples if isinstance(item, Sample) else events).append(item)  # type: ignore[arg-type]
+        key = (record.seq, record.offset)
+        try:
+            self.store.write(samples, events)
+        except TemporaryError as exc:
+            self._note_failure(self.clock(), exc)
+            self._failed.add(key)
+            return False
+        except PermanentError as exc:
+            logger.error("store refused a spooled batch of %d records; dropped: %s",  # noqa: TRY400
+                         record.count, exc)
+            self.rejected["permanent"] += record.count
+        if key in self._failed or (record.seq, -1) in self._failed:
+            self._failed.discard(key)
+            self._failed.discard((record.seq, -1))
+            self.retried_batches += 1
+        self._retry_at = None
+        self._wait = self.retry_seconds
+        self._depth -= record.count
+        self._cursor = (record.seq, record.end)
+        self._save_cursor()
+        return True
+
+    def read(
+        self,
+        metric: str,
+        entities: Sequence[EntityRef] | None,
+        since_at: float,
+        until_at: float,
+        step_seconds: float | None = None,
+    ) -> pd.DataFrame:
+        """Read from the wrapped store (spooled batches are not visible until delivered)."""
+        return self.store.read(metric, entities, since_at, until_at, step_seconds)
+
+    def entities(self) -> Sequence[EntityRef]:
+        """List the wrapped store's entities."""
+        return self.store.entities()
+
+    def close(self) -> None:
+        """Try one last delivery, then close the wrapped store; the spool stays on disk."""
+        with self._lock:
+            if self._depth:
+                self.flush()
+            close = getattr(self.store, "close", None)
+            if callable(close):
+                close()
+
+    def __repr__(self) -> str:
+        return f"SpoolingStore(store={self.store!r}, path={str(self.path)!r})"

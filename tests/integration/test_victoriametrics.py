@@ -1,0 +1,99 @@
+"""The influxdb store writes to a real VictoriaMetrics (InfluxDB v2 write API), and the
+promql store reads it back, including dcgm-exporter series through the catalog."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import pytest
+
+from core.catalog import BY_NAME
+from core.records import EntityId, EntityRef, Event, NodeName, Sample
+from storage.influxdb import InfluxDbStore
+from storage.promql import PromqlStore
+from tests.vm_server import Server
+from tests.vm_server import victoria_metrics as victoria_metrics  # fixture
+
+NOW = float(int(time.time()) - 600)
+
+
+def _wait_rows(server: Server, store: PromqlStore, metric: str, want: int, **kw):
+    deadline = time.monotonic() + 10
+    while True:
+        server.flush()
+        frame = store.read(metric, None, NOW - 3600, NOW + 3600, **kw)
+        if len(frame) >= want or time.monotonic() > deadline:
+            return frame
+        time.sleep(0.2)
+
+
+def test_write_with_influx_client_and_read_with_promql(victoria_metrics: Server) -> None:
+    store = InfluxDbStore(url=victoria_metrics.url, org="o", bucket="fleet", token="x")
+    samples = [
+        Sample(metric="gpu_temperature_celsius", value=40.0 + i, observed_at=NOW + i,
+               node=NodeName("node 01"), entity=EntityId("GPU-a,b"), labels={})
+        for i in range(20)
+    ] + [
+        Sample(metric="gpu_clock_event_active", value=1, observed_at=NOW,
+               node=NodeName("n2"), entity=EntityId("GPU-c"), labels={"reason": 'hw "slow"'}),
+        Sample(metric="gpu_temperature_celsius", value=float("nan"), observed_at=NOW,
+               node=NodeName("n2"), entity=EntityId("GPU-c")),
+        Sample(metric="gpu_temperature_celsius", value=1.0, observed_at=NOW + 86400 * 365,
+               node=NodeName("n2"), entity=EntityId("GPU-c")),
+    ]
+    event = Event(kind="xid", code="79", node=NodeName("n2"), entity=EntityId("GPU-c"),
+                  observed_at=NOW, message='fallen "off" the bus')
+    store.write(samples, [event])
+    store.close()
+    assert dict(store.rejected) == {"nan": 1, "future": 1, "converted_type": 1}
+
+    reader = PromqlStore(url=victoria_metrics.url)
+    frame = _wait_rows(victoria_metrics, reader, "gpu_temperature_celsius", 20)
+    assert frame["node"].unique().tolist() == ["node 01"]
+    assert frame["entity"].unique().tolist() == ["GPU-a,b"]
+    assert frame["observed_at"].tolist() == [NOW + i for i in range(20)]
+    assert frame["value"].tolist() == [40.0 + i for i in range(20)]
+    clocks = reader.read("gpu_clock_event_active", None, NOW - 10, NOW + 10)
+    assert clocks[["reason", "value"]].values.tolist() == [['hw "slow"', 1.0]]
+    stepped = reader.read("gpu_temperature_celsius",
+                          [EntityRef(node=NodeName("node 01"), entity=EntityId("GPU-a,b"))],
+                          NOW, NOW + 19, step_seconds=10)
+    assert len(stepped) in (2, 3)
+    assert EntityRef(node=NodeName("node 01"), entity=EntityId("GPU-a,b")) in reader.entities()
+    events = reader.read("gpuhealth_event_count", None, NOW - 10, NOW + 10)
+    assert events["value"].tolist() == [1.0]
+    reader.close()
+
+
+def test_dcgm_exporter_series_are_read_through_the_catalog(victoria_metrics: Server) -> None:
+    at_ms = int(NOW * 1000)
+    body = (f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="GPU-dcgm",Hostname="dgx1",'
+            f'modelName="NVIDIA H100"}} 312.5 {at_ms}\n'
+            f'DCGM_FI_DEV_FB_USED{{gpu="0",uuid="GPU-dcgm",hostname="dgx1"}} 2 {at_ms}\n')
+    request = urllib.request.Request(victoria_metrics.url + "/api/v1/import/prometheus",
+                                     data=body.encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 204
+    reader = PromqlStore(url=victoria_metrics.url)
+    power = _wait_rows(victoria_metrics, reader, "gpu_power_watts", 1)
+    assert power[["node", "entity", "value"]].values.tolist() == [["dgx1", "GPU-dcgm", 312.5]]
+    used = reader.read("gpu_memory_used_bytes",
+                       [EntityRef(node=NodeName("dgx1"), entity=EntityId("GPU-dcgm"))],
+                       NOW - 10, NOW + 10)
+    assert used["value"].tolist() == [2 * BY_NAME["gpu_memory_used_bytes"].dcgm_scale]
+    assert EntityRef(node=NodeName("dgx1"), entity=EntityId("GPU-dcgm")) in reader.entities()
+    reader.close()
+
+
+def test_unreachable_server_is_a_temporary_error() -> None:
+    from core.errors import TemporaryError
+
+    failures = []
+    store = InfluxDbStore(url="http://127.0.0.1:9", org="o", bucket="b", token="x",
+                          max_retries=0, on_error=lambda conf, body, exc: failures.append(conf))
+    with pytest.raises(TemporaryError):
+        store.write([Sample(metric="gpu_power_watts", value=1.0, observed_at=NOW,
+                            node=NodeName("n"), entity=EntityId("g"))], [])
+    assert failures == [("b", "o", "ms")]
+    store.close()

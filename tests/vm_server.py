@@ -1,0 +1,145 @@
+"""VictoriaMetrics and Prometheus for storage tests, started from PATH on free loopback ports.
+
+Data lives in a temporary folder; readiness is polled (``/health``, ``/-/ready``); the
+server is stopped by its PID. A missing binary skips, unless
+``GPUHEALTH_TEST_SERVERS=required`` (CI), where it fails (``docs/infra.md`` §1, §3, §8).
+Debian packages: ``victoria-metrics``, ``prometheus``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+READY_TIMEOUT_SECONDS = 30.0
+
+
+def _required() -> bool:
+    return os.environ.get("GPUHEALTH_TEST_SERVERS", "").strip().lower() == "required"
+
+
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not on PATH (apt-get install {package})"
+    if _required():
+        pytest.fail(f"GPUHEALTH_TEST_SERVERS=required but {message}")
+    pytest.skip(message)
+    raise AssertionError("unreachable")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, timeout: float = 2.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return bytes(response.read())
+
+
+@dataclass
+class Server:
+    """One running server; ``restart`` keeps its data and port (for the outage test)."""
+
+    name: str
+    argv: list[str]
+    url: str
+    ready_path: str
+    folder: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.folder / f"{self.name}.log", "ab")  # noqa: SIM115 - closed by stop
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}: {self.log()}")
+            try:
+                _get(self.url + self.ready_path, timeout=1.0)
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.05)
+            else:
+                return
+        raise RuntimeError(f"{self.name} not ready: {self.log()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def log(self) -> str:
+        path = self.folder / f"{self.name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def flush(self) -> None:
+        """Make written samples searchable now (VictoriaMetrics only)."""
+        _get(self.url + "/internal/force_flush", timeout=5.0)
+
+
+def start_victoria_metrics(folder: Path, *extra: str) -> Server:
+    binary = _binary("victoria-metrics", "victoria-metrics")
+    port = _free_port()
+    server = Server(
+        name="victoria-metrics",
+        argv=[binary, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={folder / 'vm'}",
+              "-retentionPeriod=100y", "-search.latencyOffset=0s", "-search.disableCache",
+              *extra],
+        url=f"http://127.0.0.1:{port}", ready_path="/health", folder=folder)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def victoria_metrics() -> Iterator[Server]:
+    """A VictoriaMetrics with deduplication, so a batch sent twice is stored once."""
+    with tempfile.TemporaryDirectory(prefix="gpuhealth-vm-") as tmp:
+        server = start_victoria_metrics(Path(tmp), "-dedup.minScrapeInterval=1ms")
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus() -> Iterator[Server]:
+    """A Prometheus with the remote-write receiver and no scrape targets."""
+    binary = _binary("prometheus", "prometheus")
+    with tempfile.TemporaryDirectory(prefix="gpuhealth-prom-") as tmp:
+        folder = Path(tmp)
+        config = folder / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1s\n")
+        port = _free_port()
+        server = Server(
+            name="prometheus",
+            argv=[binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+                  f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
+                  "--storage.tsdb.retention.time=100y"],
+            url=f"http://127.0.0.1:{port}", ready_path="/-/ready", folder=folder)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
