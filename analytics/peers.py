@@ -4,8 +4,9 @@ A cross-section (one value per GPU at one time) is compared with robust statisti
 z-score ``(x - median) / (1.4826 MAD)`` (Rousseeuw & Croux, JASA 1993; Iglewicz & Hoaglin's
 modified z-score). Two comparisons, both vectorised over the whole fleet with pandas group-bys:
 
-* **within the node**: against the median and MAD of the node's GPUs, so a node whose cooling
-  or inlet air heats every GPU together flags no single GPU;
+* **within the node**: against the median of the node's GPUs, scaled by their MAD (never less
+  than the median within-node MAD of the model fleet, as eight GPUs give a noisy MAD), so a
+  node whose cooling or inlet air heats every GPU together flags no single GPU;
 * **the node against the fleet**: the node's median against the medians of the nodes of the
   same GPU model, so the whole-node shift is reported once, for ``entity="node"``.
 
@@ -147,7 +148,18 @@ class PeerComparison:
         count = by_node.transform("size").to_numpy()
         median = by_node.transform("median").to_numpy()
         frame["dev"] = np.abs(v - median)
-        mad = frame.groupby(["group", "node"])["dev"].transform("median").to_numpy()
+        frame["mad"] = frame.groupby(["group", "node"])["dev"].transform("median")
+        # Eight GPUs give a noisy MAD: never use less than the model's typical within-node MAD.
+        node_mads = frame.groupby(["group", "node"], as_index=False)["mad"].first()
+        node_mads["pooled"] = node_mads.groupby("group")["mad"].transform("median")
+        pooled = (
+            frame[["group", "node"]]
+            .merge(node_mads[["group", "node", "pooled"]], on=["group", "node"], how="left")[
+                "pooled"
+            ]
+            .to_numpy()
+        )
+        mad = np.maximum(frame["mad"].to_numpy(), pooled)
         scale = np.maximum(_MAD_SCALE * mad, self.min_scale)
         scale = np.where(scale > 0, scale, np.inf)
         z_node = np.where(count - 1 >= self.min_peers, (v - median) / scale, 0.0)

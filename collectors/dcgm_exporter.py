@@ -308,26 +308,19 @@ def _windowed_count(
     xid = labels.get("xid", "")
     if value <= 0 or not xid.isdigit():
         return None
-    entity = gpu_entity(
-        bus_id=labels.get("pci_bus_id") or None,
-        uuid=labels.get("UUID") or labels.get("uuid"),
-        index=labels.get("gpu"),
-    )
+    entity = _series_gpu(labels)
     if entity is None:
         return None
-    host = labels.get("Hostname") or labels.get("hostname")
     window = labels.get("window_size_in_ms", "")
     return Event(
         kind="xid",
         code=str(int(xid)),
-        node=NodeName(host) if host else node,
+        node=_series_node(labels, node),
         entity=entity,
         observed_at=observed_at,
         message=f"dcgm-exporter counted {value:g} Xid {int(xid)} in its window",
         attrs={"count": f"{value:g}", "window_ms": window, "xid": str(int(xid))},
-        evidence=(
-            Evidence(file=file, line=line.number if with_line_numbers else None, text=line.text),
-        ),
+        evidence=(_evidence(file, line, with_line_numbers),),
         source="dcgm_exporter",
     )
 
@@ -384,25 +377,37 @@ def _record(
     metric, scale, fixed = mapping
     if metric not in BY_NAME:
         return None
-    entity = gpu_entity(
-        bus_id=labels.get("pci_bus_id") or None,
-        uuid=labels.get("UUID") or labels.get("uuid"),
-        index=labels.get("gpu"),
-    )
+    entity = _series_gpu(labels)
     if entity is None:
         return None
-    host = labels.get("Hostname") or labels.get("hostname")
     return Sample(
         metric=metric,
         value=value * scale,
         observed_at=observed_at,
-        node=NodeName(host) if host else node,
+        node=_series_node(labels, node),
         entity=EntityId(entity),
         labels=dict(fixed),
-        evidence=Evidence(
-            file=file, line=line.number if with_line_numbers else None, text=line.text
-        ),
+        evidence=_evidence(file, line, with_line_numbers),
     )
+
+
+def _series_gpu(labels: dict[str, str]) -> EntityId | None:
+    """Return the GPU a series is about: its ``pci_bus_id``, ``UUID`` or ``gpu`` index label."""
+    return gpu_entity(
+        bus_id=labels.get("pci_bus_id") or None,
+        uuid=labels.get("UUID") or labels.get("uuid"),
+        index=labels.get("gpu"),
+    )
+
+
+def _series_node(labels: dict[str, str], node: NodeName) -> NodeName:
+    """Return the node a series names in its ``Hostname`` label, else ``node``."""
+    host = labels.get("Hostname") or labels.get("hostname")
+    return NodeName(host) if host else node
+
+
+def _evidence(file: str, line: Line, with_line_numbers: bool) -> Evidence:
+    return Evidence(file=file, line=line.number if with_line_numbers else None, text=line.text)
 
 
 class DcgmExporterParser:

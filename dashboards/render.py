@@ -258,9 +258,14 @@ def _flux_lines(query: Query, scope: Scope) -> list[str]:
         kept = list(query.by)
     else:
         kept = ["cluster", "node", "entity", *spec.labels]
-    columns = ", ".join(_flux_string(c) for c in ["_time", "_value", *kept])
-    lines.append(f"  |> keep(columns: [{columns}])")
+    lines.append(_flux_keep(["_time", "_value", *kept]))
     return lines
+
+
+def _flux_keep(columns: Iterable[str]) -> str:
+    # keep(fn:) rather than keep(columns:): a tag the points may lack (cluster) is no error.
+    names = ", ".join(_flux_string(c) for c in columns)
+    return f"  |> keep(fn: (column) => contains(value: column, set: [{names}]))"
 
 
 def _flux_name(legend: str) -> list[str]:
@@ -534,7 +539,7 @@ def _xid_annotations(scope: Scope, flavour: Flavour) -> list[dict[str, Any]]:
         f"  |> filter(fn: (r) => r._measurement == {_flux_string(EVENT_MEASUREMENT)} "
         'and r._field == "count" and r.kind == "xid")',
         f"  |> filter(fn: (r) => {' and '.join(conds)})",
-        '  |> keep(columns: ["_time", "_value", "node", "entity", "code"])',
+        _flux_keep(["_time", "_value", "node", "entity", "code"]),
     ])
     return [{
         "datasource": dict(datasource),

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from analytics.fault_model import check_facts
 from core import logs
 from core.errors import ConfigError
 from core.plugins import GROUPS, available
@@ -35,6 +36,9 @@ def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
         if not sep or not key.strip():
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--context")
         facts[key.strip()] = value.strip()
+    problems = check_facts(facts)
+    if problems:
+        raise click.BadParameter("; ".join(problems), param_hint="--context")
     return facts
 
 
@@ -63,6 +67,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
+@click.version_option(package_name="gpuhealth", prog_name="gpuhealth")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors on standard error.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
@@ -79,7 +84,7 @@ def main(verbose: int, quiet: bool, log_format: str) -> None:
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False, allow_dash=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON contract of fault-model.md.")
 @click.option("--context", "context", multiple=True, metavar="KEY=VALUE",
               help="Machine facts not in the files, e.g. nvlink=absent (repeatable).")
@@ -143,22 +148,145 @@ def run(ctx: click.Context, config_path: str | None) -> None:
               show_default=True, help="Disruption budget: fraction of the replayed nodes.")
 @click.option("--cluster-size", type=click.IntRange(min=1), default=None,
               help="Nodes in the cluster for the budget (default: the nodes replayed).")
+@click.option("--node-facts", type=click.Path(exists=True, dir_okay=False), default=None,
+              help='JSON of facts per node ({file or node: {"context": {k: v}}}).')
 def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
            audit_log: str | None, max_disrupted_fraction: float,
-           cluster_size: int | None) -> None:
+           cluster_size: int | None, node_facts: str | None) -> None:
     """Feed recorded files through the run pipeline; print findings, alerts and dry-run actions.
 
     Each file is its own node (named after the file) unless --context node=NAME is given.
     """
-    from gpuhealth.replay import render_text, to_json
+    from gpuhealth.replay import load_node_facts, render_text, to_json
     from gpuhealth.replay import replay as run_replay
 
-    report = run_replay(list(paths), facts=_parse_context(context), audit_log_path=audit_log,
-                        max_disrupted_fraction=max_disrupted_fraction, cluster_size=cluster_size)
+    report = run_replay(
+        list(paths),
+        facts=_parse_context(context),
+        audit_log_path=audit_log,
+        max_disrupted_fraction=max_disrupted_fraction,
+        cluster_size=cluster_size,
+        node_facts=load_node_facts(node_facts) if node_facts else None,
+    )
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2))
     else:
         click.echo(render_text(report))
+
+
+def _silence_store(config_path: str | None) -> Any:
+    from alerting.silences import SilenceStore
+    from gpuhealth.config import alerting_path, load_settings
+
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    return SilenceStore(path=alerting_path(settings, "silences"))
+
+
+_config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), default=None,
+    envvar="GPUHEALTH_CONFIG", help="TOML settings file (names the silences file).")
+
+
+@main.group()
+def silences() -> None:
+    """Create, list and expire silences (shared with `run` and its HTTP API)."""
+
+
+@silences.command("add")
+@click.argument("matchers", nargs=-1, required=True)
+@click.option("--duration", default="2h", show_default=True,
+              help="How long, e.g. 30m, 2h, 1d.")
+@click.option("--author", default=None, help="Who (default: $USER).")
+@click.option("--comment", required=True, help="Why.")
+@_config_option
+def silences_add(matchers: tuple[str, ...], duration: str, author: str | None, comment: str,
+                 config_path: str | None) -> None:
+    """Silence alerts matching every MATCHER (name=value, name!=value, name=~re, name!~re).
+
+    Prints the new silence's id.
+    """
+    import getpass
+
+    from alerting.silences import parse_matchers
+    from gpuhealth.config import parse_duration
+
+    try:
+        parsed = parse_matchers(matchers)
+        seconds = float(parse_duration(duration))  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    store = _silence_store(config_path)
+    try:
+        made = store.add(parsed, duration_seconds=seconds, created_by=author or getpass.getuser(),
+                         comment=comment)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    click.echo(made.id)
+
+
+@silences.command("list")
+@click.option("--state", type=click.Choice(["active", "pending", "expired"]), default=None,
+              help="Only silences in this state.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_config_option
+def silences_list(state: str | None, as_json: bool, config_path: str | None) -> None:
+    """List silences, newest first."""
+    from alerting.silences import SilenceState, format_silences
+
+    store = _silence_store(config_path)
+    found = store.list_silences(state=SilenceState(state) if state else None)
+    now = store.clock()
+    if as_json:
+        click.echo(json.dumps([s.to_json(now) for s in found], indent=2))
+    else:
+        click.echo(format_silences(found, now), nl=False)
+
+
+@silences.command("expire")
+@click.argument("ids", nargs=-1, required=True)
+@_config_option
+def silences_expire(ids: tuple[str, ...], config_path: str | None) -> None:
+    """Expire the silences with these IDS now; exit 1 if one is unknown."""
+    store = _silence_store(config_path)
+    missing = 0
+    for silence_id in ids:
+        try:
+            store.expire(silence_id)
+        except KeyError:
+            click.echo(f"error: no silence {silence_id}", err=True)
+            missing += 1
+    sys.exit(1 if missing else 0)
+
+
+@main.group()
+def rules() -> None:
+    """Export gpuhealth's alerts as Prometheus rules."""
+
+
+@rules.command("export")
+@click.argument("output", required=False, type=click.Path(dir_okay=False, allow_dash=True),
+                default="-")
+@click.option("--runbook-base-url", default="docs/runbooks", show_default=True,
+              help="Prefix of the runbook_url annotation.")
+@click.option("--cluster", default=None, help="Add cluster=NAME to every rule.")
+def rules_export(output: str, runbook_base_url: str, cluster: str | None) -> None:
+    """Write the Prometheus rule file to OUTPUT (default: standard output).
+
+    Check it with `promtool check rules OUTPUT`.
+    """
+    from alerting.promrules import render_rules
+
+    text = render_rules(runbook_base_url=runbook_base_url,
+                        extra_labels={"cluster": cluster} if cluster else None)
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
 
 
 @main.group()
@@ -197,3 +325,67 @@ def plugins_list() -> None:
         click.echo(f"{group}:")
         for name, target in available(group).items():
             click.echo(f"  {name:16} {target}")
+
+
+EXIT_TEMPFAIL = 75
+"""Exit status when a remote service is unavailable (BSD sysexits EX_TEMPFAIL)."""
+
+
+@main.group()
+def dashboards() -> None:
+    """Render the Grafana dashboards or provision them."""
+
+
+@dashboards.command("render")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Output folder: dashboards/<flavour>/*.json and provisioning/dashboards/.")
+@click.option("--flavour", "flavours", multiple=True,
+              type=click.Choice(["prometheus", "influxdb"]),
+              help="Datasource flavour (repeatable); both by default.")
+def dashboards_render(out_dir: str, flavours: tuple[str, ...]) -> None:
+    """Write the dashboards and a Grafana file-provisioning YAML under OUT."""
+    from pathlib import Path
+
+    from dashboards.render import Flavour, write_dashboards
+
+    chosen = tuple(Flavour(f) for f in flavours) or tuple(Flavour)
+    for path in write_dashboards(Path(out_dir), chosen):
+        click.echo(str(path))
+
+
+@dashboards.command("provision")
+@click.option("--url", required=True, help="Grafana root URL, e.g. http://127.0.0.1:3000.")
+@click.option("--token-env", default="GPUHEALTH_GRAFANA_TOKEN", show_default=True,
+              metavar="VAR", help="Environment variable holding a service-account token.")
+@click.option("--folder", default="GPU Health", show_default=True,
+              help="Grafana folder (created when missing).")
+@click.option("--flavour", "flavours", multiple=True,
+              type=click.Choice(["prometheus", "influxdb"]),
+              help="Datasource flavour (repeatable); prometheus by default.")
+def dashboards_provision(url: str, token_env: str, folder: str,
+                         flavours: tuple[str, ...]) -> None:
+    """Save the dashboards in Grafana through its HTTP API (grafana-client)."""
+    import os
+
+    from core.errors import PermanentError, TemporaryError
+    from dashboards.render import Flavour
+
+    try:
+        from dashboards.grafana import provision
+    except ImportError as exc:
+        raise click.ClickException(
+            "grafana-client is not installed: URLLIB3_NO_OVERRIDE=1 pip install "
+            "'gpuhealth[grafana]' --no-binary urllib3-future") from exc
+    token = os.environ.get(token_env) or None
+    if token is None:
+        logger.warning("environment variable %s is empty; sending no credentials", token_env)
+    chosen = tuple(Flavour(f) for f in flavours) or (Flavour.PROMETHEUS,)
+    try:
+        results = provision(url, token=token, folder=folder, flavours=chosen)
+    except TemporaryError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_TEMPFAIL)
+    except PermanentError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for result in results:
+        click.echo(f"{result.uid}\t{result.status}\tversion {result.version}")

@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from alerting.alerts import AlertPolicy
+from analytics.fault_model import check_facts
 from core.errors import ConfigError, PluginError
 from core.records import Severity
 
@@ -571,6 +572,7 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = 
     except ValidationError as exc:
         raise ConfigError("\n".join(_messages(source, exc, origin))) from None
     problems = _secret_problems(settings, env)
+    problems += [f"{source}: [inventory] {p}" for p in check_facts(settings.inventory)]
     if problems:
         raise ConfigError("\n".join(problems))
     return settings
@@ -712,6 +714,17 @@ def check(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.envir
             inspect.signature(factory).bind(**options)
         except TypeError as exc:
             problems.append(f"{settings.source}: [collectors.{name}]: {exc}")
-        except ValueError:
             continue
+        except ValueError:
+            pass
+        # Constructors only validate and store their arguments (style.md C.3.8), so
+        # building the plugin checks the values too without starting anything.
+        try:
+            built = factory(**options)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"{settings.source}: [collectors.{name}]: {exc}")
+            continue
+        close = getattr(built, "close", None)
+        if callable(close):
+            close()
     return problems

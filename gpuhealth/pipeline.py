@@ -159,7 +159,8 @@ class Pipeline:
     ) -> None:
         if not dry_run:
             raise ValueError(
-                "live remediation is not available yet (no step executor); use dry_run=True"
+                "live remediation is not available yet (no step executor): "
+                "set [remediation] dry_run = true"
             )
         if notify_timeout_seconds <= 0:
             raise ValueError(f"notify_timeout_seconds must be > 0, got {notify_timeout_seconds!r}")
@@ -224,6 +225,11 @@ class Pipeline:
             clock=clock,
         )
         self._audit = AuditLog(path=audit_log_path) if audit_log_path else None
+        if self._audit is not None:
+            try:
+                self._audit.create()  # the path announced at start exists from the start
+            except OSError as exc:
+                logger.error("cannot create the audit log %s: %s", audit_log_path, exc)  # noqa: TRY400
         if audit_log_path:
             # Incidents still open in the log keep their budget slot until they resolve here.
             self._policy.restore(read_audit_log(audit_log_path))

@@ -34,11 +34,13 @@ from core.errors import (
     CollectorUnavailable,
     ConfigError,
     GpuHealthError,
+    PermanentError,
     PluginError,
     TemporaryError,
 )
 from core.protocols import Collector, Notifier, Store, StreamingCollector
 from core.records import Event, Record, Sample
+from gpuhealth.api import ApiServer, start_api
 from gpuhealth.config import (
     Settings,
     alert_policies,
@@ -145,6 +147,7 @@ class Service:
         self.store: Store | None = None
         self.pipeline: Pipeline | None = None
         self.server: MetricsServer | None = None
+        self.api: ApiServer | None = None
         self.collectors: dict[str, Collector] = {}
         self._errors: dict[str, _Counters] = {}
         self._threads: list[threading.Thread] = []
@@ -165,11 +168,22 @@ class Service:
             OSError: The data folder cannot be created or ``/metrics`` cannot be bound.
         """
         s = self.settings
-        s.node.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = plugins.build(
-            "gpuhealth.stores", s.storage.type,
-            {"path": str(s.storage_path), "retention_seconds": s.storage.retention_seconds},
-            expect=Store)
+        data_dir = s.node.data_dir
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise StartupError(f"[node] data_dir {data_dir}: not a directory") from exc
+        except OSError as exc:
+            raise StartupError(f"[node] data_dir {data_dir}: {exc.strerror}") from exc
+        try:
+            self.store = plugins.build(
+                "gpuhealth.stores", s.storage.type,
+                {"path": str(s.storage_path), "retention_seconds": s.storage.retention_seconds},
+                expect=Store)
+        except Exception as exc:  # a corrupt or unreadable database file, a bad plugin
+            raise StartupError(
+                f"[storage] cannot open the {s.storage.type} store at {s.storage_path}: {exc}"
+            ) from exc
         if self._given is None:
             self._build_collectors()
         else:
@@ -179,7 +193,15 @@ class Service:
             self.server = MetricsServer(exporter=self.exporter,
                                         listen_address=s.metrics.listen_address,
                                         port=s.metrics.port)
-            self.server.start()
+            try:
+                self.server.start()
+            except OSError as exc:
+                self.server = None
+                raise StartupError(
+                    f"[metrics] cannot listen on {s.metrics.listen_address}:{s.metrics.port}: "
+                    f"{exc.strerror} (set [metrics] port or listen_address)"
+                ) from exc
+        self.api = start_api(s, self.pipeline)
         self.exporter.inc("gpuhealth_samples_written_total", amount=0.0)
         self.exporter.inc("gpuhealth_events_written_total", amount=0.0)
         self.exporter.render()
@@ -215,8 +237,7 @@ class Service:
                 self.collectors[name] = plugins.build(
                     "gpuhealth.collectors", table.type, options, expect=Collector)
             except PluginError as exc:
-                self._count(name, "build_failed")
-                logger.error("collector %r disabled: %s", name, exc)  # noqa: TRY400 (expected: no traceback)
+                raise ConfigError(f"{self.settings.source}: [collectors.{name}] {exc}") from exc
 
     def _build_pipeline(self) -> Pipeline:
         s = self.settings
@@ -430,6 +451,8 @@ class Service:
             self._log_once("evaluate", "pipeline.evaluate failed: %s", exc)
             logger.debug("pipeline.evaluate failed", exc_info=exc)
             return
+        for name, depth in self.pipeline.outbox_depths(every_notifier=True).items():
+            self.exporter.set("gpuhealth_outbox_depth", depth, {"notifier": name})
         for finding in output.findings:
             if finding.key not in self._seen_findings:
                 self._seen_findings.add(finding.key)
@@ -460,6 +483,10 @@ class Service:
                 logger.warning("thread %s did not stop within %.0f s", thread.name,
                                JOIN_TIMEOUT_SECONDS)
         self._drain()
+        if self.api is not None:
+            self.api.stop()
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.server is not None:
             self.server.stop()
         if self.store is not None:
@@ -508,6 +535,14 @@ def _signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+EXIT_CONFIG = 78
+"""Exit status for an invalid configuration (BSD sysexits EX_CONFIG)."""
+
+
+class StartupError(PermanentError):
+    """The service cannot start; the message names the setting and the path or address."""
+
+
 def run(settings: Settings, *, stop: threading.Event | None = None) -> int:
     """Run the service until ``stop`` is set or SIGTERM/SIGINT arrives.
 
@@ -516,13 +551,18 @@ def run(settings: Settings, *, stop: threading.Event | None = None) -> int:
         stop: An event that stops the service when set (tests); SIGTERM and SIGINT set it.
 
     Returns:
-        0 after a clean stop; 1 when start-up failed (store or ``/metrics`` unavailable).
+        0 after a clean stop; 78 (EX_CONFIG) when a collector's settings are invalid;
+        1 when start-up failed otherwise (data folder, store or ``/metrics`` unavailable).
     """
     stop = stop or threading.Event()
     service = Service(settings, stop=stop)
     with _signals(stop):
         try:
             service.start()
+        except ConfigError as exc:
+            logger.error("gpuhealth cannot start: %s", exc)  # noqa: TRY400 (expected: no traceback)
+            service.shutdown()
+            return EXIT_CONFIG
         except (GpuHealthError, OSError) as exc:
             logger.error("gpuhealth cannot start: %s", exc)  # noqa: TRY400 (expected: no traceback)
             service.shutdown()

@@ -75,6 +75,18 @@ class AuditLog:
             raise ValueError("audit log path must not be empty")
         self.path = path
 
+    def create(self) -> None:
+        """Create the log (and its folder) if it does not exist yet; never truncate it.
+
+        Raises:
+            OSError: The folder or file cannot be created.
+        """
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8"):
+            pass
+
     def append(self, record: AuditRecord) -> None:
         """Append one record and ``fsync`` it.
 

@@ -1,28 +1,33 @@
 """The embedded time-series store: one SQLite file in WAL mode, chunked and columnar.
 
+Recent samples are rows; older ones are compressed columnar chunks per series and window.
+
 Schema (times are integer epoch milliseconds)::
 
     series(id, metric, node, entity, labels)        labels: sorted JSON; one row per series
-    head(id, window, min_ts, max_ts, n, sids, ts, vals)
-        one row per write() call and time window: three little-endian numpy columns
-        (int64 series ids, int64 ms, float64 values); recent data lives here
+    samples(series_id, ts, value)                   the head: recent samples, one row each,
+        appended without an index (the write path is one ``executemany``)
     chunks(step, series_id, start_ts, n, ts, vals)  primary key (step, series_id, start_ts)
-        step 0: one compressed column pair per series and ``chunk_seconds`` window (raw);
-        step > 0: a downsampling tier; ``vals`` holds sum, count, min and max per bucket
-    samples(series_id, ts, value)                   the row-per-sample table of the first
-        version; rows found there when a file is opened are moved into ``head``
+        step 0: one series over one ``chunk_seconds`` window, timestamps delta-encoded,
+        both columns zlib-compressed numpy arrays; step > 0: a downsampling tier whose
+        ``vals`` holds sum, count, min and max per bucket
     events(id, ts, kind, code, node, entity, message, attrs, evidence, source)
 
-Why this layout: a row per sample costs SQLite a B-tree entry and Python a tuple, which
-caps ingest near 150k samples/s and a GPU-week read (30 metrics x 60k points) at several
-seconds. Writing each batch as three columns costs one row per batch, and a closed window
-of one series decodes with two ``zlib.decompress`` and ``numpy.frombuffer`` calls.
+Why: a row per sample with a (series, time) B-tree caps ingest near 100k samples/s, and a
+GPU-week read (30 metrics x 60k points) through Python tuples takes seconds. Appending to an
+unindexed head runs at over a million rows a second, and a closed window of one series
+decodes with two ``zlib.decompress`` and ``numpy.frombuffer`` calls.
 
-Compaction: once a window has closed (its end is before the store's clock), its head rows
-are regrouped by series into one raw chunk each (timestamps delta-encoded) plus one chunk
-per downsampling tier, and deleted. A sample that arrives late for a window already
-compacted is merged into that window's chunk; the last write of a (series, timestamp)
-wins, as ``INSERT OR REPLACE`` did.
+Compaction: once a window has been closed for ``compact_delay_seconds`` (2 h: late data from
+a spool replay after an outage, or from clock skew, then lands in the head instead of
+forcing chunk rewrites), its head rows are read in one pass, regrouped by series into one
+raw chunk per window plus one chunk per downsampling tier, and deleted. It runs during
+writes at most every ``compact_interval_seconds`` (store clock); when the head holds more
+than ``max_head_rows`` samples every closed window is compacted at once. A
+sample that arrives late for a window already compacted is merged into that window's
+chunk. The last write of a (series, timestamp) wins, as ``INSERT OR REPLACE`` did in the
+first version (whose ``WITHOUT ROWID`` samples table is converted when such a file is
+opened).
 
 Retention: raw chunks older than ``retention_seconds`` and tier chunks older than their
 tier's retention are deleted (checked at most hourly during writes); raw reads never return
@@ -46,7 +51,7 @@ import sqlite3
 import threading
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,22 +79,10 @@ CREATE TABLE IF NOT EXISTS series (
     UNIQUE (metric, node, entity, labels)
 );
 CREATE TABLE IF NOT EXISTS samples (
-    series_id INTEGER NOT NULL REFERENCES series(id),
+    series_id INTEGER NOT NULL,
     ts INTEGER NOT NULL,
-    value REAL NOT NULL,
-    PRIMARY KEY (series_id, ts)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS head (
-    id INTEGER PRIMARY KEY,
-    window INTEGER NOT NULL,
-    min_ts INTEGER NOT NULL,
-    max_ts INTEGER NOT NULL,
-    n INTEGER NOT NULL,
-    sids BLOB NOT NULL,
-    ts BLOB NOT NULL,
-    vals BLOB NOT NULL
+    value REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS head_window ON head (window);
 CREATE TABLE IF NOT EXISTS chunks (
     step INTEGER NOT NULL,
     series_id INTEGER NOT NULL,
@@ -220,8 +213,10 @@ class SqliteStore:
         chunk_seconds: Width of one chunk window; 1 h holds 360 points at 10 s resolution
             and 3,600 at 1 Hz.
         compact_interval_seconds: Closed windows are compacted at most this often (store
-            clock), or sooner when ``head`` holds more than ``max_head_rows`` rows.
-        max_head_rows: Head rows (write batches) that force a compaction of closed windows.
+            clock), or sooner when the head holds more than ``max_head_rows`` samples.
+        compact_delay_seconds: How long after its end a window is compacted.
+        max_head_rows: Head samples that force a compaction of closed windows (bounds the
+            full scans of reads that reach into the head).
         max_future_seconds: Samples stamped further ahead of the clock are rejected.
         min_at: Samples stamped before this epoch second are rejected. The embedded store
             accepts any non-negative time by default (replays of synthetic data use small
@@ -246,7 +241,8 @@ class SqliteStore:
         events_retention_seconds: float | None = None,
         chunk_seconds: float = 3600.0,
         compact_interval_seconds: float = 60.0,
-        max_head_rows: int = 2000,
+        compact_delay_seconds: float = 7200.0,
+        max_head_rows: int = 5_000_000,
         max_future_seconds: float = MAX_FUTURE_SECONDS,
         min_at: float = 0.0,
         busy_timeout_seconds: float = 5.0,
@@ -266,7 +262,9 @@ class SqliteStore:
         self.events_retention_seconds = events_retention_seconds
         self.chunk_seconds = chunk_seconds
         self.compact_interval_seconds = compact_interval_seconds
+        self.compact_delay_seconds = compact_delay_seconds
         self.max_head_rows = max_head_rows
+        self._force_at = max_head_rows
         self.max_future_seconds = max_future_seconds
         self.min_at = min_at
         self.busy_timeout_seconds = busy_timeout_seconds
@@ -295,28 +293,32 @@ class SqliteStore:
         self._sid_cache: dict[tuple[Any, ...], int] = {}
         self._pruned_at: float | None = None
         self._compacted_at: float | None = None
-        self._head_rows = int(self._conn.execute("SELECT COUNT(*) FROM head").fetchone()[0])
         self._closed = False
         self._migrate_rows()
+        self._head_rows = int(
+            self._conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
 
     # --- writing -----------------------------------------------------------------------
 
     def _migrate_rows(self) -> None:
-        """Move rows of the first version's ``samples`` table into ``head`` (once)."""
+        """Convert the first version's ``WITHOUT ROWID`` samples table into the head (once)."""
         with self._lock, _mapped_errors(self._name):
-            if self._conn.execute("SELECT 1 FROM samples LIMIT 1").fetchone() is None:
+            sql = self._conn.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'samples'"
+            ).fetchone()[0]
+            if "WITHOUT ROWID" not in sql.upper():
                 return
-            rows = self._conn.execute("SELECT series_id, ts, value FROM samples").fetchall()
-            sid = np.array([r[0] for r in rows], dtype=np.int64)
-            ts = np.array([r[1] for r in rows], dtype=np.int64)
-            val = np.array([r[2] for r in rows], dtype=np.float64)
+
             def body() -> None:
-                self._insert_head(sid, ts, val)
-                self._conn.execute("DELETE FROM samples")
+                self._conn.execute("ALTER TABLE samples RENAME TO samples_v1")
+                self._conn.execute("CREATE TABLE samples (series_id INTEGER NOT NULL,"
+                                   " ts INTEGER NOT NULL, value REAL NOT NULL)")
+                self._conn.execute("INSERT INTO samples SELECT series_id, ts, value"
+                                   " FROM samples_v1 ORDER BY series_id, ts")
+                self._conn.execute("DROP TABLE samples_v1")
 
             self._transaction(body)
-            logger.info("%s: moved %d rows of the old samples table into chunks",
-                        self._name, len(rows))
+            logger.info("%s: converted the samples table to the chunked layout", self._name)
 
     def _transaction(self, body: Any) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
@@ -341,24 +343,6 @@ class SqliteStore:
                 " labels = ?", key).fetchone()
             sid = new[key] = int(row[0])
         return sid
-
-    def _insert_head(self, sid: I64, ts: I64, val: F64) -> None:
-        if not len(ts):
-            return
-        window = ts // self._chunk_ms * self._chunk_ms
-        first, last = int(window.min()), int(window.max())
-        parts: Iterable[tuple[int, I64, I64, F64]]
-        if first == last:
-            parts = [(first, sid, ts, val)]
-        else:
-            parts = [(int(w), sid[window == w], ts[window == w], val[window == w])
-                     for w in np.unique(window)]
-        rows = [(w, int(t.min()), int(t.max()), len(t), s.astype("<i8").tobytes(),
-                 t.astype("<i8").tobytes(), v.astype("<f8").tobytes()) for w, s, t, v in parts]
-        self._conn.executemany(
-            "INSERT INTO head (window, min_ts, max_ts, n, sids, ts, vals)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-        self._head_rows += len(rows)
 
     def write(self, samples: Sequence[Sample], events: Sequence[Event]) -> None:
         """Write a batch in one transaction; bad samples are counted in :attr:`rejected`.
@@ -392,10 +376,11 @@ class SqliteStore:
                         if sid is None:
                             sid = new_cache[key] = self._sid(s, new_series)
                     append(sid)
-                ts = np.rint(np.fromiter((s.observed_at for s in good), dtype=np.float64,
-                                         count=len(good)) * 1000.0).astype(np.int64)
-                val = np.fromiter((s.value for s in good), dtype=np.float64, count=len(good))
-                self._insert_head(np.array(sids, dtype=np.int64), ts, val)
+                stamps = np.rint(np.fromiter((s.observed_at for s in good), dtype=np.float64,
+                                             count=len(good)) * 1000.0).astype(np.int64)
+                self._conn.executemany("INSERT INTO samples VALUES (?, ?, ?)",
+                                       zip(sids, stamps.tolist(), [s.value for s in good],
+                                           strict=True))
                 if good_events:
                     self._conn.executemany(
                         "INSERT INTO events (ts, kind, code, node, entity, message, attrs,"
@@ -405,12 +390,8 @@ class SqliteStore:
                           json.dumps([[v.file, v.line, v.text] for v in e.evidence]), e.source)
                          for e in good_events])
 
-            try:
-                self._transaction(body)
-            except BaseException:
-                self._head_rows = int(
-                    self._conn.execute("SELECT COUNT(*) FROM head").fetchone()[0])
-                raise
+            self._transaction(body)
+            self._head_rows += len(good)
             self._series.update(new_series)
             cache.update(new_cache)
             self._maintain(now)
@@ -418,36 +399,49 @@ class SqliteStore:
     # --- compaction and retention -----------------------------------------------------
 
     def _maintain(self, now: float) -> None:
-        due = (self._compacted_at is None
-               or now - self._compacted_at >= self.compact_interval_seconds
-               or self._head_rows > self.max_head_rows)
-        if due:
+        if self._head_rows > self._force_at:
             self._compacted_at = now
             self._compact(_ms(now))
+            self._force_at = self._head_rows + self.max_head_rows // 2
+        elif (self._compacted_at is None
+              or now - self._compacted_at >= self.compact_interval_seconds):
+            self._compacted_at = now
+            self._compact(_ms(now - self.compact_delay_seconds))
+            self._force_at = max(self._head_rows, self.max_head_rows)
         if self._pruned_at is None or now - self._pruned_at >= _PRUNE_EVERY_SECONDS:
             self._pruned_at = now
             self._prune(now)
 
     def compact(self) -> None:
-        """Compact every closed window now (normally done during writes)."""
+        """Compact every closed window now, whatever its age (normally done during writes)."""
         with self._lock, _mapped_errors(self._name):
             self._compact(_ms(self.clock()))
 
     def _compact(self, now_ms: int) -> None:
-        windows = [int(w) for (w,) in self._conn.execute(
-            "SELECT DISTINCT window FROM head WHERE window + ? <= ? ORDER BY window",
-            (self._chunk_ms, now_ms))]
-        for window in windows:
-            self._transaction(lambda w=window: self._compact_window(w))
-        self._head_rows = int(self._conn.execute("SELECT COUNT(*) FROM head").fetchone()[0])
+        """Compact the windows that ended by ``now_ms``."""
+        cutoff = now_ms // self._chunk_ms * self._chunk_ms
+        if self._conn.execute("SELECT 1 FROM samples WHERE ts < ? LIMIT 1",
+                              (cutoff,)).fetchone() is None:
+            return
 
-    def _compact_window(self, window: int) -> None:
-        rows = self._conn.execute(
-            "SELECT sids, ts, vals FROM head WHERE window = ? ORDER BY id", (window,)).fetchall()
-        sid = np.concatenate([np.frombuffer(r[0], dtype="<i8") for r in rows]).astype(np.int64)
-        ts = np.concatenate([np.frombuffer(r[1], dtype="<i8") for r in rows]).astype(np.int64)
-        val = np.concatenate([np.frombuffer(r[2], dtype="<f8") for r in rows]).astype(
-            np.float64)
+        def body() -> None:
+            rows = self._conn.execute(
+                "SELECT series_id, ts, value FROM samples WHERE ts < ? ORDER BY rowid",
+                (cutoff,)).fetchall()
+            sid_t, ts_t, val_t = zip(*rows, strict=True)
+            sid = np.array(sid_t, dtype=np.int64)
+            ts = np.array(ts_t, dtype=np.int64)
+            val = np.array(val_t, dtype=np.float64)
+            window = ts // self._chunk_ms * self._chunk_ms
+            for w in np.unique(window).tolist():
+                mask = window == w
+                self._compact_window(int(w), sid[mask], ts[mask], val[mask])
+            self._conn.execute("DELETE FROM samples WHERE ts < ?", (cutoff,))
+
+        self._transaction(body)
+        self._head_rows = int(self._conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
+
+    def _compact_window(self, window: int, sid: I64, ts: I64, val: F64) -> None:
         sid, ts, val = _last_wins(sid, ts, val)
         existing = {int(s): (t, v) for s, t, v in self._conn.execute(
             "SELECT series_id, ts, vals FROM chunks WHERE step = 0 AND start_ts = ?", (window,))}
@@ -476,7 +470,6 @@ class SqliteStore:
         self._conn.executemany(
             "INSERT OR REPLACE INTO chunks (step, series_id, start_ts, n, ts, vals)"
             " VALUES (?, ?, ?, ?, ?, ?)", chunk_rows)
-        self._conn.execute("DELETE FROM head WHERE window = ?", (window,))
 
     def _prune(self, now: float) -> None:
         def body() -> None:
@@ -522,16 +515,18 @@ class SqliteStore:
                 sid_parts.append(np.full(n, series_id, dtype=np.int64))
                 ts_parts.append(_dec_ts(tb))
                 val_parts.append(_dec_vals(vb))
-        wanted = np.array(ids, dtype=np.int64)
-        for sb, tb, vb in self._conn.execute(
-                "SELECT sids, ts, vals FROM head WHERE max_ts >= ? AND min_ts <= ? ORDER BY id",
-                (lo, hi)):
-            s = np.frombuffer(sb, dtype="<i8")
-            mask = np.isin(s, wanted)
-            if mask.any():
-                sid_parts.append(s[mask].astype(np.int64))
-                ts_parts.append(np.frombuffer(tb, dtype="<i8")[mask].astype(np.int64))
-                val_parts.append(np.frombuffer(vb, dtype="<f8")[mask].astype(np.float64))
+        head: list[tuple[int, int, float]] = []
+        for i in range(0, len(ids), _IN_BATCH):
+            part = ids[i:i + _IN_BATCH]
+            marks = ",".join("?" * len(part))
+            head += self._conn.execute(
+                f"SELECT series_id, ts, value FROM samples WHERE series_id IN ({marks})"
+                " AND ts >= ? AND ts <= ? ORDER BY rowid", (*part, lo, hi)).fetchall()
+        if head:
+            sid_t, ts_t, val_t = zip(*head, strict=True)
+            sid_parts.append(np.array(sid_t, dtype=np.int64))
+            ts_parts.append(np.array(ts_t, dtype=np.int64))
+            val_parts.append(np.array(val_t, dtype=np.float64))
         if not sid_parts:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0)

@@ -12,24 +12,28 @@ ongoing fault (one incident per fault) and sorts them worst first.
 from __future__ import annotations
 
 from analytics.fault_model.engine import (
+    KNOWN_FACTS,
     Context,
     EventGroup,
     FaultRuleDetector,
     Observations,
     Rule,
     all_rules,
+    check_facts,
     evaluate,
     merge_findings,
     worst,
 )
 
 __all__ = [
+    "KNOWN_FACTS",
     "Context",
     "EventGroup",
     "FaultRuleDetector",
     "Observations",
     "Rule",
     "all_rules",
+    "check_facts",
     "evaluate",
     "merge_findings",
     "worst",

@@ -39,6 +39,57 @@ RULE_MODULES = (
 """Modules whose ``RULES`` tuples make up the fault model."""
 
 
+_YES = frozenset({"expected", "present", "yes", "true"})
+_NO = frozenset({"absent", "no", "none", "false"})
+_UNKNOWN = frozenset({"unknown", ""})
+
+
+def _is_choice(value: str) -> bool:
+    return value.strip().lower() in _YES | _NO | _UNKNOWN
+
+
+def _is_positive_number(value: str) -> bool:
+    try:
+        return float(value) > 0
+    except ValueError:
+        return False
+
+
+def _is_port_list(value: str) -> bool:
+    return all(item.strip() for item in value.split(","))
+
+
+KNOWN_FACTS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "node": ("node name the input belongs to", lambda v: bool(v.strip())),
+    "cluster": ("cluster name, for grouping pages", lambda v: bool(v.strip())),
+    "nvlink": ("whether the GPUs have NVLink: expected|absent|unknown", _is_choice),
+    "nvswitch": ("whether the board has NVSwitches: present|absent|unknown", _is_choice),
+    "ib_unused": ("InfiniBand ports not cabled on purpose: mlx5_1:1,mlx5_2", _is_port_list),
+    "expected_busbw_gbps": ("nccl-tests bus bandwidth expected, GB/s", _is_positive_number),
+    "driver_version": ("NVIDIA driver version of the node", lambda v: bool(v.strip())),
+}
+"""Facts the rules read, with what each means and a check of its value."""
+
+
+def check_facts(facts: Mapping[str, str]) -> list[str]:
+    """Return one problem per unknown fact or invalid value; ``[]`` when all are fine.
+
+    Examples:
+        >>> check_facts({"nvlink": "absent"})
+        []
+        >>> check_facts({"nvlnk": "absent"})[0].startswith("unknown fact 'nvlnk'; known: cluster")
+        True
+    """
+    problems: list[str] = []
+    for key, value in facts.items():
+        known = KNOWN_FACTS.get(key)
+        if known is None:
+            problems.append(f"unknown fact {key!r}; known: {', '.join(sorted(KNOWN_FACTS))}")
+        elif not known[1](value):
+            problems.append(f"fact {key}={value!r} is invalid: {known[0]}")
+    return problems
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     """Machine facts that are not in the records, and the clock.

@@ -716,6 +716,13 @@ def _lost_summary(g: EventGroup, entity: str) -> str:
     return f"{what} on {_gpu_words(entity)}: GPU lost"
 
 
+_GSP_SYMPTOMS: dict[str, tuple[str, int]] = {
+    "gsp_rpc_timeout": ("GSP RPC timeouts", 119),
+    "gsp_error": ("GSP reports the PMU halted", 62),
+}
+"""GSP faults at run time, alone in the input: what happened and the Xid class they belong to
+(catalog RESET_GPU: critical, reset the GPU)."""
+
 _NVML_SYMPTOMS: dict[str, tuple[Action, str]] = {
     "init_failed": (
         Action.FIX_CONFIG,
@@ -736,27 +743,17 @@ _NVML_SYMPTOMS: dict[str, tuple[Action, str]] = {
 def _symptom_alone(g: EventGroup, entity: EntityId) -> _Root:
     src = f"xid.gpu_driver_rule: symptom without a root cause in the input ({FAULT_MODEL})"
     where = _gpu_words(entity)
-    if g.kind == "gsp_rpc_timeout":
+    if g.kind in _GSP_SYMPTOMS:
+        what, xid = _GSP_SYMPTOMS[g.kind]
         return _Root(
             node=g.node,
             entity=entity,
-            kind="gsp_rpc_timeout",
+            kind=g.kind,
             code=g.code,
             severity=Severity.CRITICAL,
             action=Action.RESET_GPU,
-            summary=f"GSP RPC timeouts on {where} (Xid 119 class): reset the GPU",
-            source=f"xid.gpu_driver_rule: {CATALOG} Xid 119 RESET_GPU; {FAULT_MODEL}",
-        )
-    if g.kind == "gsp_error":
-        return _Root(
-            node=g.node,
-            entity=entity,
-            kind="gsp_error",
-            code=g.code,
-            severity=Severity.CRITICAL,
-            action=Action.RESET_GPU,
-            summary=f"GSP reports the PMU halted on {where} (Xid 62 class): reset the GPU",
-            source=f"xid.gpu_driver_rule: {CATALOG} Xid 62 RESET_GPU; {FAULT_MODEL}",
+            summary=f"{what} on {where} (Xid {xid} class): reset the GPU",
+            source=f"xid.gpu_driver_rule: {CATALOG} Xid {xid} RESET_GPU; {FAULT_MODEL}",
         )
     if g.kind == "cuda_error":
         return _Root(

@@ -154,9 +154,12 @@ def test_chunks_tiers_late_data_and_raw_retention(tmp_path: Path) -> None:
                         downsample=((60.0, 86400.0),), clock=clock)
     store.write([_s("gpu_power_watts", float(i % 60), t0 + i) for i in range(3 * 3600)], [])
     conn = sqlite3.connect(tmp_path / "db.sqlite")
-    assert conn.execute("SELECT COUNT(*) FROM head").fetchone()[0] == 0
+    # the first hour ended more than compact_delay_seconds (2 h) ago: compacted on write
+    assert conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 2 * 3600
+    store.compact()
+    assert conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 0
     assert conn.execute("SELECT COUNT(*) FROM chunks WHERE step = 60000").fetchone()[0] == 3
-    assert conn.execute("SELECT COUNT(*) FROM chunks WHERE step = 0").fetchone()[0] == 2
+    assert conn.execute("SELECT COUNT(*) FROM chunks WHERE step = 0").fetchone()[0] == 3
     # a late sample replaces the value of an already compacted window (last write wins)
     store.write([_s("gpu_power_watts", 99.0, t0 + 5000)], [])
     store.compact()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -13,9 +16,9 @@ from analytics.thresholds import (
     fit_gpd,
     gpd_quantile,
 )
-from analytics.windowing import SeriesBatch, VectorDetector
+from analytics.windowing import BatchVerdict, SeriesBatch, VectorDetector
 
-FACTORIES = {
+FACTORIES: dict[str, Callable[[], VectorDetector]] = {
     "spot": lambda: SpotDetector(calibration_samples=200),
     "dspot": lambda: DspotDetector(calibration_samples=200, depth=10),
     "spot_both": lambda: SpotDetector(calibration_samples=200, side="both"),
@@ -29,7 +32,7 @@ def _batch(values: np.ndarray, t: float, series: np.ndarray | None = None) -> Se
     return SeriesBatch(series=slots, values=values, observed_at=np.full(values.size, t))
 
 
-def _feed(det: VectorDetector, data: np.ndarray) -> list:
+def _feed(det: VectorDetector, data: np.ndarray) -> list[BatchVerdict]:
     """Feed a (steps, series) matrix; return the verdicts."""
     return [det.score_many(_batch(row, float(t))) for t, row in enumerate(data)]
 
@@ -78,7 +81,7 @@ def test_flagged_points_are_not_learned(name: str) -> None:
         assert b[t].thresholds[0] == a[t].thresholds[0]
 
 
-def _feed_from(det: VectorDetector, data: np.ndarray, start: int) -> list:
+def _feed_from(det: VectorDetector, data: np.ndarray, start: int) -> list[BatchVerdict]:
     return [det.score_many(_batch(row, float(start + t))) for t, row in enumerate(data)]
 
 
@@ -102,7 +105,9 @@ def test_repeated_series_in_one_batch_are_taken_in_order() -> None:
     expected = [one_by_one.score_many(_batch(values[i : i + 1], float(i))) for i in range(600)]
     batched = SpotDetector(calibration_samples=200)
     got = batched.score_many(
-        SeriesBatch(series=np.zeros(600, dtype=np.int64), values=values, observed_at=np.arange(600.0))
+        SeriesBatch(
+            series=np.zeros(600, dtype=np.int64), values=values, observed_at=np.arange(600.0)
+        )
     )
     assert got.flagged.tolist() == [bool(v.flagged[0]) for v in expected]
 
@@ -178,7 +183,7 @@ def test_gpd_quantile_matches_the_paper_formula() -> None:
         (EwmaZScoreDetector, {"alpha": 0.0}),
     ],
 )
-def test_bad_arguments_fail_at_construction(factory: type, kwargs: dict) -> None:
+def test_bad_arguments_fail_at_construction(factory: type, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011
         factory(**kwargs)
 
