@@ -354,7 +354,27 @@ def load_scoreboard(root: Path) -> dict[str, dict[str, float]]:
     return {name: {p: float(v) for p, v in scores.items()} for name, scores in raw.items()}
 
 
-def detect_corpus(files: Sequence[NabFile], detector: VectorDetector) -> dict[str, FloatArray]:
+def suppress_repeats(scores: FloatArray, rows: int) -> FloatArray:
+    """Keep a score only where it exceeds every score of the previous ``rows`` rows; else 0.
+
+    A causal (online) debounce: an ongoing anomaly is reported when it starts or worsens,
+    not on every row, as an alert pipeline would page once. NAB counts every detection
+    outside a window as a false positive, so repeated scores cost there too.
+
+    Examples:
+        >>> suppress_repeats(np.array([0.1, 0.9, 0.8, 0.95, 0.2, 0.3]), 2).tolist()
+        [0.1, 0.9, 0.0, 0.95, 0.0, 0.0]
+    """
+    if rows <= 0 or scores.size == 0:
+        return scores
+    padded = np.r_[np.full(rows, -np.inf), scores]
+    previous = np.lib.stride_tricks.sliding_window_view(padded[:-1], rows).max(axis=1)
+    return np.where(scores > previous, scores, 0.0)
+
+
+def detect_corpus(
+    files: Sequence[NabFile], detector: VectorDetector, *, cooldown_rows: int = 0
+) -> dict[str, FloatArray]:
     """Run a vectorised detector over a NAB corpus, one series per file, in time order.
 
     All files advance together (row ``i`` of every file long enough is one batch), so a run
@@ -364,6 +384,7 @@ def detect_corpus(files: Sequence[NabFile], detector: VectorDetector) -> dict[st
     Args:
         files: The corpus.
         detector: A fresh detector; it learns online as it scores (prequential order).
+        cooldown_rows: Debounce window of :func:`suppress_repeats`; 0 keeps every score.
 
     Returns:
         Per file key, the anomaly score of each row, shape ``(n,)``.
@@ -388,4 +409,4 @@ def detect_corpus(files: Sequence[NabFile], detector: VectorDetector) -> dict[st
         )
         for position, file_index in enumerate(alive.tolist()):
             out[files[file_index].key][row] = verdict.probability[position]
-    return out
+    return {key: suppress_repeats(scores, cooldown_rows) for key, scores in out.items()}

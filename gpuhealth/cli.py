@@ -18,6 +18,7 @@ from analytics.fault_model import check_facts
 from core import logs
 from core.errors import ConfigError
 from core.plugins import GROUPS, available
+from gpuhealth.diagnose import EXIT_UNPARSEABLE
 from gpuhealth.diagnose import diagnose as run_diagnose
 
 logger = logging.getLogger(__name__)
@@ -171,7 +172,10 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2))
     else:
-        click.echo(render_text(report))
+        click.echo(render_text(report), nl=False)
+    if not report.parsed_lines:
+        click.echo("error: nothing in the input could be replayed", err=True)
+        sys.exit(EXIT_UNPARSEABLE)
 
 
 def _silence_store(config_path: str | None) -> Any:

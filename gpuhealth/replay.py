@@ -96,6 +96,7 @@ class ReplayReport:
         audit: Every audit record written, in order.
         dry_run: Always true for replays.
         undelivered: Notifications still queued per notifier at the end.
+        parsed_lines: Input lines a parser understood, over all files.
     """
 
     nodes: list[NodeReplay] = field(default_factory=list)
@@ -104,6 +105,7 @@ class ReplayReport:
     audit: list[AuditRecord] = field(default_factory=list)
     dry_run: bool = True
     undelivered: dict[str, int] = field(default_factory=dict)
+    parsed_lines: int = 0
 
     def node(self, name: str) -> NodeReplay | None:
         """Return the result for node ``name``, or ``None``."""
@@ -267,10 +269,12 @@ def replay(
     findings: list[Finding] = []
     for index, path in enumerate(files):
         node = NodeName(fixed_node or node_of_file(path))
-        slot(node).files.append(path)
         result = ArtifactResult()
         ctx = ParseContext(file=path, node=node, default_year=default_year)
         records = list(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
+        report.parsed_lines += result.parsed_lines
+        if result.parsed_lines or records:
+            slot(node).files.append(path)  # an unreadable file is an issue, not a node
         if pipeline.observe_snapshot(node, records):
             slot(node).healthy_files.append(path)
         report.issues.extend(result.issues)
@@ -308,7 +312,13 @@ def render_text(report: ReplayReport) -> str:
     ]
     for node in report.nodes:
         steps = ", ".join(dict.fromkeys(describe_request(a) for a in node.actions))
-        lines.append(f"node {node.node}: {steps + ' (dry-run)' if steps else 'no action'}")
+        if steps:
+            headline = f"{steps} (dry-run)"
+        elif node.held:
+            headline = "every step held back (see below)"
+        else:
+            headline = "no action"
+        lines.append(f"node {node.node}: {headline}")
         for page in node.pages:
             lines.append(f"  page {page.state.value} {page.labels.get('severity', '?')}: "
                          f"{page.annotations.get('summary', '')}")

@@ -191,7 +191,7 @@ def test_replay_end_to_end_with_stub_parser(logs, tmp_path):
         "node b: drain GPU GPU-1234 at the next safe point, reset GPU GPU-1234 when idle (dry-run)"
         in text
     )
-    assert "node c: no action" in text
+    assert "node c: every step held back (see below)" in text
     assert "held back: cordon node: disruption budget exhausted" in text
     records = read_audit_log(str(audit))
     assert [r.decision for r in records].count("requested") == 5
