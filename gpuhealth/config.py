@@ -519,8 +519,11 @@ def _messages(
         loc = tuple(str(p) for p in err["loc"])
         section, key = _where(loc)
         prefix = f"{source}: "
-        if loc in origin:
-            prefix = f"{source}: environment {origin[loc]}: "
+        from_env = origin.get(loc) or next(
+            (var for path, var in origin.items() if path[: len(loc)] == loc), None
+        )
+        if from_env:
+            prefix = f"{source}: environment {from_env}: "
         if err["type"] == "extra_forbidden":
             hint = ""
             if _SECRET_KEYS.search(key):
