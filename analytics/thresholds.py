@@ -39,32 +39,33 @@ logger = logging.getLogger(__name__)
 
 Side = Literal["upper", "lower", "both"]
 
-_GRID = 24
-_REFINE = 16
+_GRID = 12
+_REFINE = 14
 _EPS = 1e-8
 
 
 def _profile_loglik(
-    x: FloatArray, peaks: FloatArray, mask: BoolArray
+    x: FloatArray, peaks: FloatArray, count: FloatArray, ymax: FloatArray
 ) -> tuple[FloatArray, FloatArray]:
     """Grimshaw's profile log-likelihood of a GPD at ``x = gamma / sigma``.
 
     Args:
         x: Candidate ratios, shape ``(k, g)``.
-        peaks: Excesses, shape ``(k, p)``; only entries under ``mask`` count.
-        mask: Valid peaks, shape ``(k, p)``.
+        peaks: Excesses, shape ``(k, p)``, zero-padded beyond each row's ``count`` (a zero
+            adds ``log(1 + 0) = 0``, so padding needs no mask).
+        count: Peaks per row, shape ``(k, 1)``.
+        ymax: Largest peak per row, shape ``(k, 1)``; ``x`` must exceed ``-1 / ymax``.
 
     Returns:
         ``(loglik, gamma)``, shape ``(k, g)`` each; ``-inf`` where ``1 + x y <= 0``.
     """
-    count = mask.sum(axis=1, keepdims=True).astype(np.float64)
-    s = 1.0 + x[:, :, None] * peaks[:, None, :]
+    valid = 1.0 + x * ymax > 0
+    safe = np.where(valid, x, 0.0)
+    gamma = np.log1p(safe[:, :, None] * peaks[:, None, :]).sum(axis=2) / count
     with np.errstate(invalid="ignore", divide="ignore"):
-        logs = np.where(mask[:, None, :], np.log(np.where(s > 0, s, np.nan)), 0.0)
-        gamma = logs.sum(axis=2) / count
-        sigma = gamma / x
+        sigma = gamma / safe
         loglik = -count * (np.log(sigma) + 1.0 + gamma)
-    bad = ~np.isfinite(loglik) | (sigma <= 0)
+    bad = ~valid | ~np.isfinite(loglik) | (sigma <= 0)
     return np.where(bad, -np.inf, loglik), gamma
 
 
@@ -100,9 +101,8 @@ def fit_gpd(
     """
     k = peaks.shape[0]
     count = np.maximum(mask.sum(axis=1), 1).astype(np.float64)
-    y = np.where(mask, peaks, np.nan)
-    ymin = np.nanmin(np.where(mask, y, np.inf), axis=1)
-    ymax = np.nanmax(np.where(mask, y, -np.inf), axis=1)
+    ymin = np.where(mask, peaks, np.inf).min(axis=1)
+    ymax = np.where(mask, peaks, -np.inf).max(axis=1)
     ymean = np.where(mask, peaks, 0.0).sum(axis=1) / count
     ymin = np.maximum(ymin, _EPS * np.maximum(ymean, _EPS))
     exp_sigma = np.maximum(ymean, _EPS)
@@ -117,7 +117,9 @@ def fit_gpd(
     hi = np.log(np.maximum(c, 10.0 * np.exp(lo)))
     right = np.exp(lo[:, None] + (hi - lo)[:, None] * u[None, :])
     grid = np.concatenate([left, right], axis=1)
-    loglik, _ = _profile_loglik(grid, peaks, mask)
+    peaks = np.where(mask, peaks, 0.0)
+    cnt, top = count[:, None], ymax[:, None]
+    loglik, _ = _profile_loglik(grid, peaks, cnt, top)
     best = np.argmax(loglik, axis=1)
     rows = np.arange(k)
     # Bracket the best grid point by its neighbours within the same interval, then refine.
@@ -133,12 +135,12 @@ def fit_gpd(
     for _ in range(_REFINE):
         x1 = hi_x - ratio * (hi_x - lo_x)
         x2 = lo_x + ratio * (hi_x - lo_x)
-        l12, _ = _profile_loglik(np.stack([x1, x2], axis=1), peaks, mask)
+        l12, _ = _profile_loglik(np.stack([x1, x2], axis=1), peaks, cnt, top)
         move_up = l12[:, 1] > l12[:, 0]
         lo_x = np.where(move_up, x1, lo_x)
         hi_x = np.where(move_up, hi_x, x2)
     x_best = 0.5 * (lo_x + hi_x)
-    cand, gamma = _profile_loglik(np.stack([x_best, grid[rows, best]], axis=1), peaks, mask)
+    cand, gamma = _profile_loglik(np.stack([x_best, grid[rows, best]], axis=1), peaks, cnt, top)
     pick = np.argmax(cand, axis=1)
     root_loglik = cand[rows, pick]
     root_gamma = gamma[rows, pick]

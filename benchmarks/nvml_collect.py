@@ -292,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
 
     fake = make_fake()
     fig = report_groups(fake, len(fake.gpus), args.ticks, f"fake NVML ({DUMP.name})")
+    core = fig["fast_threads"] * 8 / 1e6 * 100.0
+    print(
+        f"fast group, 8 GPUs at 1 Hz on the fake: {core:.3f} % of one core "
+        f"(goal on a real GPU < {GOAL_CORE_PERCENT_8_GPUS:.0f} %)"
+    )
     one, many = field_batching(fake, fake.handles[0], args.ticks)
     print(
         f"\nslow-group fields ({len(SLOW_FIELDS)}) on the fake: one batched call {one:.1f} µs, "
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if fig["fast_threads_ratio"] > GOAL_OVERHEAD_RATIO:
         print(
-            f"NOTE: fast-group overhead {fig['fast_threads_ratio']:.2f}x is above the "
+            f"NOTE: fast-group overhead {fig['fast_threads_ratio']:.3f}x is above the "
             f"{GOAL_OVERHEAD_RATIO:.1f}x goal on the fake"
         )
     if args.real:

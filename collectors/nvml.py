@@ -450,6 +450,8 @@ class NvmlCollector:
             self._lib = None
             _shutdown(lib)
             raise CollectorUnavailable(f"NVML unavailable: {_describe(exc)}") from exc
+        if count == 0:
+            logger.warning("NVML is loaded but finds no GPU on this node")
         now = self.clock()
         self._gpus = [self._discover(i, now) for i in range(count)]
         self._fast_at = self._slow_at = None
@@ -679,7 +681,7 @@ class NvmlCollector:
         logger.warning(
             "GPU %s (index %d) is lost: %s; the other GPUs are still read", gpu.pci, gpu.index, what
         )
-        text = f"NVML: GPU {gpu.index} ({gpu.pci}) is lost (GPU_IS_LOST while reading {what})"
+        text = f"NVML: GPU {gpu.index} ({gpu.pci}) is lost ({code}, from {what})"
         attrs = {"index": str(gpu.index)}
         if gpu.uuid:
             attrs["uuid"] = gpu.uuid

@@ -115,11 +115,19 @@ class XidDedup:
     from the same source are all admitted (an Xid 13 burst stays countable), and each
     admitted copy pairs at most once.
 
+    The kernel-log copy is the richer one (process name and pid, the driver's message);
+    with ``hold_seconds`` > 0, :meth:`filter` holds copies from ``hold_sources`` (NVML)
+    that long, and a copy from another source that pairs with a held one replaces it.
+    Held copies are released by later :meth:`filter` calls (or :meth:`flush`).
+
     Args:
         window_seconds: How far apart (by arrival) two copies may be.
         clock: Arrival time, seconds (monotonic by default).
         max_keys: Bound on remembered keys; the oldest are forgotten first.
         kinds: Event kinds to pair; other records pass untouched.
+        hold_seconds: How long :meth:`filter` holds a copy from ``hold_sources`` for a
+            richer copy to replace it; 0 admits the first copy at once.
+        hold_sources: Sources whose copies are held (``event.source``).
 
     Attributes:
         suppressed: Copies dropped so far.
@@ -132,14 +140,21 @@ class XidDedup:
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 4096,
         kinds: Iterable[str] = ("xid", "gpu_lost"),
+        hold_seconds: float = 0.0,
+        hold_sources: Iterable[str] = ("nvml",),
     ) -> None:
         if window_seconds <= 0:
             raise ValueError("window_seconds must be positive")
+        if not 0 <= hold_seconds < window_seconds:
+            raise ValueError("hold_seconds must be >= 0 and shorter than window_seconds")
         self.window_seconds = window_seconds
         self.clock = clock
         self.max_keys = max_keys
         self.kinds = frozenset(kinds)
         self.suppressed = 0
+        self.hold_seconds = hold_seconds
+        self.hold_sources = frozenset(hold_sources)
+        self._held: list[tuple[float, Event]] = []
         self._open: collections.OrderedDict[
             tuple[str, str, str, str], collections.deque[tuple[float, str]]
         ] = collections.OrderedDict()
@@ -176,8 +191,55 @@ class XidDedup:
             return True
 
     def filter(self, records: Iterable[Record]) -> list[Record]:
-        """Return ``records`` without the copies :meth:`admit` rejects (samples pass)."""
-        return [r for r in records if not isinstance(r, Event) or self.admit(r)]
+        """Return ``records`` without the copies :meth:`admit` rejects (samples pass).
+
+        With ``hold_seconds`` > 0, also returns the held copies whose time is up, and
+        keeps new copies from ``hold_sources`` back (see the class docstring).
+        """
+        if not self.hold_seconds:
+            return [r for r in records if not isinstance(r, Event) or self.admit(r)]
+        out: list[Record] = []
+        for record in records:
+            if not isinstance(record, Event) or record.kind not in self.kinds:
+                out.append(record)
+            elif record.source in self.hold_sources:
+                if self.admit(record):
+                    with self._lock:
+                        self._held.append((self.clock(), record))
+            elif self._replace_held(record) or self.admit(record):
+                out.append(record)
+        out.extend(self._release(self.clock() - self.hold_seconds))
+        return out
+
+    def flush(self) -> list[Event]:
+        """Return every held copy now (at shutdown)."""
+        return self._release(float("inf"))
+
+    def _replace_held(self, event: Event) -> bool:
+        """Drop a held copy of ``event`` from another source; True when there was one."""
+        key = (str(event.node), str(event.entity), event.kind, event.code)
+        with self._lock:
+            for i, (_at, held) in enumerate(self._held):
+                if (str(held.node), str(held.entity), held.kind, held.code) != key:
+                    continue
+                if held.source == event.source:
+                    continue
+                del self._held[i]
+                open_ = self._open.get(key)
+                if open_ is not None:  # the held copy's pairing slot is spent
+                    for j, (_t, seen) in enumerate(open_):
+                        if seen == held.source:
+                            del open_[j]
+                            break
+                self.suppressed += 1
+                return True
+        return False
+
+    def _release(self, before: float) -> list[Event]:
+        with self._lock:
+            due = [event for at, event in self._held if at <= before]
+            self._held = [(at, event) for at, event in self._held if at > before]
+        return due
 
 
 class NvmlEventWatcher:

@@ -18,7 +18,8 @@ Devices are built from whole ``nvidia-smi -q`` (text) or ``-q -x`` (XML) dumps
 * a block that ``nvidia-smi -q`` prints for GPUs that support it, missing from a whole
   dump (row remapping on Volta, the SRAM error status before Hopper, the recovery
   action before driver 550, the ECC layout nvidia-smi did not choose) is
-  ``NOT_SUPPORTED`` too;
+  ``NOT_SUPPORTED`` too; in a pasted fragment (the case files) it is unknown, and
+  asking for it is a gap unless the test declares it (:meth:`FakeGpu.declare_absent`);
 * what ``nvidia-smi -q`` never prints (the energy counter, NVLink state and error
   counters, supported event types, the maximum number of MIG devices) must be given
   by the test (:meth:`FakeGpu.set`); otherwise the call raises :class:`FakeNvmlGap`,
@@ -71,6 +72,9 @@ class _NotSupported:
 
 NOT_SUPPORTED: Any = _NotSupported()
 """Give this as a fact's value to make NVML answer ``NVML_ERROR_NOT_SUPPORTED``."""
+
+_ABSENT: Any = object()
+"""While parsing: the dump does not print this fact (see :func:`parse_nvidia_smi_dump`)."""
 
 
 class _Err:
@@ -252,7 +256,12 @@ def _recovery(text: str) -> int:
 
 
 def parse_nvidia_smi_dump(path: str | Path) -> list[FakeGpu]:
-    """Build one :class:`FakeGpu` per GPU section of a whole ``nvidia-smi -q`` or ``-q -x`` dump.
+    """Build one :class:`FakeGpu` per GPU section of an ``nvidia-smi -q`` or ``-q -x`` dump.
+
+    A whole dump (the ``NVSMI LOG`` banner, or ``-q -x``) lists every block NVML
+    answers, so a block it lacks is ``NOT_SUPPORTED``. A pasted fragment (the case
+    files) says nothing about what it leaves out: those facts stay unknown (a call for
+    them is a gap) and are listed in :attr:`FakeGpu.absent`.
 
     Args:
         path: The dump file (text or XML, detected from its first characters).
@@ -264,22 +273,29 @@ def parse_nvidia_smi_dump(path: str | Path) -> list[FakeGpu]:
         ValueError: The file holds no GPU section.
     """
     text = Path(path).read_text(encoding="utf-8")
-    dump = _parse_xml(text) if text.lstrip().startswith("<?xml") else _parse_text(text)
+    xml = text.lstrip().startswith("<?xml")
+    dump = _parse_xml(text) if xml else _parse_text(text)
     if not dump.gpus:
         raise ValueError(f"{path}: no GPU section found")
-    return [_gpu_from(bus, sec, dump.driver_version, str(path)) for bus, sec in dump.gpus]
+    complete = xml or "NVSMI LOG" in text
+    return [
+        _gpu_from(bus, sec, dump.driver_version, str(path), complete=complete)
+        for bus, sec in dump.gpus
+    ]
 
 
-def _gpu_from(bus: str, sec: _Section, driver: str | None, source: str) -> FakeGpu:
+def _gpu_from(
+    bus: str, sec: _Section, driver: str | None, source: str, *, complete: bool
+) -> FakeGpu:
     f: dict[Any, Any] = {}
     g = sec.get
 
     def put(name: str, raw: str | None, convert: Any = None) -> None:
         value = _value(raw, convert)
         # A fact nvidia-smi -q prints, missing from a whole dump: NVML did not support it.
-        f[name] = NOT_SUPPORTED if value is None else value
+        f[name] = _ABSENT if value is None else value
 
-    f["driver_version"] = driver if driver is not None else NOT_SUPPORTED
+    f["driver_version"] = driver if driver is not None else _ABSENT
     put("name", g(("product_name",)))
     put("serial", g(("serial_number",), ("serial",)))
     put("uuid", g(("gpu_uuid",), ("uuid",)))
@@ -392,7 +408,13 @@ def _gpu_from(bus: str, sec: _Section, driver: str | None, source: str) -> FakeG
         )
         for m in sec.mig
     ]
-    return FakeGpu(facts=f, source=source)
+    absent = {name for name, value in f.items() if value is _ABSENT}
+    for name in absent:
+        if complete:
+            f[name] = NOT_SUPPORTED
+        else:
+            del f[name]
+    return FakeGpu(facts=f, source=source, absent=set() if complete else absent)
 
 
 def _reasons(sec: _Section, f: dict[Any, Any]) -> None:
@@ -415,8 +437,8 @@ def _reasons(sec: _Section, f: dict[Any, Any]) -> None:
         supported |= bit
         if _yes(value):
             current |= bit
-    f["clock_event_reasons"] = current if seen else NOT_SUPPORTED
-    f["clock_event_reasons_supported"] = supported if seen else NOT_SUPPORTED
+    f["clock_event_reasons"] = current if seen else _ABSENT
+    f["clock_event_reasons_supported"] = supported if seen else _ABSENT
 
 
 _LEGACY_LOCATIONS = {
@@ -437,7 +459,8 @@ def _ecc(sec: _Section, f: dict[Any, Any]) -> None:
     g = sec.get
     f["ecc_mode"] = _value(g(("ecc_mode", "current"), ("ecc_mode", "current_ecc")), _yes)
     if f["ecc_mode"] is None:
-        f["ecc_mode"] = NOT_SUPPORTED
+        f["ecc_mode"] = _ABSENT
+    printed = any(p[0] == "ecc_errors" for p in sec.leaves)
     corr, unc = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     scopes = {"volatile": pynvml.NVML_VOLATILE_ECC, "aggregate": pynvml.NVML_AGGREGATE_ECC}
     legacy = any(
@@ -450,7 +473,7 @@ def _ecc(sec: _Section, f: dict[Any, Any]) -> None:
             for kind, etype in (("single_bit", corr), ("double_bit", unc)):
                 for key, loc in _LEGACY_LOCATIONS.items():
                     value = _value(g((*base, kind, key)), _int)
-                    f[("ecc", etype, counter, loc)] = NOT_SUPPORTED if value is None else value
+                    f[("ecc", etype, counter, loc)] = _ABSENT if value is None else value
             f[("ecc", corr, counter, pynvml.NVML_MEMORY_LOCATION_SRAM)] = NOT_SUPPORTED
             f[("ecc", unc, counter, pynvml.NVML_MEMORY_LOCATION_SRAM)] = NOT_SUPPORTED
             continue
@@ -470,15 +493,21 @@ def _ecc(sec: _Section, f: dict[Any, Any]) -> None:
             (unc, pynvml.NVML_MEMORY_LOCATION_DRAM): dram_u,
         }
         for (etype, loc), value in values.items():
-            f[("ecc", etype, counter, loc)] = NOT_SUPPORTED if value is None else value
+            f[("ecc", etype, counter, loc)] = _ABSENT if value is None else value
         for etype, (a, b) in ((corr, (sram_c, dram_c)), (unc, (sram_u, dram_u))):
             # nvmlDeviceGetTotalEccErrors counts every location; on this layout nvidia-smi
             # lists them all (SRAM, DRAM), so the total is their sum.
-            total = a + b if isinstance(a, int) and isinstance(b, int) else NOT_SUPPORTED
+            if isinstance(a, int) and isinstance(b, int):
+                total = a + b
+            elif a is None or b is None:
+                total = _ABSENT
+            else:
+                total = NOT_SUPPORTED
             f[("ecc", etype, counter, "total")] = total
         for loc in _ALL_LOCATIONS:
             for etype in (corr, unc):
-                f.setdefault(("ecc", etype, counter, loc), NOT_SUPPORTED)
+                # the layout nvidia-smi chose lists every location this GPU has
+                f.setdefault(("ecc", etype, counter, loc), NOT_SUPPORTED if printed else _ABSENT)
     threshold = _value(
         g(
             ("ecc_errors", "aggregate", "sram_threshold_exceeded"),
@@ -487,7 +516,7 @@ def _ecc(sec: _Section, f: dict[Any, Any]) -> None:
         _yes,
     )
     if threshold is None or threshold is NOT_SUPPORTED:
-        f["sram_status"] = NOT_SUPPORTED
+        f["sram_status"] = _ABSENT if threshold is None else NOT_SUPPORTED
         return
     status: dict[str, Any] = {"bThresholdExceeded": threshold}
     for scope in ("volatile", "aggregate"):
@@ -513,9 +542,10 @@ def _remap(sec: _Section, f: dict[Any, Any]) -> None:
     names = ("remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure")
     hist_keys = ("max", "high", "partial", "low", "none")
     if whole is not None or not any(p[0] == "remapped_rows" for p in sec.leaves):
+        verdict = _ABSENT if whole is None else NOT_SUPPORTED  # "Remapped Rows : N/A"
         for name in names:
-            f[name] = NOT_SUPPORTED
-        f["remap_histogram"] = NOT_SUPPORTED
+            f[name] = verdict
+        f["remap_histogram"] = verdict
         return
     base = ("remapped_rows",)
     f["remap_correctable"] = _value(
@@ -530,7 +560,7 @@ def _remap(sec: _Section, f: dict[Any, Any]) -> None:
     )
     for name in names:
         if f[name] is None:
-            f[name] = NOT_SUPPORTED
+            f[name] = _ABSENT
     hist: dict[str, Any] = {}
     for key in hist_keys:
         raw = g(
@@ -538,9 +568,12 @@ def _remap(sec: _Section, f: dict[Any, Any]) -> None:
             (*base, "remapped_row_histogram", f"row_remap_histogram_{key}"),
         )
         hist[key] = _value(raw, _int)
-    f["remap_histogram"] = (
-        NOT_SUPPORTED if any(v is None or v is NOT_SUPPORTED for v in hist.values()) else hist
-    )
+    if any(v is None for v in hist.values()):
+        f["remap_histogram"] = _ABSENT
+    elif any(v is NOT_SUPPORTED for v in hist.values()):
+        f["remap_histogram"] = NOT_SUPPORTED
+    else:
+        f["remap_histogram"] = hist
 
 
 # ----------------------------------------------------------------------------- devices
@@ -582,10 +615,18 @@ class FakeGpu:
 
     facts: dict[Any, Any]
     source: str = "test"
+    absent: set[Any] = field(default_factory=set)
+    """Facts a fragment did not print (unknown: a call for them is a gap)."""
 
     def set(self, **facts: Any) -> FakeGpu:
         """Give or override facts; returns ``self`` for chaining."""
         self.facts.update(facts)
+        return self
+
+    def declare_absent(self, value: Any = NOT_SUPPORTED) -> FakeGpu:
+        """Give every fact a fragment left out, explicitly (``NOT_SUPPORTED`` by default)."""
+        for name in self.absent:
+            self.facts.setdefault(name, value)
         return self
 
 
@@ -916,6 +957,8 @@ class FakeNvml:
         mem = pynvml.c_nvmlMemory_t()
         if h.mig_index is not None:
             _gi, _ci, total, used = self._mig(gpu, h.mig_index)
+            if total is None or used is None:
+                return self._fact(gpu, ("mig_memory", h.mig_index), "nvmlDeviceGetMemoryInfo")
             if total is NOT_SUPPORTED or used is NOT_SUPPORTED:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
             mem.total, mem.used, mem.free = total, used, total - used

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.lineprotocol import LineEncoder, export, import_lines, read_records
+from storage.factory import StoreStats, open_store, store_stats
+from storage.lineprotocol import LineEncoder, export, import_lines, parse_when, read_records
 from storage.promql import PromqlStore
 from storage.spool import SpoolingStore
 from storage.sqlite import SqliteStore
@@ -19,9 +20,13 @@ __all__ = [
     "PromqlStore",
     "SpoolingStore",
     "SqliteStore",
+    "StoreStats",
     "export",
     "import_lines",
+    "open_store",
+    "parse_when",
     "read_records",
+    "store_stats",
 ]
 
 

@@ -134,28 +134,31 @@ class LineEncoder:
             f",{escape_key(k)}={escape_key(v)}" for k, v in sorted(tags.items()) if v)
         return f"{text} {escape_key(field_key)}="
 
-    def samples(self, samples: Iterable[Sample]) -> list[str]:
-        """Encode checked samples (float values, stamped) as lines without newlines."""
+    def _miss(self, s: Sample) -> str:
         prefixes = self._prefixes
         if len(prefixes) > self.max_series_cache:
             prefixes.clear()
-        out: list[str] = []
-        append = out.append
-        precision = self.precision
-        per_second = _PER_SECOND[precision]
-        for s in samples:
-            labels = s.labels
-            key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
-                s.metric, s.node, s.entity)
-            prefix = prefixes.get(key)
-            if prefix is None:
-                prefix = prefixes[key] = self._prefix(s)
-            at = s.observed_at
-            assert at is not None
-            stamp = (round(at * 1_000_000) * 1000 if precision == "ns"
-                     else round(at * per_second))
-            append(f"{prefix}{s.value!r} {stamp}")
-        return out
+        labels = s.labels
+        key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
+            s.metric, s.node, s.entity)
+        prefix = prefixes.get(key)
+        if prefix is None:
+            prefix = prefixes[key] = self._prefix(s)
+        return prefix
+
+    def samples(self, samples: Iterable[Sample]) -> list[str]:
+        """Encode checked samples (float values, stamped) as lines without newlines."""
+        get = self._prefixes.get
+        miss = self._miss
+        # one comprehension per precision: this loop is the serialisation cost
+        if self.precision == "ns":
+            return [f"{(not s.labels and get((s.metric, s.node, s.entity))) or miss(s)}"
+                    f"{s.value!r} {round(s.observed_at * 1_000_000) * 1000}"  # type: ignore[operator]
+                    for s in samples]
+        per_second = _PER_SECOND[self.precision]
+        return [f"{(not s.labels and get((s.metric, s.node, s.entity))) or miss(s)}"
+                f"{s.value!r} {round(s.observed_at * per_second)}"  # type: ignore[operator]
+                for s in samples]
 
     def events(self, events: Iterable[Event]) -> list[str]:
         """Encode stamped events as ``gpuhealth_event`` lines."""
@@ -346,6 +349,49 @@ def read_records(paths: Sequence[str | Path], *, precision: Precision = "ns",
 
 
 # --- export and import ---------------------------------------------------------------------
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_when(text: str, *, now: float) -> float:
+    """Parse a time given on the command line into epoch seconds.
+
+    Accepts epoch seconds (``1700000000``), ISO 8601 (``2026-11-30T06:00:00Z``; no zone
+    means UTC), ``now``, or a duration before ``now`` (``90s``, ``30m``, ``7d``).
+
+    Raises:
+        ValueError: None of these forms.
+
+    Examples:
+        >>> parse_when("7d", now=1_000_000.0)
+        395200.0
+        >>> parse_when("1970-01-02T00:00:00Z", now=0.0)
+        86400.0
+    """
+    from datetime import UTC, datetime
+
+    text = text.strip()
+    if text == "now":
+        return now
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        number = text.removesuffix(unit)
+        if number != text:
+            try:
+                return now - float(number) * _UNITS[unit]
+            except ValueError:
+                break
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (epoch seconds, ISO 8601, or 7d/30m ago)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 @dataclass

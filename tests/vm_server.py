@@ -14,11 +14,13 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -123,23 +125,55 @@ def victoria_metrics() -> Iterator[Server]:
             server.stop()
 
 
+EXPOSITION = (
+    "# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n"
+    'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-prom",Hostname="dgx9",modelName="H100"} 250.5\n'
+    "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"
+    'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",uuid="GPU-prom",hostname="dgx9"} 5000\n'
+    "# TYPE gpu_temperature_celsius gauge\n"
+    'gpu_temperature_celsius{node="dgx9",entity="GPU-prom"} 61\n'
+)
+"""What the fake exporter serves: dcgm-exporter series (released-tag and main label case)
+and one gpuhealth series, as in ecosystem-reference.md §2.3."""
+
+
+class _Exporter(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = EXPOSITION.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="session")
 def prometheus() -> Iterator[Server]:
-    """A Prometheus with the remote-write receiver and no scrape targets."""
+    """A Prometheus scraping a fake dcgm-exporter on loopback every second."""
     binary = _binary("prometheus", "prometheus")
+    exporter = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
+    thread = threading.Thread(target=exporter.serve_forever, daemon=True)
+    thread.start()
     with tempfile.TemporaryDirectory(prefix="gpuhealth-prom-") as tmp:
         folder = Path(tmp)
         config = folder / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 1s\n")
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n"
+            "scrape_configs:\n  - job_name: dcgm\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{exporter.server_port}']\n")
         port = _free_port()
         server = Server(
             name="prometheus",
             argv=[binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-                  f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
-                  "--storage.tsdb.retention.time=100y"],
+                  f"--web.listen-address=127.0.0.1:{port}"],
             url=f"http://127.0.0.1:{port}", ready_path="/-/ready", folder=folder)
         server.start()
         try:
             yield server
         finally:
             server.stop()
+            exporter.shutdown()
+            exporter.server_close()

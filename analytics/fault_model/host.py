@@ -47,7 +47,7 @@ def _finding(
 ) -> Finding:
     years = attr(g, "year_assumed")
     return group_finding(
-        g,
+        [g],
         entity=entity,
         kind=kind,
         code=code,

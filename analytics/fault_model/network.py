@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from analytics.fault_model.common import group_finding
+from analytics.fault_model.common import group_evidence, group_finding, span
 from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
 from core.records import (
     NODE_ENTITY,
@@ -194,24 +194,6 @@ SLOW_BUSBW_RATIO = 0.5
 # --- helpers -------------------------------------------------------------------------
 
 
-def _evidence(groups: Iterable[EventGroup], limit: int = MAX_EVIDENCE) -> list[Evidence]:
-    out: list[Evidence] = []
-    for group in groups:
-        for item in group.evidence:
-            if item not in out:
-                out.append(item)
-    if len(out) > limit:
-        half = limit // 2
-        out = out[:half] + out[-(limit - half) :]
-    return out
-
-
-def _span(groups: Sequence[EventGroup]) -> tuple[float | None, float | None]:
-    firsts = [g.first_seen_at for g in groups if g.first_seen_at is not None]
-    lasts = [g.last_seen_at for g in groups if g.last_seen_at is not None]
-    return (min(firsts) if firsts else None, max(lasts) if lasts else None)
-
-
 def _sample_evidence(samples: Iterable[Sample]) -> list[Evidence]:
     out: list[Evidence] = []
     for sample in samples:
@@ -310,16 +292,14 @@ def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         for index, group in enumerate(ranked):
             verdict = WC_STATUS_VERDICTS.get(group.code, _OTHER_WC)
             folded = (symptoms + results + timeouts) if index == 0 else []
-            evidence = _evidence([group]) + _evidence(folded, MAX_EVIDENCE // 2)
-            first, last = _span([group, *folded])
             name = next(iter(group.attr_values.get("status_name", {""})), "") or group.code
             peer = ", ".join(sorted(group.attr_values.get("peer", set()))) or "unknown peer"
             device = ", ".join(sorted(group.attr_values.get("device", set())))
             where = f"to {peer}" + (f" via {device}" if device else "")
             extra = f"; {sum(g.count for g in folded)} symptom line(s) folded in" if folded else ""
-            yield Finding(
-                node=group.node,
-                entity=group.entity,
+            yield group_finding(
+                [group],
+                folded=folded,
                 kind="rdma_transport",
                 code=group.code,
                 severity=verdict.severity,
@@ -328,14 +308,10 @@ def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                     f"RDMA completion error {name} (status {group.code}) {where}, "
                     f"{group.count} time(s): {verdict.meaning}{extra}"
                 ),
-                evidence=tuple(evidence),
                 source=(
                     "network.rdma_transport_rule: rdma-core ibv_wc_status (libibverbs/verbs.h); "
                     + _DOC
                 ),
-                first_seen_at=first,
-                last_seen_at=last,
-                occurrences=group.count,
             )
 
 
@@ -362,7 +338,7 @@ def ofi_completion_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     for group in obs.events("ofi_completion"):
         errors = ", ".join(sorted(group.attr_values.get("error", set()))) or "no text"
         yield group_finding(
-            group,
+            [group],
             kind="rdma_transport",
             code=f"ofi_rc_{group.code}",
             severity=Severity.MAJOR,
@@ -377,38 +353,6 @@ def ofi_completion_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         )
 
 
-def _node_finding(
-    groups: Sequence[EventGroup],
-    folded: Sequence[EventGroup],
-    *,
-    kind: str,
-    code: str,
-    severity: Severity,
-    action: Action,
-    summary: str,
-    source: str,
-) -> Finding:
-    """A node finding over ``groups`` (counted) with the evidence of ``folded`` symptoms added.
-
-    The folded groups get at most half of the evidence and widen the time span.
-    """
-    first, last = _span([*groups, *folded])
-    return Finding(
-        node=groups[0].node,
-        entity=NODE_ENTITY,
-        kind=kind,
-        code=code,
-        severity=severity,
-        action=action,
-        summary=summary,
-        evidence=tuple(_evidence(groups) + _evidence(folded, MAX_EVIDENCE // 2)),
-        source=source,
-        first_seen_at=first,
-        last_seen_at=last,
-        occurrences=sum(g.count for g in groups),
-    )
-
-
 def _verbs_finding(verbs: Sequence[EventGroup], folded: Sequence[EventGroup]) -> Finding:
     """A verbs call failing (``NCCL WARN Call to ibv_create_qp failed``) at set-up.
 
@@ -420,9 +364,10 @@ def _verbs_finding(verbs: Sequence[EventGroup], folded: Sequence[EventGroup]) ->
     """
     calls = ", ".join(sorted({g.code for g in verbs}))
     count = sum(g.count for g in verbs)
-    return _node_finding(
+    return group_finding(
         verbs,
-        folded,
+        entity=NODE_ENTITY,
+        folded=folded,
         kind="rdma_verbs",
         code=sorted({g.code for g in verbs})[0],
         severity=Severity.WARNING,
@@ -448,9 +393,10 @@ def _socket_finding(sockets: Sequence[EventGroup], results: Sequence[EventGroup]
     """
     peers = sorted({p for g in sockets for p in g.attr_values.get("peer", set())})
     count = sum(g.count for g in sockets)
-    return _node_finding(
+    return group_finding(
         sockets,
-        results,
+        entity=NODE_ENTITY,
+        folded=results,
         kind="nccl",
         code="connection_closed_by_peer",
         severity=Severity.WARNING,
@@ -469,7 +415,7 @@ def _orphan_symptoms(
 ) -> Iterable[Finding]:
     for group in symptoms:
         yield group_finding(
-            group,
+            [group],
             kind="rdma_transport",
             code=group.code,
             severity=Severity.WARNING,
@@ -482,9 +428,9 @@ def _orphan_symptoms(
         )
     if results and not symptoms:
         names = ", ".join(sorted({g.code for g in results}))
-        yield _node_finding(
+        yield group_finding(
             results,
-            (),
+            entity=NODE_ENTITY,
             kind="nccl",
             code=sorted({g.code for g in results})[0],
             severity=Severity.WARNING,
@@ -562,7 +508,7 @@ def rdma_async_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         if verdict is None:
             continue
         yield group_finding(
-            group,
+            [group],
             kind="rdma_async",
             code=group.code,
             severity=verdict.severity,
@@ -609,7 +555,7 @@ def ib_port_state_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         if advice:
             hint = f"{hint} (mlxlink: {'; '.join(advice)})"
         yield group_finding(
-            group,
+            [group],
             kind="ib_port",
             code=f"state_{group.code}",
             severity=Severity.WARNING if recovered else Severity.MAJOR,
@@ -688,7 +634,7 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 + "): "
                 "legacy counters stop at all-ones, so this is history, not a rate; "
                 "clear the counters and re-read",
-                _sample_evidence(used) + _evidence(saturated_groups, 4),
+                _sample_evidence(used) + group_evidence(saturated_groups, 4),
             )
             continue
         errors = [m for m in PHYSICAL_ERROR_METRICS if value(m) > 0]
@@ -937,7 +883,7 @@ def ibdiagnet_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 + "; ".join(stages)
                 + "): read ibdiagnet2.log for the ports and links involved"
             ),
-            evidence=tuple(_evidence(groups)),
+            evidence=tuple(group_evidence(groups)),
             source="network.ibdiagnet_rule: ibdiagnet(1) summary; " + _DOC,
         )
 
@@ -961,7 +907,7 @@ def collective_timeout_rule(obs: Observations, ctx: Context) -> Iterable[Finding
     for node, groups in sorted(by_node.items()):
         if node in roots:
             continue
-        first, last = _span(groups)
+        first, last = span(groups)
         described = []
         for group in groups[:4]:
             op = next(iter(group.attr_values.get("op", {"collective"})))
@@ -982,7 +928,7 @@ def collective_timeout_rule(obs: Observations, ctx: Context) -> Iterable[Finding
                 "WARN lines and IB counters of every rank's node; do not cordon on this alone"
                 + (" (year of the time stamps assumed)" if years else "")
             ),
-            evidence=tuple(_evidence(groups)),
+            evidence=tuple(group_evidence(groups)),
             source="network.collective_timeout_rule: PyTorch ProcessGroupNCCL watchdog; " + _DOC,
             first_seen_at=first,
             last_seen_at=last,
@@ -1011,7 +957,7 @@ def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding
         if oob:
             what += f"; {oob} out-of-bounds value(s)"
         yield group_finding(
-            group,
+            [group],
             kind="collective",
             code="wrong_results",
             severity=Severity.CRITICAL,
@@ -1045,7 +991,7 @@ def collective_results_rule(obs: Observations, ctx: Context) -> Iterable[Finding
                     f"nccl-tests average bus bandwidth {measured:g} GB/s is below "
                     f"{SLOW_BUSBW_RATIO:.0%} of the expected {expected:g} GB/s"
                 ),
-                evidence=tuple(_evidence([group])),
+                evidence=tuple(group_evidence([group])),
                 source="network.collective_results_rule: nccl-tests doc/PERFORMANCE.md; " + _DOC,
             )
 
@@ -1061,7 +1007,7 @@ def nvls_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     for group in obs.events("nvls"):
         devs = ",".join(sorted(group.attr_values.get("cuda_dev", set())))
         yield group_finding(
-            group,
+            [group],
             kind="nvls",
             code=group.code,
             severity=Severity.MAJOR,

@@ -19,8 +19,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from analytics.fault_model.common import attr, keep_evidence, uuid_map, year_note
-from analytics.fault_model.engine import Context, EventGroup, Observations, Rule
+from analytics.fault_model.common import attr, uuid_map, year_note
+from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
 from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, NodeName, Severity
 
 logger = logging.getLogger(__name__)
@@ -193,6 +193,17 @@ class _Root:
             occurrences=max(self.occurrences, 1),
             confidence=self.confidence,
         )
+
+
+def keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
+    """Append ``new`` lines to ``kept``, keeping the first and the latest (at most MAX_EVIDENCE)."""
+    head = MAX_EVIDENCE // 2
+    for item in new:
+        if item in kept:
+            continue
+        if len(kept) >= MAX_EVIDENCE:
+            del kept[head]
+        kept.append(item)
 
 
 def _min(a: float | None, b: float | None) -> float | None:

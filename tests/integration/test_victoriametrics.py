@@ -13,6 +13,7 @@ from core.records import EntityId, EntityRef, Event, NodeName, Sample
 from storage.influxdb import InfluxDbStore
 from storage.promql import PromqlStore
 from tests.vm_server import Server
+from tests.vm_server import prometheus as prometheus  # fixture
 from tests.vm_server import victoria_metrics as victoria_metrics  # fixture
 
 NOW = float(int(time.time()) - 600)
@@ -97,3 +98,24 @@ def test_unreachable_server_is_a_temporary_error() -> None:
                             node=NodeName("n"), entity=EntityId("g"))], [])
     assert failures == [("b", "o", "ms")]
     store.close()
+
+
+def test_promql_reader_on_a_real_prometheus(prometheus: Server) -> None:
+    reader = PromqlStore(url=prometheus.url)
+    ref = EntityRef(node=NodeName("dgx9"), entity=EntityId("GPU-prom"))
+    deadline = time.monotonic() + 15
+    while True:
+        now = time.time()
+        power = reader.read("gpu_power_watts", [ref], now - 60, now)
+        energy = reader.read("gpu_energy_joules_total", None, now - 60, now)
+        if (len(power) >= 2 and len(energy) >= 1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(power["value"]) == {250.5}
+    assert power["observed_at"].is_monotonic_increasing
+    assert energy[["node", "entity"]].drop_duplicates().values.tolist() == [["dgx9", "GPU-prom"]]
+    assert set(energy["value"]) == {5000 * BY_NAME["gpu_energy_joules_total"].dcgm_scale}
+    native = reader.read("gpu_temperature_celsius", [ref], now - 60, now, step_seconds=1)
+    assert set(native["value"]) == {61.0}
+    assert ref in reader.entities()
+    reader.close()

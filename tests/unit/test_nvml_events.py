@@ -270,3 +270,41 @@ def test_dedup_filter_over_both_streams_gives_one_finding(
 def test_dedup_rejects_bad_window() -> None:
     with pytest.raises(ValueError, match="window"):
         XidDedup(window_seconds=0)
+
+
+def test_dedup_hold_lets_the_richer_kernel_copy_win() -> None:
+    clock = FakeClock(now=0.0)
+    dedup = XidDedup(clock=clock, hold_seconds=2.0)
+    nvml = _xid("13", "nvml")
+    kernel = Event(
+        kind="xid",
+        code="13",
+        node=NodeName("n1"),
+        entity=PCI,
+        observed_at=None,
+        attrs={"process": "python3", "pid": "4242"},
+        source="kernel_log",
+    )
+    assert dedup.filter([nvml]) == []  # held for the kernel log's copy
+    clock.advance(0.5)
+    assert dedup.filter([kernel]) == [kernel]
+    clock.advance(5.0)
+    assert dedup.filter([]) == []  # the NVML copy was replaced, not released
+    assert dedup.suppressed == 1
+
+
+def test_dedup_hold_releases_an_unpaired_nvml_copy_and_drops_a_late_kernel_copy() -> None:
+    clock = FakeClock(now=0.0)
+    dedup = XidDedup(clock=clock, hold_seconds=2.0)
+    nvml = _xid("79", "nvml")
+    assert dedup.filter([nvml]) == []
+    clock.advance(2.5)
+    assert dedup.filter([]) == [nvml]
+    clock.advance(1.0)
+    assert dedup.filter([_xid("79", "kernel_log")]) == []  # late copy of the same Xid
+    assert dedup.flush() == []
+
+
+def test_dedup_rejects_a_hold_longer_than_the_window() -> None:
+    with pytest.raises(ValueError, match="hold_seconds"):
+        XidDedup(window_seconds=5.0, hold_seconds=5.0)

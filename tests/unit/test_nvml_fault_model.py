@@ -19,9 +19,10 @@ from collectors import nvidia_smi
 from collectors.artifact import ArtifactResult, Line, ParseContext, parse_lines
 from collectors.kernel_log import parse_kernel_lines
 from collectors.nvml import NvmlCollector
-from collectors.testing import FakeNvml, given_for_dump
+from collectors.testing import FakeNvml, FakeNvmlGap, given_for_dump, parse_nvidia_smi_dump
 from core.clock import FakeClock
 from core.records import Action, Finding, NodeName, Record, Severity
+from tests.conftest import cases_dir
 
 DUMPS = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 STATE_KINDS = {
@@ -242,3 +243,22 @@ def test_injected_remap_failure_and_recovery_reboot() -> None:
     verdicts, _records = _via_nvml(DUMPS / "a10-q.txt", fake)
     assert ("row_remap", "failure", Severity.CRITICAL, Action.SERVICE_HARDWARE) in verdicts
     assert ("recovery_action", "node_reboot", Severity.CRITICAL, Action.REBOOT_NODE) in verdicts
+
+
+def test_a_case_fragment_answers_what_it_prints_and_nothing_else() -> None:
+    case = next(cases_dir().glob("021-*"))  # A100, Row Remapper pending, pasted with [...]
+    (gpu,) = parse_nvidia_smi_dump(case)
+    assert (gpu.facts["remap_pending"], gpu.facts["remap_correctable"]) == (1, 1)
+    assert gpu.facts[("ecc", 0, 0, 2)] == 177  # DRAM correctable, volatile
+    assert "power_mw" in gpu.absent
+    assert "power_mw" not in gpu.facts  # not printed: unknown, not "not supported"
+    fake = FakeNvml([gpu])
+    with pytest.raises(FakeNvmlGap):
+        fake.nvmlDeviceGetPowerUsage(fake.handles[0])
+    # with the rest declared not supported, NVML reaches the nvidia-smi diagnosis
+    declared = FakeNvml.from_dump(case, **given_for_dump())
+    for each in declared.gpus:
+        each.declare_absent()
+    nvml, _records = _via_nvml(case, declared)
+    assert ("row_remap", "pending", Severity.WARNING, Action.RESET_GPU) in nvml
+    assert nvml == _via_smi(case)
