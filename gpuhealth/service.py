@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from alerting.silences import SilenceStore
+from collectors.nvml_events import XidDedup
 from core import plugins
 from core.errors import (
     CollectorUnavailable,
@@ -148,6 +149,7 @@ class Service:
         self.pipeline: Pipeline | None = None
         self.server: MetricsServer | None = None
         self.api: ApiServer | None = None
+        self._xid_dedup = XidDedup(hold_seconds=2.0)
         self.collectors: dict[str, Collector] = {}
         self._errors: dict[str, _Counters] = {}
         self._threads: list[threading.Thread] = []
@@ -315,6 +317,8 @@ class Service:
                               {"collector": name, "reason": reason})
 
     def _accept(self, name: str, records: Sequence[Record]) -> None:
+        # One Xid seen by NVML and by the kernel log is one event (issue 3).
+        records = self._xid_dedup.filter(records)
         self.buffer.put(records)
         self.exporter.update(records)
         self._publish_errors(name)
@@ -482,6 +486,7 @@ class Service:
             if thread.is_alive():
                 logger.warning("thread %s did not stop within %.0f s", thread.name,
                                JOIN_TIMEOUT_SECONDS)
+        self.buffer.put(self._xid_dedup.flush())
         self._drain()
         if self.api is not None:
             self.api.stop()
