@@ -118,10 +118,14 @@ def river_bench(gpus: int, features: int, vectors: int) -> list[tuple[str, float
     ]
     out = []
     configs: tuple[tuple[str, Callable[[], Any]], ...] = (
-        ("hst (n_trees=10, height=6, window=100)", lambda: HalfSpaceTreesDetector(seed=1)),
+        ("hst default (n_trees=5, height=6, window=100)", lambda: HalfSpaceTreesDetector(seed=1)),
         (
             "hst small (n_trees=5, height=5, window=100)",
             lambda: HalfSpaceTreesDetector(n_trees=5, height=5, seed=1),
+        ),
+        (
+            "hst (n_trees=10, height=6, window=100)",
+            lambda: HalfSpaceTreesDetector(n_trees=10, height=6, seed=1),
         ),
         (
             "hst river defaults (height=8, window=250)",
@@ -148,7 +152,7 @@ def river_bench(gpus: int, features: int, vectors: int) -> list[tuple[str, float
     bare = [
         preprocessing.StandardScaler()
         | compose.FuncTransformer(squash)
-        | anomaly.HalfSpaceTrees(n_trees=10, height=6, window_size=100, seed=1)
+        | anomaly.HalfSpaceTrees(n_trees=5, height=6, window_size=100, seed=1)
         for _ in range(gpus)
     ]
     started = time.perf_counter()

@@ -49,7 +49,7 @@ from core.clock import Clock, system_clock
 from core.errors import PermanentError, TemporaryError
 from core.records import EntityId, EntityRef, Event, NodeName, Sample
 from storage.lineprotocol import LineEncoder, split_metric
-from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
+from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events
 
 logger = logging.getLogger(__name__)
 
@@ -172,12 +172,14 @@ class InfluxDbStore:
     def encode(self, samples: Sequence[Sample], events: Sequence[Event]) -> list[str]:
         """Check and encode a batch as line protocol (ms timestamps); counts rejects."""
         now = self.clock()
-        good = check_samples(samples, now=now, counts=self.rejected,
-                             max_future_seconds=self.max_future_seconds, min_at=self.min_at)
-        good_events = check_events(events, now=now, counts=self.rejected,
-                                   max_future_seconds=self.max_future_seconds,
-                                   min_at=self.min_at)
-        return self._encoder.samples(good) + self._encoder.events(good_events)
+        lines = self._encoder.checked_samples(
+            samples, now=now, counts=self.rejected, max_future_seconds=self.max_future_seconds,
+            min_at=self.min_at)
+        if events:
+            lines += self._encoder.events(check_events(
+                events, now=now, counts=self.rejected,
+                max_future_seconds=self.max_future_seconds, min_at=self.min_at))
+        return lines
 
     def write_lines(self, lines: Sequence[str]) -> None:
         """Post encoded lines (ms precision) in bodies of ``batch_size`` lines.

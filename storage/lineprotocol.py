@@ -36,7 +36,7 @@ from core.catalog import CATALOG
 from core.clock import Clock, system_clock
 from core.protocols import Store
 from core.records import EntityId, EntityRef, Event, Evidence, NodeName, Record, Sample
-from storage.sanitize import check_events, check_samples
+from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
 
 logger = logging.getLogger(__name__)
 
@@ -122,43 +122,122 @@ class LineEncoder:
         max_series_cache: Series prefixes kept before the cache is cleared.
     """
 
-    def __init__(self, *, precision: Precision = "ns", max_series_cache: int = 1_000_000) -> None:
+    def __init__(self, *, precision: Precision = "ns", max_series_cache: int = 1_000_000,
+                 merge_fields: bool = True) -> None:
         self.precision = precision
         self.max_series_cache = max_series_cache
-        self._prefixes: dict[tuple[Any, ...], str] = {}
+        self.merge_fields = merge_fields
+        self._parts: dict[tuple[Any, ...], tuple[str, str]] = {}
+        self._heads: dict[str, str] = {}
 
-    def _prefix(self, s: Sample) -> str:
+    def _miss(self, key: tuple[Any, ...], s: Sample) -> tuple[str, str]:
+        if len(self._parts) > self.max_series_cache:
+            self._parts.clear()
+            self._heads.clear()
         measurement, field_key = split_metric(s.metric)
         tags = {"node": s.node, "entity": s.entity, **s.labels}
-        text = escape_measurement(measurement) + "".join(
+        head = escape_measurement(measurement) + "".join(
             f",{escape_key(k)}={escape_key(v)}" for k, v in sorted(tags.items()) if v)
-        return f"{text} {escape_key(field_key)}="
-
-    def _miss(self, s: Sample) -> str:
-        prefixes = self._prefixes
-        if len(prefixes) > self.max_series_cache:
-            prefixes.clear()
-        labels = s.labels
-        key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
-            s.metric, s.node, s.entity)
-        prefix = prefixes.get(key)
-        if prefix is None:
-            prefix = prefixes[key] = self._prefix(s)
-        return prefix
+        head = self._heads.setdefault(head, head)  # one object per tag set: compared by `is`
+        parts = self._parts[key] = (head, escape_key(field_key) + "=")
+        return parts
 
     def samples(self, samples: Iterable[Sample]) -> list[str]:
-        """Encode checked samples (float values, stamped) as lines without newlines."""
-        get = self._prefixes.get
+        """Encode checked samples (float values, stamped) as lines without newlines.
+
+        Consecutive samples of one tag set and timestamp (a collector's reading of one GPU)
+        share a line, one field each, unless ``merge_fields`` is off: the tags are written
+        once, and line protocol merges the fields of one point anyway.
+        """
+        get = self._parts.get
         miss = self._miss
-        # one comprehension per precision: this loop is the serialisation cost
-        if self.precision == "ns":
-            return [f"{(not s.labels and get((s.metric, s.node, s.entity))) or miss(s)}"
-                    f"{s.value!r} {round(s.observed_at * 1_000_000) * 1000}"  # type: ignore[operator]
-                    for s in samples]
-        per_second = _PER_SECOND[self.precision]
-        return [f"{(not s.labels and get((s.metric, s.node, s.entity))) or miss(s)}"
-                f"{s.value!r} {round(s.observed_at * per_second)}"  # type: ignore[operator]
-                for s in samples]
+        scale = 1_000_000 if self.precision == "ns" else _PER_SECOND[self.precision]
+        factor = 1000 if self.precision == "ns" else 1
+        merge = self.merge_fields
+        out: list[str] = []
+        append = out.append
+        prev_head: str | None = None
+        prev_stamp = 0
+        fields: list[str] = []
+        seen: set[str] = set()
+        for s in samples:
+            labels = s.labels
+            key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
+                s.metric, s.node, s.entity)
+            head, feq = get(key) or miss(key, s)
+            stamp = round(s.observed_at * scale) * factor  # type: ignore[operator]
+            if merge and head is prev_head and stamp == prev_stamp and feq not in seen:
+                fields.append(f"{feq}{s.value!r}")
+                seen.add(feq)
+                continue
+            if fields:
+                append(f"{prev_head} {','.join(fields)} {prev_stamp}")
+            prev_head, prev_stamp = head, stamp
+            fields = [f"{feq}{s.value!r}"]
+            seen = {feq}
+        if fields:
+            append(f"{prev_head} {','.join(fields)} {prev_stamp}")
+        return out
+
+    def checked_samples(
+        self,
+        samples: Iterable[Sample],
+        *,
+        now: float,
+        counts: Counter[str],
+        max_future_seconds: float = MAX_FUTURE_SECONDS,
+        min_at: float = MIN_AT,
+    ) -> list[str]:
+        """Check and encode in one pass: :func:`storage.sanitize.check_samples` + :meth:`samples`.
+
+        A sample of a series already encoded, with a finite float value and a float time in
+        range, takes the fast path; any other goes through ``check_samples`` first (and is
+        counted there when rejected or converted).
+        """
+        get = self._parts.get
+        miss = self._miss
+        latest = now + max_future_seconds
+        scale = 1_000_000 if self.precision == "ns" else _PER_SECOND[self.precision]
+        factor = 1000 if self.precision == "ns" else 1
+        merge = self.merge_fields
+        out: list[str] = []
+        append = out.append
+        prev_head: str | None = None
+        prev_stamp = 0
+        fields: list[str] = []
+        seen: set[str] = set()
+        for s in samples:
+            labels = s.labels
+            key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
+                s.metric, s.node, s.entity)
+            parts = get(key)
+            value, at = s.value, s.observed_at
+            if (parts is None or type(value) is not float or value - value != 0.0
+                    or type(at) is not float or not min_at <= at <= latest):
+                cleaned = check_samples([s], now=now, counts=counts,
+                                        max_future_seconds=max_future_seconds, min_at=min_at)
+                if not cleaned:
+                    continue
+                s = cleaned[0]
+                value, at = s.value, s.observed_at
+                labels = s.labels
+                key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
+                    s.metric, s.node, s.entity)
+                parts = get(key) or miss(key, s)
+            head, feq = parts
+            stamp = round(at * scale) * factor  # type: ignore[operator]
+            if merge and head is prev_head and stamp == prev_stamp and feq not in seen:
+                fields.append(f"{feq}{value!r}")
+                seen.add(feq)
+                continue
+            if fields:
+                append(f"{prev_head} {','.join(fields)} {prev_stamp}")
+            prev_head, prev_stamp = head, stamp
+            fields = [f"{feq}{value!r}"]
+            seen = {feq}
+        if fields:
+            append(f"{prev_head} {','.join(fields)} {prev_stamp}")
+        return out
 
     def events(self, events: Iterable[Event]) -> list[str]:
         """Encode stamped events as ``gpuhealth_event`` lines."""

@@ -20,7 +20,9 @@ def parse(text: str) -> tuple[list[Record], ArtifactResult]:
     lines = [Line(i, t) for i, t in enumerate(text.splitlines(), start=1)]
     result = ArtifactResult()
     ctx = ParseContext(file="input.txt", node=NodeName("node-a"))
-    return list(parse_lines(lines, ctx, PARSERS, result)), result
+    records = list(parse_lines(lines, ctx, PARSERS, result))
+    result.summarise(ctx.file)  # as read_artifact closes a file
+    return records, result
 
 
 def parse_file(path: str) -> tuple[list[Record], ArtifactResult]:

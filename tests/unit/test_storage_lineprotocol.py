@@ -87,3 +87,20 @@ def test_export_import_between_sqlite_stores(tmp_path: Path) -> None:
     b = target.read("gpu_power_watts", None, 0, 2e9)
     assert a.equals(b)
     assert target.read_events(0, 2e9) == source.read_events(0, 2e9)
+
+
+def test_one_pass_check_and_encode_matches_the_two_passes() -> None:
+    batch = [_s(float(i % 5), at=T0 + i // 3) for i in range(30)] + [
+        _s(float("nan")), _s(7), _s("x"), _s(1.0, at=None), _s(2.0, at=T0 + 1e6),
+        _s(3.0, reason="a b"), _s(4.0, reason="a b", at=T0 + 1)]
+    counts_a: Counter[str] = Counter()
+    counts_b: Counter[str] = Counter()
+    two = LineEncoder(precision="ms").samples(check_samples(batch, now=T0, counts=counts_a))
+    one = LineEncoder(precision="ms").checked_samples(batch, now=T0, counts=counts_b)
+    assert one == two
+    assert counts_a == counts_b == Counter({"nan": 1, "converted_type": 1, "type": 1,
+                                            "future": 1})
+    # three samples per timestamp share one line: the tags are written once
+    assert len(one) < len(batch)
+    decoded = [r for line in one for r in decode_line(line, precision="ms")]
+    assert len(decoded) == len(batch) - 3
