@@ -308,14 +308,160 @@ def _max(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
 
 
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """A symptom that belongs to a root finding on the same GPU (one incident per fault).
+
+    Attributes:
+        symptom: ``(kind, code)`` of the finding that is folded; ``code`` ``None``
+            matches any code of the kind.
+        roots: ``(kind, code)`` pairs it folds into, tried in order.
+        window_seconds: Largest gap between the two first times; ``None`` when the
+            state is the same fault whatever the time (a remap pending is the state an
+            Xid 63 announced).
+        note: Why, as the fault model or NVIDIA's documents say.
+    """
+
+    symptom: tuple[str, str | None]
+    roots: tuple[tuple[str, str | None], ...]
+    window_seconds: float | None
+    note: str
+
+
+FOLDS: tuple[Fold, ...] = (
+    Fold(
+        symptom=("xid", "154"),
+        roots=(("xid", None), ("gpu_lost", None), ("gsp_error", None),
+               ("gsp_rpc_timeout", None), ("gpu_init_failure", None)),
+        window_seconds=120.0,
+        note="Xid 154 is the driver's summary of the recovery action the preceding Xid "
+        "needs (Xid catalog, XID_154)",
+    ),
+    Fold(
+        symptom=("xid", "63"),
+        roots=(("row_remap", "failure"), ("row_remap", "pending")),
+        window_seconds=None,
+        note="Xid 63 records the row remap that nvidia-smi/NVML show pending "
+        "(NVIDIA memory error management)",
+    ),
+    Fold(
+        symptom=("ecc", "dram_uncorrectable"),
+        roots=(("row_remap", "failure"), ("row_remap", "pending"), ("xid", "48"),
+               ("xid", "94"), ("xid", "95")),
+        window_seconds=None,
+        note="the uncorrectable DRAM error is what the remap or the Xid reports "
+        "(NVIDIA memory error management)",
+    ),
+    Fold(
+        symptom=("xid", "94"),
+        roots=(("row_remap", "failure"), ("row_remap", "pending")),
+        window_seconds=None,
+        note="a contained error leaves its row remap pending until reset "
+        "(NVIDIA memory error management)",
+    ),
+    Fold(
+        symptom=("xid", "64"),
+        roots=(("xid", "48"),),
+        window_seconds=60.0,
+        note="the page retirement that failed is the one the DBE asked for (Xid catalog, "
+        "WORKFLOW_XID_48)",
+    ),
+)
+"""Symptom-to-root folds applied after the rules (fault-model.md, "Root cause over symptoms")."""
+
+_ACTION_STRENGTH = {
+    Action.NONE: 0,
+    Action.RESTART_APP: 1,
+    Action.RESET_GPU: 2,
+    Action.REBOOT_NODE: 3,
+    Action.SERVICE_HARDWARE: 4,
+}
+
+
+def _matches(finding: Finding, kind: str, code: str | None) -> bool:
+    return finding.kind == kind and (code is None or finding.code == code)
+
+
+def _close_in_time(a: Finding, b: Finding, window: float | None) -> bool:
+    if window is None or a.first_seen_at is None or b.first_seen_at is None:
+        return True
+    return abs(a.first_seen_at - b.first_seen_at) <= window
+
+
+def _covers(root: Finding, symptom: Finding) -> bool:
+    """True when acting on ``root`` also deals with ``symptom``."""
+    if root.severity.rank < symptom.severity.rank:
+        return False
+    if root.action == symptom.action:
+        return True
+    strength_root = _ACTION_STRENGTH.get(root.action)
+    strength_symptom = _ACTION_STRENGTH.get(symptom.action)
+    return (
+        strength_root is not None
+        and strength_symptom is not None
+        and strength_root >= strength_symptom
+    )
+
+
+def fold_symptoms(findings: Sequence[Finding], folds: Sequence[Fold] = FOLDS) -> list[Finding]:
+    """Fold symptom findings into their root finding on the same node and entity.
+
+    A symptom is folded only when a matching root exists within the fold's time
+    window and acting on the root also deals with the symptom (same or stronger
+    action, same or higher severity); otherwise both stay, so nothing is hidden.
+    The root keeps its severity and action and gains the symptom's evidence
+    (capped); a folded state (no time window) also widens the root's time span.
+    """
+    result = list(findings)
+    for fold in folds:
+        for symptom in [f for f in result if _matches(f, *fold.symptom)]:
+            root = next(
+                (
+                    r
+                    for kind, code in fold.roots
+                    for r in result
+                    if r is not symptom
+                    and _matches(r, kind, code)
+                    and (r.node, r.entity) == (symptom.node, symptom.entity)
+                    and _close_in_time(r, symptom, fold.window_seconds)
+                    and _covers(r, symptom)
+                ),
+                None,
+            )
+            if root is None:
+                continue
+            evidence = list(root.evidence)
+            _keep_evidence(evidence, symptom.evidence)
+            spans = fold.window_seconds is None  # a state folds whole; an event keeps its time
+            merged = replace(
+                root,
+                evidence=tuple(evidence),
+                first_seen_at=(
+                    _min(root.first_seen_at, symptom.first_seen_at) if spans
+                    else root.first_seen_at
+                ),
+                last_seen_at=(
+                    _max(root.last_seen_at, symptom.last_seen_at) if spans
+                    else root.last_seen_at
+                ),
+                source=f"{root.source}; folded {symptom.kind} {symptom.code}: {fold.note}",
+            )
+            result = [merged if f is root else f for f in result if f is not symptom]
+    return result
+
+
 def evaluate(
     observations: Observations, context: Context, rules: Sequence[Rule] | None = None
 ) -> list[Finding]:
-    """Run the rules over the observations; return merged findings, worst first."""
+    """Run the rules over the observations; return root findings, worst first.
+
+    Findings about the same fault merge (:func:`merge_findings`), then symptoms fold
+    into their root (:func:`fold_symptoms`).
+    """
     found: list[Finding] = []
     for rule in rules if rules is not None else all_rules():
         found.extend(rule(observations, context))
-    return merge_findings(found)
+    return merge_findings(fold_symptoms(merge_findings(found)))
 
 
 class FaultRuleDetector:

@@ -71,3 +71,37 @@ def test_evaluate_runs_given_rules_and_sorts_worst_first() -> None:
 
     out = evaluate(Observations(), Context(facts={"nvlink": "Expected "}), rules=[rule])
     assert [f.code for f in out] == ["nvlink", "94"]
+
+
+def test_symptoms_fold_into_their_root_on_the_same_gpu_only_when_the_root_covers_them() -> None:
+    from dataclasses import replace
+
+    from analytics.fault_model.engine import fold_symptoms
+
+    root = finding(Severity.CRITICAL, Action.RESET_GPU, "62", at=100.0, line=1)
+    summary_154 = replace(finding(Severity.CRITICAL, Action.RESET_GPU, "154", at=100.0, line=2))
+    late_154 = replace(summary_154, first_seen_at=10_000.0, last_seen_at=10_000.0)
+    reboot_154 = replace(summary_154, action=Action.REBOOT_NODE)
+    other_gpu = replace(summary_154, entity=EntityId("0000:07:00.0"))
+
+    folded = fold_symptoms([root, summary_154])
+    assert [f.code for f in folded] == ["62"]
+    assert [e.line for e in folded[0].evidence] == [1, 2]
+    assert folded[0].last_seen_at == 100.0
+    # too late, a stronger action, another GPU: nothing is hidden
+    assert len(fold_symptoms([root, late_154])) == 2
+    assert len(fold_symptoms([root, reboot_154])) == 2
+    assert len(fold_symptoms([root, other_gpu])) == 2
+
+
+def test_a_pending_remap_absorbs_the_xid_63_that_announced_it() -> None:
+    from dataclasses import replace
+
+    from analytics.fault_model.engine import fold_symptoms
+
+    xid63 = finding(Severity.WARNING, Action.RESET_GPU, "63", at=None, line=1)
+    pending = replace(xid63, kind="row_remap", code="pending",
+                      evidence=(Evidence(file="f", line=9, text="Pending : Yes"),))
+    (only,) = fold_symptoms([xid63, pending])
+    assert (only.kind, only.code) == ("row_remap", "pending")
+    assert {e.line for e in only.evidence} == {1, 9}
