@@ -109,8 +109,9 @@ class SpoolingStore:
 
     Attributes:
         dropped_samples: Samples dropped because the spool was full.
-        retried_batches: Batches delivered after an earlier attempt of theirs failed (they
-            may have reached the store twice).
+        retried_batches: Spooled batches (a batch's samples and its events count apart)
+            delivered after an earlier attempt of theirs failed: they may have reached the
+            store twice.
         rejected: Reason → samples and events rejected or converted on the way in.
     """
 
@@ -203,7 +204,8 @@ class SpoolingStore:
         """Samples and events waiting in the spool (``gpuhealth_spool_depth``)."""
         return self._depth
 
-    def _append(self, kind: bytes, count: int, lines: list[str]) -> None:
+    def _append(self, kind: bytes, count: int, lines: list[str]) -> tuple[int, int]:
+        """Append one record; return its ``(segment, offset)``."""
         payload = ("\n".join(lines) + "\n").encode()
         if self._active is None or self._seg(self._active).stat().st_size >= self.segment_bytes:
             self._active = (self._segments[-1] + 1) if self._segments else max(
@@ -213,12 +215,14 @@ class SpoolingStore:
                 self._cursor = (self._active, 0)
                 self._save_cursor()
         with open(self._seg(self._active), "ab") as handle:
+            offset = handle.tell()
             handle.write(_HEADER.pack(_MAGIC, len(payload), zlib.crc32(payload), count, kind))
             handle.write(payload)
             handle.flush()
             if self.fsync:
                 os.fsync(handle.fileno())
         self._depth += count
+        return self._active, offset
 
     def _enforce_bound(self) -> None:
         """Drop sample records of the oldest segments until the spool fits ``max_bytes``."""
@@ -291,12 +295,13 @@ class SpoolingStore:
 
     def _spool(self, samples: Sequence[Sample], events: Sequence[Event], *, failed: bool
                ) -> None:
+        keys = []
         if events:
-            self._append(_EVENTS, len(events), self._encoder.events(events))
+            keys.append(self._append(_EVENTS, len(events), self._encoder.events(events)))
         if samples:
-            self._append(_SAMPLES, len(samples), self._encoder.samples(samples))
-        if failed and self._active is not None:
-            self._failed.add((self._active, -1))  # marks the segment's last batch tried
+            keys.append(self._append(_SAMPLES, len(samples), self._encoder.samples(samples)))
+        if failed:  # this batch was tried once: it may have reached the store
+            self._failed.update(keys)
 
     def _may_try(self, now: float) -> bool:
         return self._retry_at is None or now >= self._retry_at
@@ -374,9 +379,8 @@ class SpoolingStore:
             logger.error("store refused a spooled batch of %d records; dropped: %s",  # noqa: TRY400
                          record.count, exc)
             self.rejected["permanent"] += record.count
-        if key in self._failed or (record.seq, -1) in self._failed:
+        if key in self._failed:
             self._failed.discard(key)
-            self._failed.discard((record.seq, -1))
             self.retried_batches += 1
         self._retry_at = None
         self._wait = self.retry_seconds
