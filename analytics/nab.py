@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -488,3 +489,23 @@ def format_table(
             f"{label:<28}" + "".join(f"{scores.get(n, float('nan')):>20.2f}" for n in names)
         )
     return "\n".join(lines)
+
+
+def data_root(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Locate the NAB folder.
+
+    Returns:
+        ``explicit``, else ``$GPUHEALTH_TEST_DATA/nab``, else ``../shared/data/nab`` relative
+        to the working directory (the repository root in a checkout).
+    """
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("GPUHEALTH_TEST_DATA")
+    if env:
+        return Path(env) / "nab"
+    return Path.cwd().parent / "shared" / "data" / "nab"
+
+
+def is_nab_folder(root: Path) -> bool:
+    """Whether ``root`` holds NAB's data and labels."""
+    return (root / "labels" / "combined_windows.json").is_file() and (root / "data").is_dir()

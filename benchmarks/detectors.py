@@ -51,6 +51,7 @@ GOAL_SAMPLES_PER_SECOND = 1_000_000
 GOAL_THRESHOLD_NS = 200.0
 GOAL_RIVER_US = 100.0
 GOAL_RIVER_BYTES = 100_000
+REPEATS = 3
 
 
 def _data(series: int, steps: int, seed: int) -> np.ndarray:
@@ -134,11 +135,13 @@ def river_bench(gpus: int, features: int, vectors: int) -> list[tuple[str, float
         ("sad (per-feature SAD)", lambda: StandardAbsoluteDeviationDetector()),
     )
     for label, make in configs:
-        detector = make()
-        started = time.perf_counter()
-        for x in stream:
-            detector.observe(x)
-        elapsed = time.perf_counter() - started
+        elapsed = float("inf")
+        for _ in range(REPEATS):  # best of a few: the machine is shared
+            detector = make()
+            started = time.perf_counter()
+            for x in stream:
+                detector.observe(x)
+            elapsed = min(elapsed, time.perf_counter() - started)
         # Memory on a separate run: tracemalloc slows Python down several times.
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
@@ -149,19 +152,22 @@ def river_bench(gpus: int, features: int, vectors: int) -> list[tuple[str, float
         tracemalloc.stop()
         del held
         out.append((label, elapsed / len(stream) * 1e6, memory))
-    bare = [
-        preprocessing.StandardScaler()
-        | compose.FuncTransformer(squash)
-        | anomaly.HalfSpaceTrees(n_trees=5, height=6, window_size=100, seed=1)
-        for _ in range(gpus)
-    ]
-    started = time.perf_counter()
-    for i, x in enumerate(stream):
-        model = bare[i % gpus]
-        values = dict(x.values)
-        model.score_one(values)
-        model.learn_one(values)
-    bare_us = (time.perf_counter() - started) / len(stream) * 1e6
+    bare_seconds = float("inf")
+    for _ in range(REPEATS):
+        bare = [
+            preprocessing.StandardScaler()
+            | compose.FuncTransformer(squash)
+            | anomaly.HalfSpaceTrees(n_trees=5, height=6, window_size=100, seed=1)
+            for _ in range(gpus)
+        ]
+        started = time.perf_counter()
+        for i, x in enumerate(stream):
+            model = bare[i % gpus]
+            values = dict(x.values)
+            model.score_one(values)
+            model.learn_one(values)
+        bare_seconds = min(bare_seconds, time.perf_counter() - started)
+    bare_us = bare_seconds / len(stream) * 1e6
     out.append(("hst bare river pipeline (no threshold)", bare_us, 0.0))
     return out
 

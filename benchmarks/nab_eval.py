@@ -31,15 +31,6 @@ from analytics import nab  # noqa: E402
 GOAL_STANDARD = 70.0
 
 
-def data_root(arg: str | None) -> Path:
-    if arg:
-        return Path(arg)
-    env = os.environ.get("GPUHEALTH_TEST_DATA")
-    if env:
-        return Path(env) / "nab"
-    return ROOT.parent / "shared" / "data" / "nab"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="NAB folder (data/, labels/, config/, results/)")
@@ -47,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cooldown", type=int, default=200, help="debounce rows (0: none)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
-    root = data_root(args.data)
-    if not (root / "labels" / "combined_windows.json").is_file():
+    root = nab.data_root(args.data) if args.data else ROOT.parent / "shared" / "data" / "nab"
+    if not args.data and os.environ.get("GPUHEALTH_TEST_DATA"):
+        root = nab.data_root()
+    if not nab.is_nab_folder(root):
         print(f"no NAB data in {root}", file=sys.stderr)
         return 2
 

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import calendar
 import errno
+import json
 import logging
 import os
 import re
@@ -119,6 +120,8 @@ _PREFIX = re.compile(
     r"^(?:<\d+>)?(?:"
     # Talos / remote syslog: "192.0.2.119: kern: warning: [2026-04-22T21:30:51.5Z]: msg"
     r"(?P<rhost>[\w.:-]+):\s+kern:\s+\w+\s*:\s+\[(?P<riso>" + _ISO + r")\]:?\s*"
+    # RFC 5424: "<4>1 2025-03-14T02:11:09.12+00:00 host kernel - - - msg"
+    r"|1 (?P<r5iso>" + _ISO + r") (?P<r5host>[\w.:-]+) kernel \S+ \S+ (?:-|\[[^\]]*\])\s?"
     # dmesg -T / --ctime
     r"|\[(?P<ctime>(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?"
     # dmesg (uptime)
@@ -339,9 +342,33 @@ class KernelLogSession:
     _ctime_cache: dict[str, float] = field(default_factory=dict)
     _burst: _Burst | None = None
     _mce_sev: str = ""
+    split_hosts: bool = True
+    _hosts: set[str] = field(default_factory=set)
+    _line_host: str | None = None
+    _last_host: str | None = None
+    _held: list[Record] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._year = self.ctx.default_year
+
+    def _see_host(self, host: str) -> None:
+        self._line_host = host
+        if len(self._hosts) < 2:
+            self._hosts.add(host)
+
+    def _by_host(self, out: list[Record]) -> list[Record]:
+        """Name each event's node after its line's host once two hosts were seen.
+
+        While at most one host is known, events of host-naming lines are held back
+        (a single host keeps ``ctx.node``, so a pasted file folds as one node).
+        """
+        if not self.split_hosts or not (self._hosts or self._held):
+            return out
+        if len(self._hosts) < 2:
+            self._held.extend(out)
+            return []
+        held, self._held = self._held, []
+        return [_relabel(r) for r in (*held, *out)]
 
     # ------------------------------------------------------------------ API
     def feed(self, lines: Sequence[Line]) -> list[Record]:
@@ -371,13 +398,13 @@ class KernelLogSession:
                         file=self.ctx.file, line=line.number, reason=f"malformed line: {exc}"
                     )
                 )
-        return out
+        return self._by_host(out) if self._hosts else out
 
     def flush(self) -> list[Record]:
         """Finish the multi-line messages being joined (live sources call this when idle)."""
         out: list[Record] = []
         self.flush_into(out)
-        return out
+        return self._by_host(out)
 
     def flush_into(self, out: list[Record]) -> None:
         """Finish the multi-line messages being joined, appending their events to ``out``."""
@@ -387,13 +414,16 @@ class KernelLogSession:
         self._flush_aer(out)
 
     def close(self) -> list[Record]:
-        """Flush joined messages and year-less events held back."""
-        out = self.flush()
+        """Flush joined messages and events held back (year-less, or waiting on hosts)."""
+        out: list[Record] = []
+        self.flush_into(out)
         if self._pending:
             if self._year is None:
                 self._year = _assumed_year(self._pending[0].bsd)
             self._release_pending(out)
-        return out
+        out = self._by_host(out)
+        held, self._held = self._held, []
+        return held + out
 
     # ------------------------------------------------------------ stamps
     def _split(self, text: str) -> tuple[_Stamp, str]:
@@ -407,13 +437,16 @@ class KernelLogSession:
             if c is not None:
                 body = body[c.end() :]
         g = m.groupdict()
+        host = g["rhost"] or g["ihost"] or g["bhost"] or g["r5host"]
+        if host is not None:
+            self._see_host(host)
         up = g["up"] or g["up2"] or g["up3"] or g["up4"]
         if up is not None:
             stamp.uptime = float(up)
         if g["ctime"]:
             stamp.observed_at = self._ctime(g["ctime"])
-        elif g["riso"] or g["iso"]:
-            stamp.observed_at = _iso(g["riso"] or g["iso"])
+        elif g["riso"] or g["iso"] or g["r5iso"]:
+            stamp.observed_at = _iso(g["riso"] or g["iso"] or g["r5iso"])
         elif g["fm"]:
             stamp.observed_at = self._ctime(g["fm"], "%b %d %Y %H:%M:%S")
         elif g["bsd"]:
@@ -458,7 +491,19 @@ class KernelLogSession:
         indent = len(text) - len(text.lstrip()) if text[:1].isspace() else 0
         if "#01" in text:  # rsyslog escapes newlines and tabs (#012, #011)
             text = text.replace("#012", " ").replace("#011", " ")
+        c0 = text[:1]
+        if c0 == "{" or (c0.isalnum() and ": " in text[:80]):
+            host, text = _unwrap(text)  # journalctl -o json, pdsh/clush "host: " prefix
+            if host is not None:
+                self._see_host(host)
         stamp, body = self._split(text)
+        host = self._line_host
+        self._line_host = None
+        if host != self._last_host:
+            if self._last_host is not None and host is not None:
+                self.flush_into(out)  # interleaved hosts (pdsh): never join across them
+            if host is not None:
+                self._last_host = host
         if not body:
             return
         # A continuation line is indented deeper than the line that opened the
@@ -1417,6 +1462,69 @@ def _entity_of(msg: str) -> EntityId:
     return NODE_ENTITY
 
 
+_PDSH = re.compile(
+    r"(?P<host>[A-Za-z0-9][\w.-]*): (?=\[\s*\d|\[" + _DAY + " |" + _MON + r" [ \d]\d |"
+    r"\d{4}-\d\d-\d\d|NVRM: |kernel: )"
+)
+_NOT_HOSTS = frozenset({"NVRM", "kernel", "kern", "nvidia", "Xid", "SXid"})
+
+
+def _unwrap(text: str) -> tuple[str | None, str]:
+    """Return the host a line names outside the kernel-log prefix, and the line to parse.
+
+    Handles ``journalctl -o json`` (``_HOSTNAME``, ``__REALTIME_TIMESTAMP``,
+    ``MESSAGE``) and the ``host: `` prefix of pdsh and clush.
+
+    Examples:
+        >>> _unwrap("gpu-017: [ 5.0] NVRM: Xid (PCI:0000:01:00): 79, x")
+        ('gpu-017', '[ 5.0] NVRM: Xid (PCI:0000:01:00): 79, x')
+        >>> _unwrap('{"MESSAGE":"NVRM: x","_HOSTNAME":"n1","__REALTIME_TIMESTAMP":"1000000"}')
+        ('n1', '1970-01-01T00:00:01.000000+00:00 n1 kernel: NVRM: x')
+    """
+    if text[:1] == "{":
+        if '"MESSAGE"' not in text:
+            return None, text
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return None, text
+        if not isinstance(obj, dict) or not isinstance(obj.get("MESSAGE"), str):
+            return None, text
+        msg = obj["MESSAGE"]
+        host = obj.get("_HOSTNAME")
+        host = host if isinstance(host, str) and host else None
+        stamp = obj.get("__REALTIME_TIMESTAMP")
+        if isinstance(stamp, str) and stamp.isdigit():
+            usec = int(stamp)
+            iso = datetime.fromtimestamp(usec // 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            where = f"{host} kernel" if host else "kernel"
+            return host, f"{iso}.{usec % 1_000_000:06d}+00:00 {where}: {msg}"
+        return host, msg
+    m = _PDSH.match(text)
+    if m is None or m["host"] in _NOT_HOSTS:
+        return None, text
+    return m["host"], text[m.end() :]
+
+
+def _host_of(text: str) -> str | None:
+    """The host a raw kernel-log line names, if any."""
+    host, rest = _unwrap(text) if text[:1] == "{" or text[:1].isalnum() else (None, text)
+    if host is not None:
+        return host
+    m = _PREFIX.match(rest)
+    if m is None:
+        return None
+    return m["rhost"] or m["ihost"] or m["bhost"] or m["r5host"]
+
+
+def _relabel(record: Record) -> Record:
+    """An event with its node set to the host its first line names."""
+    if not isinstance(record, Event) or not record.evidence:
+        return record
+    host = _host_of(record.evidence[0].text.replace("#012", " ").replace("#011", " "))
+    return record if host is None else replace(record, node=NodeName(host))
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:40] or "error"
 
@@ -1527,19 +1635,62 @@ def parse_kernel_lines(texts: Iterable[str], ctx: ParseContext) -> Iterator[Even
 
 
 # ---------------------------------------------------------------------- live collector
+JOURNAL_DIRS: tuple[str, ...] = ("/var/log/journal", "/run/log/journal")
+"""Where journald keeps its files; ``auto`` picks the journal only when it has entries."""
+
+KMSG_PATH = "/dev/kmsg"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+STATE_FILE = "kernel_log.state.json"
+"""Name of the position file the collector keeps in ``state_dir``."""
+
+
+def _dir_has_files(path: str) -> bool:
+    """Whether ``path`` holds at least one file (journald keeps them one level down)."""
+    try:
+        for _root, _dirs, files in os.walk(path):
+            if files:
+                return True
+    except OSError:
+        return False
+    return False
+
+
+def _read_boot_id() -> str:
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 class KernelLogCollector:
     """Live kernel-log collector: follows the journal, ``/dev/kmsg`` or a file.
+
+    At start it reads the current boot's backlog (faults logged at boot or while
+    the service was down), then follows: ``/dev/kmsg`` from the start of its ring
+    buffer, ``journalctl -k -b`` from the first entry of this boot, a file from
+    its beginning (with ``state_dir``) or from ``from_start``. With ``state_dir``
+    the position read so far (kmsg sequence number and boot id, journal cursor,
+    file inode and offset) is kept in :data:`STATE_FILE` there, so a restart goes on
+    where the last run stopped instead of replaying the boot.
 
     Args:
         node: Name of this node, put on every event.
         path: File to follow (``source="file"``, or the fallback of ``"auto"``).
-        source: ``"auto"`` (journal, else ``/dev/kmsg``, else ``path``), ``"journal"``,
-            ``"kmsg"`` or ``"file"``.
+        source: ``"auto"`` (the journal when it holds entries, else ``/dev/kmsg``
+            when readable, else ``path``), ``"journal"``, ``"kmsg"`` or ``"file"``.
         clock: Returns epoch seconds; stamps events whose line carries no absolute time.
         poll_interval_seconds: How long the file follower waits between reads when
             there is nothing new, seconds.
         sleep: The wait function (injectable so tests never sleep).
-        from_start: Read a followed file from its beginning instead of its end.
+        from_start: Without ``state_dir``: read a followed file from its beginning
+            instead of its end (the journal and ``/dev/kmsg`` always start at the boot).
+        state_dir: Folder for the position file; ``None`` keeps no state (each start
+            reads the whole current-boot backlog).
+
+    Attributes:
+        chosen_source: After :meth:`stream` started: ``"journal"``, ``"kmsg"`` or
+            ``"file"`` (why is logged once at INFO).
 
     Raises:
         ValueError: Unknown ``source`` or a non-positive poll interval.
@@ -1557,6 +1708,7 @@ class KernelLogCollector:
         poll_interval_seconds: float = 0.5,
         sleep: Callable[[float], None] = time.sleep,
         from_start: bool = False,
+        state_dir: str | None = None,
     ) -> None:
         if source not in ("auto", "journal", "kmsg", "file"):
             raise ValueError(f"unknown kernel log source {source!r}: auto, journal, kmsg or file")
@@ -1569,8 +1721,24 @@ class KernelLogCollector:
         self.poll_interval_seconds = poll_interval_seconds
         self.sleep = sleep
         self.from_start = from_start
+        self.state_dir = state_dir
         self._closed = False
         self._proc: subprocess.Popen[bytes] | None = None
+        self._chosen: str | None = None
+        self._why = ""
+        self._state: dict[str, object] = {}
+        self._saved: dict[str, object] = {}
+        self._monotonic: Callable[[], float] = time.monotonic
+
+    @property
+    def chosen_source(self) -> str | None:
+        """The source :meth:`stream` reads (``None`` before it starts)."""
+        return self._chosen
+
+    @property
+    def chosen_reason(self) -> str:
+        """Why that source was chosen (empty before :meth:`stream` starts)."""
+        return self._why
 
     def collect(self) -> list[Record]:
         """Return nothing: this collector streams (see :meth:`stream`)."""
@@ -1583,73 +1751,153 @@ class KernelLogCollector:
         if proc is not None and proc.poll() is None:
             proc.terminate()
 
+    # ------------------------------------------------------------ choice
+    def _probe_journal(self) -> tuple[bool, str]:
+        if shutil.which("journalctl") is None:
+            return False, "journalctl is not installed"
+        try:
+            probe = subprocess.run(
+                ["journalctl", "-k", "-b", "-n", "1", "-q", "--no-pager"],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return False, f"journalctl -k failed to run ({exc})"
+        if probe.returncode != 0:
+            return False, f"journalctl -k -b exited with status {probe.returncode}"
+        if probe.stdout.strip():
+            return True, "journalctl -k -b returned kernel messages of this boot"
+        for folder in JOURNAL_DIRS:
+            if _dir_has_files(folder):
+                return True, f"journal files found in {folder}"
+        return False, (
+            "journalctl -k -b returned nothing and "
+            + " and ".join(JOURNAL_DIRS)
+            + " hold no journal files"
+        )
+
     def _choose(self) -> str:
         if self.source != "auto":
             if self.source == "file" and not self.path:
                 raise CollectorUnavailable("kernel_log source 'file' needs a path")
-            return self.source
-        if shutil.which("journalctl") is not None:
-            try:
-                probe = subprocess.run(
-                    ["journalctl", "-k", "-n", "0", "--no-pager"],
-                    capture_output=True,
-                    timeout=10,
-                    check=False,
-                )
-                if probe.returncode == 0:
-                    return "journal"
-            except (OSError, subprocess.SubprocessError):
-                logger.debug("journalctl probe failed", exc_info=True)
-        if os.access("/dev/kmsg", os.R_OK):
-            return "kmsg"
+            return self._chose(self.source, "configured")
+        ok, why = self._probe_journal()
+        if ok:
+            return self._chose("journal", why)
+        reasons = [why]
+        if os.access(KMSG_PATH, os.R_OK):
+            return self._chose("kmsg", f"{why}; {KMSG_PATH} is readable")
+        reasons.append(f"{KMSG_PATH} is not readable")
         if self.path:
-            return "file"
+            return self._chose("file", "; ".join(reasons) + f"; following {self.path}")
         raise CollectorUnavailable(
-            "no readable kernel log: journalctl -k failed, /dev/kmsg is not readable "
-            "and no path was given"
+            "no readable kernel log: " + "; ".join(reasons) + " and no path was given"
         )
 
+    def _chose(self, kind: str, why: str) -> str:
+        self._chosen, self._why = kind, why
+        logger.info("kernel_log: reading %s (%s)", self._source_name(kind), why)
+        return kind
+
+    def _source_name(self, kind: str) -> str:
+        if kind == "journal":
+            return "journal"
+        if kind == "kmsg":
+            return KMSG_PATH
+        return self.path or ""
+
+    # ------------------------------------------------------------ state
+    def _state_path(self) -> str | None:
+        return None if self.state_dir is None else os.path.join(self.state_dir, STATE_FILE)
+
+    def _load_state(self, kind: str) -> dict[str, object]:
+        path = self._state_path()
+        if path is None:
+            return {}
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError):
+            logger.warning("kernel_log: unreadable state file %s: starting over", path)
+            return {}
+        if not isinstance(data, dict) or data.get("source") != kind:
+            return {}
+        return data
+
+    def _save_state(self) -> None:
+        path = self._state_path()
+        if path is None or not self._state or self._state == self._saved:
+            return
+        tmp = f"{path}.tmp"
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(self._state, fh)
+            os.replace(tmp, path)
+            self._saved = dict(self._state)
+        except OSError as exc:
+            logger.warning("kernel_log: cannot write state file %s: %s", path, exc)
+
+    # ------------------------------------------------------------ stream
     def stream(self) -> Iterator[Event]:
         """Yield events as kernel-log lines arrive, until :meth:`close` is called.
 
         Multi-line messages are finished when the source goes quiet for one poll
-        interval, so an event is never held back waiting for a next line.
+        interval, so an event is never held back waiting for a next line. The
+        position is saved (with ``state_dir``) when the source goes quiet and at the end.
 
         Raises:
             CollectorUnavailable: No source can be read.
         """
         kind = self._choose()
+        saved = self._load_state(kind)
+        self._state = dict(saved)
+        self._saved = dict(saved)
         if kind == "journal":
-            lines: Iterator[str | None] = self._journal()
-            name = "journal"
+            lines: Iterator[str | None] = self._journal(saved)
         elif kind == "kmsg":
-            lines = self._kmsg()
-            name = "/dev/kmsg"
+            lines = self._kmsg(saved)
         else:
             assert self.path is not None
-            lines = self._follow(self.path)
-            name = self.path
-        session = KernelLogSession(ctx=ParseContext(file=name, node=NodeName(self.node)))
+            lines = self._follow(self.path, saved)
+        session = KernelLogSession(
+            ctx=ParseContext(file=self._source_name(kind), node=NodeName(self.node)),
+            split_hosts=False,
+        )
         number = 0
         for text in lines:
             if text is None:  # idle
                 yield from self._live(session.flush(), kind)
+                self._save_state()
             else:
                 number += 1
                 yield from self._live(session.feed([Line(number, text)]), kind)
             if self._closed:
                 break
         yield from self._live(session.close(), kind)
+        self._save_state()  # not when the consumer stops early: replay beats loss
 
     def _live(self, records: Iterable[Record], kind: str) -> Iterator[Event]:
-        """Stamp events without a time from the clock; journal and kmsg lines have no number."""
+        """Stamp events without a time; journal and kmsg lines have no number.
+
+        A ``/dev/kmsg`` event is dated from its uptime stamp (the backlog of the boot
+        is not "now"); others without a time take the clock.
+        """
         for record in records:
             if not isinstance(record, Event):
                 continue
             evidence = record.evidence
             if kind != "file":
                 evidence = tuple(replace(e, line=None) for e in evidence)
-            at = record.observed_at if record.observed_at is not None else self.clock()
+            at = record.observed_at
+            if at is None:
+                at = self.clock()
+                up = record.attrs.get("uptime_seconds")
+                if kind == "kmsg" and up is not None:
+                    at -= max(0.0, self._monotonic() - float(up))
             yield replace(record, observed_at=at, evidence=evidence)
 
     def _fd_lines(self, fd: int, *, records: bool) -> Iterator[str | None]:
@@ -1669,6 +1917,8 @@ class KernelLogCollector:
                     continue
                 raise CollectorUnavailable(f"kernel log read failed: {exc.strerror}") from exc
             if not chunk:
+                if buffer:
+                    yield buffer.decode("utf-8", errors="replace")
                 return
             if records:  # /dev/kmsg: one record per read
                 yield chunk.decode("utf-8", errors="replace").rstrip("\n")
@@ -1679,64 +1929,150 @@ class KernelLogCollector:
             for raw in complete:
                 yield raw.decode("utf-8", errors="replace")
 
-    def _journal(self) -> Iterator[str | None]:
-        try:
-            proc = subprocess.Popen(
-                ["journalctl", "-k", "-f", "-n", "0", "-o", "short-iso", "--no-pager"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
-        except OSError as exc:
-            raise CollectorUnavailable(f"cannot run journalctl: {exc}") from exc
-        self._proc = proc
-        assert proc.stdout is not None
-        try:
-            yield from self._fd_lines(proc.stdout.fileno(), records=False)
-        finally:
-            self.close()
-            proc.stdout.close()
-            proc.wait(timeout=5)
+    def _journal_command(self, cursor: str | None) -> list[str]:
+        cmd = ["journalctl", "-k", "-b", "-f", "-o", "json", "--no-pager"]
+        if cursor:
+            cmd.append(f"--after-cursor={cursor}")
+        else:
+            cmd += ["-n", "all"]
+        return cmd
 
-    def _kmsg(self) -> Iterator[str | None]:
+    def _journal(self, saved: dict[str, object]) -> Iterator[str | None]:
+        """``journalctl -k -b -f -o json``: this boot's backlog (after the saved cursor), then new.
+
+        JSON output carries each entry's cursor, which is saved as the position.
+        """
+        cursor = saved.get("cursor")
+        cursor = cursor if isinstance(cursor, str) and cursor else None
+        while True:
+            try:
+                proc = subprocess.Popen(
+                    self._journal_command(cursor),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )
+            except OSError as exc:
+                raise CollectorUnavailable(f"cannot run journalctl: {exc}") from exc
+            self._proc = proc
+            assert proc.stdout is not None
+            got = False
+            try:
+                for text in self._fd_lines(proc.stdout.fileno(), records=False):
+                    if text is None:
+                        yield None
+                        continue
+                    got = True
+                    line = self._journal_line(text)
+                    if line is not None:
+                        yield line
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                proc.stdout.close()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                self._proc = None
+            if self._closed or got or cursor is None or proc.returncode == 0:
+                return
+            # the saved cursor is gone (journal vacuumed or rotated away): read the boot
+            logger.info("kernel_log: saved journal cursor not found; reading the whole boot")
+            cursor = None
+            self._state.pop("cursor", None)
+
+    def _journal_line(self, text: str) -> str | None:
+        """One ``journalctl -o json`` entry as a short-iso line (plain lines pass through)."""
+        if text[:1] != "{":
+            return text
         try:
-            fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+            obj = json.loads(text)
+        except ValueError:
+            return text
+        if not isinstance(obj, dict):
+            return text
+        cur = obj.get("__CURSOR")
+        if isinstance(cur, str):
+            self._state = {"source": "journal", "cursor": cur}
+        msg = obj.get("MESSAGE")
+        if not isinstance(msg, str):
+            return None
+        stamp = obj.get("__REALTIME_TIMESTAMP")
+        if isinstance(stamp, str) and stamp.isdigit():
+            usec = int(stamp)
+            iso = datetime.fromtimestamp(usec // 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            return f"{iso}.{usec % 1_000_000:06d}+00:00 kernel: {msg}"
+        return msg
+
+    def _kmsg(self, saved: dict[str, object]) -> Iterator[str | None]:
+        """``/dev/kmsg`` from the start of its ring buffer (this boot), skipping what was read."""
+        try:
+            fd = os.open(KMSG_PATH, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
-            raise CollectorUnavailable(f"cannot read /dev/kmsg: {exc.strerror}") from exc
+            raise CollectorUnavailable(f"cannot read {KMSG_PATH}: {exc.strerror}") from exc
+        boot_id = _read_boot_id()
+        last = saved.get("seq")
+        skip_to = last if isinstance(last, int) and saved.get("boot_id") == boot_id else -1
         try:
-            os.lseek(fd, 0, os.SEEK_END)
             for record in self._fd_lines(fd, records=True):
-                yield record if record is None else kmsg_to_dmesg(record)
+                if record is None:
+                    yield None
+                    continue
+                m = _KMSG.match(record)
+                if m is None:
+                    continue
+                seq = int(m["seq"])
+                if seq <= skip_to:
+                    continue
+                self._state = {"source": "kmsg", "boot_id": boot_id, "seq": seq}
+                line = kmsg_to_dmesg(record)
+                if line is not None:
+                    yield line
         finally:
             os.close(fd)
 
-    def _follow(self, path: str) -> Iterator[str | None]:
-        """Follow ``path`` like ``tail -F``: survive rotation and truncation; wait while gone."""
+    def _follow(self, path: str, saved: dict[str, object]) -> Iterator[str | None]:
+        """Follow ``path`` like ``tail -F``: survive rotation and truncation; wait while gone.
+
+        The first open starts at the saved offset when the inode is the same and the
+        file not shorter, else at the beginning (with ``state_dir``), else at
+        ``from_start``'s choice.
+        """
         handle = None
         inode: int | None = None
-        buffer = ""
+        buffer = b""
         first = True
         idle = False
         try:
             while not self._closed:
                 if handle is None:
                     try:
-                        handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
+                        handle = open(path, "rb")  # noqa: SIM115
                     except OSError:
                         first = False
                         yield None
                         self.sleep(self.poll_interval_seconds)
                         continue
-                    inode = os.fstat(handle.fileno()).st_ino
-                    if first and not self.from_start:
-                        handle.seek(0, os.SEEK_END)
+                    st0 = os.fstat(handle.fileno())
+                    inode = st0.st_ino
+                    if first:
+                        handle.seek(self._file_start(saved, st0))
                     first = False
-                    buffer = ""
-                chunk = handle.read(65536)
-                if chunk:
+                    buffer = b""
+                raw = handle.read(65536)
+                if raw:
                     idle = False
-                    buffer += chunk
-                    *complete, buffer = buffer.split("\n")
-                    yield from complete
+                    buffer += raw
+                    *complete, buffer = buffer.split(b"\n")
+                    self._state = {
+                        "source": "file",
+                        "path": path,
+                        "inode": inode,
+                        "offset": handle.tell() - len(buffer),
+                    }
+                    for one in complete:
+                        yield one.decode("utf-8", errors="replace")
                     continue
                 try:
                     st: os.stat_result | None = os.stat(path)
@@ -1746,12 +2082,12 @@ class KernelLogCollector:
                     handle.close()
                     handle = None
                     if buffer:
-                        yield buffer
-                        buffer = ""
+                        yield buffer.decode("utf-8", errors="replace")
+                        buffer = b""
                     continue
                 if st.st_size < handle.tell():  # truncated in place
                     handle.seek(0)
-                    buffer = ""
+                    buffer = b""
                     continue
                 if not idle:
                     idle = True
@@ -1760,6 +2096,19 @@ class KernelLogCollector:
         finally:
             if handle is not None:
                 handle.close()
+
+    def _file_start(self, saved: dict[str, object], st: os.stat_result) -> int:
+        if self.state_dir is None:
+            return 0 if self.from_start else st.st_size
+        off = saved.get("offset")
+        if (
+            saved.get("inode") == st.st_ino
+            and saved.get("path") == self.path
+            and isinstance(off, int)
+            and 0 <= off <= st.st_size
+        ):
+            return off
+        return 0
 
 
 _KMSG = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")

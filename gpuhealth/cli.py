@@ -10,13 +10,13 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import click
 
 from analytics.fault_model import check_facts
 from core import logs
-from core.errors import ConfigError
+from core.errors import ConfigError, GpuHealthError
 from core.plugins import GROUPS, available
 from gpuhealth.diagnose import EXIT_UNPARSEABLE
 from gpuhealth.diagnose import diagnose as run_diagnose
@@ -291,6 +291,78 @@ def rules_export(output: str, runbook_base_url: str, cluster: str | None) -> Non
     else:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(text)
+
+
+def _open_store(config_path: str | None) -> Any:
+    from gpuhealth.config import load_settings
+    from storage import open_store
+
+    settings = load_settings(config_path)
+    return open_store(settings.storage.type, settings.store_options,
+                      spool_path=settings.node.data_dir / "spool")
+
+
+@main.command("export")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings file naming the store.")
+@click.option("--since", required=True, help="Start: epoch seconds, ISO 8601, or 7d/30m ago.")
+@click.option("--until", default="now", show_default=True, help="End, same forms.")
+@click.option("--metric", "metrics", multiple=True, help="Only this metric (repeatable).")
+@click.option("-o", "--output", type=click.File("w"), default="-", help="File (default stdout).")
+@click.option("--precision", type=click.Choice(["ns", "us", "ms", "s"]), default="ns",
+              show_default=True, help="Timestamp unit written.")
+def export_cmd(config_path: str | None, since: str, until: str, metrics: tuple[str, ...],
+               output: Any, precision: str) -> None:
+    """Write a time range of the store as InfluxDB line protocol."""
+    from storage import export, parse_when
+
+    now = time.time()
+    try:
+        since_at, until_at = parse_when(since, now=now), parse_when(until, now=now)
+        store = _open_store(config_path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    try:
+        report = export(store, output, since_at=since_at, until_at=until_at,
+                        metrics=list(metrics) or None, precision=cast(Any, precision))
+    except GpuHealthError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        getattr(store, "close", lambda: None)()
+    click.echo(f"exported {report.samples} samples and {report.events} events", err=True)
+
+
+@main.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings file naming the store.")
+@click.option("--precision", type=click.Choice(["ns", "us", "ms", "s"]), default="ns",
+              show_default=True, help="Timestamp unit of the files.")
+def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) -> None:
+    """Write line-protocol files into the store, keeping their timestamps."""
+    from storage import import_lines
+
+    try:
+        store = _open_store(config_path)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    try:
+        report = import_lines(store, paths, precision=cast(Any, precision))
+    except GpuHealthError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        getattr(store, "close", lambda: None)()
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.rejected.items()))
+    click.echo(f"imported {report.samples} samples and {report.events} events"
+               + (f"; skipped or converted: {skipped}" if skipped else ""), err=True)
+    if report.rejected and not (report.samples or report.events):
+        sys.exit(1)
 
 
 @main.group()

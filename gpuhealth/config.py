@@ -195,11 +195,35 @@ class StorageSettings(BaseModel):
 
     model_config = _FROZEN
 
-    type: Literal["sqlite"] = "sqlite"
-    """Store plugin (``gpuhealth.stores``); SQLite is the embedded default that needs no server."""
+    type: Literal["sqlite", "influxdb"] = "sqlite"
+    """Store plugin (``gpuhealth.stores``): ``sqlite``, the embedded default that needs no
+    server; ``influxdb`` writes to InfluxDB 2 or VictoriaMetrics through a durable spool."""
 
     path: Path | None = None
     """SQLite file; default ``<data_dir>/gpuhealth.sqlite``."""
+
+    url: str | None = None
+    """``influxdb``: base URL (``http://victoria:8428``, ``http://influx:8086``); required."""
+
+    org: str = "gpuhealth"
+    """``influxdb``: organization (any value for VictoriaMetrics)."""
+
+    bucket: str = "gpuhealth"
+    """``influxdb``: bucket written and read."""
+
+    token_env: str = "INFLUX_TOKEN"
+    """``influxdb``: environment variable holding the API token (never the file)."""
+
+    spool_max_bytes: int = Field(default=256 * 1024 * 1024, ge=4096)
+    """``influxdb``: bound of the on-disk spool in ``<data_dir>/spool`` (256 MiB holds about
+    an hour of 10,000 GPUs x 30 metrics); beyond it the oldest samples are dropped and
+    counted, events never."""
+
+    @model_validator(mode="after")
+    def _url_for_influxdb(self) -> StorageSettings:
+        if self.type == "influxdb" and not self.url:
+            raise ValueError("url is required when type = 'influxdb'")
+        return self
 
     retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)
     """How long samples and events are kept (default ``7d``): a week covers the weekly report
@@ -454,6 +478,14 @@ class Settings(BaseModel):
     def storage_path(self) -> Path:
         """Return the SQLite file path (always set after loading)."""
         return self.storage.path or self.node.data_dir / "gpuhealth.sqlite"
+
+    @property
+    def store_options(self) -> dict[str, Any]:
+        """Return the keyword arguments of the ``[storage] type`` store plugin."""
+        s = self.storage
+        if s.type == "influxdb":
+            return {"url": s.url, "org": s.org, "bucket": s.bucket, "token_env": s.token_env}
+        return {"path": str(self.storage_path), "retention_seconds": s.retention_seconds}
 
     @property
     def audit_log_path(self) -> Path:

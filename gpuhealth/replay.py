@@ -51,6 +51,8 @@ from core.records import (
 from gpuhealth.diagnose import expand_paths, finding_to_json
 from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
+from storage import read_records
+from storage.lineprotocol import DecodeReport
 
 SCHEMA_VERSION = 1
 
@@ -110,6 +112,10 @@ class ReplayReport:
     def node(self, name: str) -> NodeReplay | None:
         """Return the result for node ``name``, or ``None``."""
         return next((n for n in self.nodes if n.node == name), None)
+
+
+LINE_PROTOCOL_SUFFIXES = (".lp", ".influx", ".line")
+"""File endings read as InfluxDB line protocol (``gpuhealth export`` writes ``.lp``)."""
 
 
 def node_of_file(path: str) -> str:
@@ -269,15 +275,32 @@ def replay(
     findings: list[Finding] = []
     for index, path in enumerate(files):
         node = NodeName(fixed_node or node_of_file(path))
-        result = ArtifactResult()
-        ctx = ParseContext(file=path, node=node, default_year=default_year)
-        records = list(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
-        report.parsed_lines += result.parsed_lines
-        if result.parsed_lines or records:
-            slot(node).files.append(path)  # an unreadable file is an issue, not a node
-        if pipeline.observe_snapshot(node, records):
-            slot(node).healthy_files.append(path)
-        report.issues.extend(result.issues)
+        if path.endswith(LINE_PROTOCOL_SUFFIXES):
+            # Recorded telemetry (gpuhealth export, a fleet's history): its records keep
+            # their own nodes and timestamps.
+            decoded = DecodeReport()
+            lp_records = list(read_records([path], report=decoded))
+            if fixed_node:
+                lp_records = list(_on_node(lp_records, NodeName(fixed_node)))
+            report.parsed_lines += len(lp_records)
+            for name in dict.fromkeys(r.node for r in lp_records):
+                slot(name).files.append(path)
+            for reason, count in sorted(decoded.skipped.items()):
+                report.issues.append(ParseIssue(
+                    file=path, line=None, reason=f"{count} line(s) skipped: {reason}"))
+            if not lp_records and not decoded.skipped:
+                report.issues.append(ParseIssue(file=path, line=None, reason="no records"))
+            pipeline.observe(lp_records)
+        else:
+            result = ArtifactResult()
+            ctx = ParseContext(file=path, node=node, default_year=default_year)
+            records = list(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
+            report.parsed_lines += result.parsed_lines
+            if result.parsed_lines or records:
+                slot(node).files.append(path)  # an unreadable file is an issue, not a node
+            if pipeline.observe_snapshot(node, records):
+                slot(node).healthy_files.append(path)
+            report.issues.extend(result.issues)
         output = pipeline.evaluate()
         findings = output.findings
         for alert in output.alerts:

@@ -52,6 +52,7 @@ from gpuhealth.config import (
 )
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
+from storage import open_store, store_stats
 
 logger = logging.getLogger(__name__)
 
@@ -178,13 +179,13 @@ class Service:
         except OSError as exc:
             raise StartupError(f"[node] data_dir {data_dir}: {exc.strerror}") from exc
         try:
-            self.store = plugins.build(
-                "gpuhealth.stores", s.storage.type,
-                {"path": str(s.storage_path), "retention_seconds": s.storage.retention_seconds},
-                expect=Store)
+            self.store = open_store(s.storage.type, s.store_options,
+                                    spool_path=data_dir / "spool",
+                                    spool_max_bytes=s.storage.spool_max_bytes)
         except Exception as exc:  # a corrupt or unreadable database file, a bad plugin
             raise StartupError(
-                f"[storage] cannot open the {s.storage.type} store at {s.storage_path}: {exc}"
+                f"[storage] cannot open the {s.storage.type} store "
+                f"({s.storage.url or s.storage_path}): {exc}"
             ) from exc
         if self._given is None:
             self._build_collectors()
@@ -443,6 +444,11 @@ class Service:
         self._unwritten = []
         self.exporter.inc("gpuhealth_samples_written_total", amount=len(samples))
         self.exporter.inc("gpuhealth_events_written_total", amount=len(events))
+        stats = store_stats(self.store)
+        self.exporter.set("gpuhealth_spool_depth", stats.spool_depth)
+        self.exporter.set("gpuhealth_spool_dropped_total", stats.spool_dropped)
+        for reason, count in stats.rejected.items():
+            self.exporter.set("gpuhealth_store_rejected_total", count, {"reason": reason})
         self._dirty = True
         return True
 

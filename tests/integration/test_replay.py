@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -375,3 +376,34 @@ def test_cases_folder_pages_once_per_major_or_critical_file():
         severity = expected[name]["worst_severity"]
         pages = [p.labels["severity"] for p in node.pages]
         assert pages == ([severity] if severity in ("major", "critical") else []), name
+
+
+def test_replay_of_exported_line_protocol_keeps_nodes_and_times(tmp_path: Path) -> None:
+    """Telemetry moved with `gpuhealth export` replays with its own nodes and timestamps."""
+    import io
+
+    from core.records import Event, Evidence, NodeName, Sample
+    from storage import export
+    from storage.sqlite import SqliteStore
+
+    store = SqliteStore(path=str(tmp_path / "h.sqlite"))
+    xid = Event(kind="xid", code="79", node=NodeName("gpu-017"), entity="0000:b1:00.0",  # type: ignore[arg-type]
+                observed_at=1_700_000_000.0, message="GPU has fallen off the bus.",
+                source="kernel_log",
+                evidence=(Evidence(file="kern.log", line=7, text="NVRM: Xid ... 79"),))
+    temp = Sample(metric="gpu_temperature_celsius", value=61.0, observed_at=1_700_000_000.0,
+                  node=NodeName("gpu-042"), entity="GPU-a")  # type: ignore[arg-type]
+    store.write([temp], [xid])
+    out = io.StringIO()
+    export(store, out, since_at=1_699_999_000.0, until_at=1_700_001_000.0)
+    store.close()
+    lp = tmp_path / "fleet.lp"
+    lp.write_text(out.getvalue())
+
+    report = replay([str(lp)], clock=FakeClock(now=1_700_000_100.0))
+    assert {n.node for n in report.nodes} >= {"gpu-017"}
+    node = report.node("gpu-017")
+    assert node is not None
+    (finding,) = [f for f in node.findings if f.code == "79"]
+    assert finding.severity.value == "critical"
+    assert finding.first_seen_at == 1_700_000_000.0
