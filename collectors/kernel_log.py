@@ -41,7 +41,9 @@ Event kinds emitted (``Event.kind`` / ``Event.code``):
 * ``pcie_aer`` / ``corrected`` | ``uncorrected_nonfatal`` | ``uncorrected_fatal`` (attrs
   ``vendor_id``, ``device_id``, ``driver``, ``source`` = ``aer`` or ``apei``).
 * ``host_memory`` / ``UE`` | ``CE`` (attr ``count``), from EDAC, MCE and APEI.
-* ``pcie_bandwidth_limited`` / ``limited``; ``driver_load`` / driver version;
+* ``pcie_bandwidth_limited`` / ``limited`` (attrs ``limited_by``, ``capable``,
+  ``capable_link``, ``limited_at``); ``pcie_bandwidth`` / ``full`` (attr ``link``: a
+  device at its full bandwidth); ``driver_load`` / driver version;
   ``gpu_identity`` / ``uuid`` (attr ``uuid``); ``peermem`` / ``note``;
   ``kernel_boot`` / ``boot``.
 * ``nvml_error`` / ``unknown_error`` | ``no_devices`` | ``driver_not_loaded`` |
@@ -248,7 +250,11 @@ _LIMITED = re.compile(
     r"(?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?P<avail>[\d.]+ Gb/s) "
     r"available PCIe "
     r"bandwidth, limited by (?P<by>[^,]+?)(?: at (?P<at>[0-9a-fA-F:.]+))?"
-    r" \(capable of (?P<cap>[\d.]+ Gb/s)"
+    r" \(capable of (?P<cap>[\d.]+ Gb/s)(?: with (?P<caplink>[^)]*?))?\)"
+)
+_FULL_BW = re.compile(
+    r"(?P<dev>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]): (?P<avail>[\d.]+ Gb/s) "
+    r"available PCIe bandwidth \((?P<link>[^)]*? link)\)"
 )
 _NVML_HANDLE = re.compile(
     r"Unable to determine the device handle for (?:GPU\s*)?(?P<pci>[0-9a-fA-F:.]+):\s*(?P<err>.*)"
@@ -692,6 +698,8 @@ class KernelLogSession:
             attrs = {"available": m["avail"], "limited_by": m["by"].strip(), "capable": m["cap"]}
             if m["at"]:
                 attrs["limited_at"] = m["at"]
+            if m["caplink"]:
+                attrs["capable_link"] = m["caplink"].strip()
             self._emit(
                 out,
                 "pcie_bandwidth_limited",
@@ -703,6 +711,14 @@ class KernelLogSession:
                 attrs,
             )
             return
+        if "available PCIe bandwidth (" in body:
+            m = _FULL_BW.search(body)
+            if m is not None:  # a device at its full link bandwidth (the peers of a limited one)
+                attrs = {"available": m["avail"], "link": m["link"].strip()}
+                self._emit(
+                    out, "pcie_bandwidth", "full", _pci_entity(m["dev"]), stamp, body, [ev], attrs
+                )
+                return
         if "[Hardware Error]" in body and self._amd_mce(stamp, body, ev, out):
             return
         if "rror(s): " in body:

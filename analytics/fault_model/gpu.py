@@ -881,14 +881,18 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     """Judge a GPU's PCIe link against its capability and its peers.
 
     Sources: PCIe link status as NVML ``nvmlDeviceGetCurrPcieLinkGeneration/Width``
-    and ``lspci`` LnkCap/LnkSta report it (ecosystem-reference §9b).
+    and ``lspci`` LnkCap/LnkSta report it (ecosystem-reference §9b); the Linux PCI
+    core's ``available PCIe bandwidth, limited by ...`` notice (fault-model.md).
 
-    Below its capability AND below the median of its peers on the node: major,
-    ``service_hardware`` (downtrained: reseat, riser, slot). Below capability but
-    like its peers (a platform-wide limit such as a Gen4 switch), or with no peers
-    to compare with: info, ``none``. Generation is compared like width, but only a
-    GPU known to be busy counts as downtrained: GPUs lower their link speed at idle
-    (power saving), so an idle or unknown-load GPU at a lower generation is info.
+    Width: links do not narrow at idle, so a width below capability is a fault:
+    major, ``service_hardware`` (reseat, riser, slot) when the peers on the node run
+    wider; warning, ``service_hardware`` otherwise (every GPU narrowed, or no peers).
+    Generation (speed): GPUs lower their link speed at idle (power saving), so a
+    generation below capability is info unless the GPU is known to be busy and its
+    peers run faster: then major, ``service_hardware``. The same holds for the
+    kernel's "limited by" notice, compared with its peers of the same capable link
+    (notices and full-bandwidth lines); when every peer is limited alike (a Gen4
+    switch) it stays the host rule's info, a platform limit.
     """
     del ctx
     source = f"gpu.pcie_link_rule ({NVML} nvmlDeviceGetCurrPcieLink*; lspci LnkCap/LnkSta)"
@@ -907,25 +911,31 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                 if cur is None or cap is None or cur.value >= cap.value:
                     continue
                 peers = [v for e, v in currents.items() if e != entity]
-                below_peers = bool(peers) and cur.value < statistics.median(peers)
-                if below_peers and what == "generation" and not _busy(obs, node, entity):
-                    below_peers = False  # idle GPUs lower their link speed to save power
-                if below_peers:
+                faster = bool(peers) and cur.value < statistics.median(peers)
+                busy = what == "width" or _busy(obs, node, entity)
+                head = (
+                    f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below its "
+                    f"capability {cap.value:g}"
+                )
+                if faster and busy:
                     severity, action = Severity.MAJOR, Action.SERVICE_HARDWARE
+                    summary = f"{head} and below its peers: downtrained link"
+                elif what == "width":
+                    severity, action = Severity.WARNING, Action.SERVICE_HARDWARE
+                    summary = f"{head} ({'like its peers' if peers else 'no peers to compare'}"
+                    summary += "; a link does not narrow at idle): downtrained or a narrow slot"
+                elif faster:
+                    severity, action = Severity.INFO, Action.NONE
                     summary = (
-                        f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below its "
-                        f"capability {cap.value:g} and below its peers: downtrained link"
+                        f"{head} while its peers run faster; load unknown or idle (GPUs lower "
+                        "link speed at idle): check it under load"
                     )
                 else:
                     severity, action = Severity.INFO, Action.NONE
-                    summary = (
-                        f"{_gpu_name(entity)}: PCIe link {what} {cur.value:g} below "
-                        f"capability {cap.value:g}, "
-                        + (
-                            "like its peers (platform limit or idle)"
-                            if peers
-                            else "no peers to compare with (platform limit or idle)"
-                        )
+                    summary = f"{head}, " + (
+                        "like its peers (platform limit or idle)"
+                        if peers
+                        else "no peers to compare with (platform limit or idle)"
                     )
                 yield _finding(
                     node=node,
@@ -938,6 +948,99 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                     evidence=_ev([cur, cap]),
                     source=source,
                 )
+    yield from _limited_notices(obs)
+
+
+_LINK = re.compile(r"(?P<speed>\d+(?:\.\d+)?) GT/s PCIe x(?P<width>\d+)")
+
+
+def _link(text: str) -> tuple[float, int] | None:
+    """``(GT/s, lanes)`` of a kernel link text such as ``8.0 GT/s PCIe x4 link``.
+
+    Examples:
+        >>> _link("8.0 GT/s PCIe x4 link")
+        (8.0, 4)
+        >>> _link("unknown") is None
+        True
+    """
+    m = _LINK.search(text)
+    return None if m is None else (float(m["speed"]), int(m["width"]))
+
+
+def _one(group: EventGroup, key: str) -> str:
+    values = group.attr_values.get(key, set())
+    return min(values) if values else ""
+
+
+def _limited_notices(obs: Observations) -> Iterator[Finding]:
+    """Judge the kernel's ``limited by`` notices against peers of the same capable link."""
+    source = "gpu.pcie_link_rule (Linux PCI core bandwidth notice; fault-model.md)"
+    # node -> capable link -> entity -> current link
+    peers: dict[str, dict[tuple[float, int], dict[str, tuple[float, int]]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    limited: list[tuple[EventGroup, tuple[float, int], tuple[float, int]]] = []
+    for g in obs.events("pcie_bandwidth_limited"):
+        cur, cap = _link(_one(g, "limited_by")), _link(_one(g, "capable_link"))
+        if cur is None or cap is None:
+            continue
+        peers[g.node][cap][g.entity] = cur
+        limited.append((g, cur, cap))
+    if not limited:
+        return
+    for g in obs.events("pcie_bandwidth", "full"):
+        full = _link(_one(g, "link"))
+        if full is not None:
+            peers[g.node][full][g.entity] = full
+    for (node, ent), samples in _by_entity(obs, "gpu_pcie_link_width").items():
+        bounds = {s.labels.get("bound", ""): int(s.value) for s in samples}
+        if "current" in bounds and "max" in bounds:
+            for cap_link, members in peers[node].items():
+                if cap_link[1] == bounds["max"]:
+                    members.setdefault(f"sample:{ent}", (0.0, bounds["current"]))
+    for g, cur, cap in limited:
+        others = [v for e, v in peers[g.node][cap].items() if e != g.entity]
+        wider = [w for _s, w in others]
+        faster = [s for s, _w in others if s > 0]
+        below_width = cur[1] < cap[1]
+        peers_wider = bool(wider) and cur[1] < statistics.median(wider)
+        peers_faster = bool(faster) and cur[0] < statistics.median(faster)
+        what = (
+            f"{g.entity}: PCIe link limited to {cur[0]:g} GT/s x{cur[1]} "
+            f"of {cap[0]:g} GT/s x{cap[1]}"
+        )
+        at = _one(g, "limited_at")
+        where = f" (limited at {at})" if at else ""
+        if below_width and peers_wider:
+            severity, action = Severity.MAJOR, Action.SERVICE_HARDWARE
+            summary = (
+                f"{what}{where} while its peers run x{max(wider)}: downgraded link, "
+                "not a platform limit"
+            )
+        elif below_width:
+            severity, action = Severity.WARNING, Action.SERVICE_HARDWARE
+            summary = f"{what}{where}: link width below capability (a link does not narrow at idle)"
+        elif peers_faster:
+            severity, action = Severity.INFO, Action.NONE
+            summary = (
+                f"{what}{where} while its peers run {max(faster):g} GT/s: not a platform "
+                "limit; GPUs lower link speed at idle, check it under load"
+            )
+        else:
+            continue  # limited like its peers: the host rule's platform-limit info
+        yield _finding(
+            node=g.node,
+            entity=g.entity,
+            kind="pcie",
+            code="bandwidth_limited",
+            severity=severity,
+            action=action,
+            summary=summary,
+            evidence=g.evidence,
+            source=source,
+            first=g.first_seen_at,
+            last=g.last_seen_at,
+        )
 
 
 def _busy(obs: Observations, node: str, entity: str) -> bool:

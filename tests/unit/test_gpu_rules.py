@@ -281,9 +281,62 @@ def test_pcie_downtrained_below_peers_is_major() -> None:
     assert found[0].entity == G0
 
 
-def test_pcie_platform_limit_is_info() -> None:
+def test_pcie_narrow_width_is_a_fault_even_like_its_peers() -> None:
+    # a link does not narrow at idle: x8 of x16 everywhere is still at least a warning
     found = run(width(G0, 8) + width(G1, 8) + width(G2, 8))
+    assert worst(found) == (Severity.WARNING, {Action.SERVICE_HARDWARE})
+    alone = run(width(G0, 4))
+    assert worst(alone) == (Severity.WARNING, {Action.SERVICE_HARDWARE})
+
+
+def test_pcie_generation_platform_limit_is_info() -> None:
+    found = run(gen(G0, 4) + gen(G1, 4) + gen(G2, 4))
     assert worst(found) == (Severity.INFO, {Action.NONE})
+    assert "like its peers" in found[0].summary
+
+
+def test_pcie_idle_generation_below_faster_peers_does_not_say_like_its_peers() -> None:
+    found = run(gen(G0, 1) + gen(G1, 5) + gen(G2, 5))
+    assert worst(found) == (Severity.INFO, {Action.NONE})
+    assert "like its peers" not in found[0].summary
+    assert "peers run faster" in found[0].summary
+
+
+def limited(entity: str, by: str, cap: str = "32.0 GT/s PCIe x16 link") -> Event:
+    return e(
+        "pcie_bandwidth_limited",
+        "limited",
+        entity,
+        limited_by=by,
+        capable="504.112 Gb/s",
+        capable_link=cap,
+    )
+
+
+def test_pcie_limited_by_narrow_link_next_to_full_peers_is_major() -> None:
+    found = run(
+        [
+            limited(G0, "8.0 GT/s PCIe x4 link"),
+            e("pcie_bandwidth", "full", G1, link="32.0 GT/s PCIe x16 link"),
+            e("pcie_bandwidth", "full", G2, link="32.0 GT/s PCIe x16 link"),
+        ]
+    )
+    assert worst(found) == (Severity.MAJOR, {Action.SERVICE_HARDWARE})
+    assert found[0].entity == G0
+    assert "platform limit" in found[0].summary
+    assert "not a platform limit" in found[0].summary
+
+
+def test_pcie_limited_alike_is_left_to_the_host_rule() -> None:
+    by = "16.0 GT/s PCIe x16 link"
+    assert run([limited(G0, by), limited(G1, by), limited(G2, by)]) == []
+    narrow = run([limited(G0, "16.0 GT/s PCIe x8 link")])
+    assert worst(narrow) == (Severity.WARNING, {Action.SERVICE_HARDWARE})
+    slower = run(
+        [limited(G0, "8.0 GT/s PCIe x16 link"), limited(G1, by), limited(G2, "32.0 GT/s x16")]
+    )
+    assert worst(slower) == (Severity.INFO, {Action.NONE})
+    assert "not a platform limit" in slower[0].summary
 
 
 # ----------------------------------------------------------------------------- ERR!

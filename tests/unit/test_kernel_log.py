@@ -416,26 +416,145 @@ def test_collector_arguments() -> None:
         next(collector.stream())
 
 
-def test_journal_source_with_fake_journalctl(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _fake_journalctl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe: str, follow: str
+) -> Path:
+    """A journalctl that answers the probe with ``probe`` and ``-f`` with ``follow``."""
+    args = tmp_path / "journalctl.args"
     script = tmp_path / "journalctl"
     script.write_text(
         "#!/bin/sh\n"
-        'case "$*" in *-f*) ;; *) exit 0;; esac\n'
-        "echo '2024-04-05T21:29:39+0000 node-a kernel: NVRM: Xid (PCI:0000:b1:00): 79, pid=1, "
-        "name=a, GPU has fallen off the bus.'\n"
-        "echo '2024-04-05T21:29:40+0000 node-a kernel: usb 1-1: new device'\n"
+        f'echo "$*" >> {args}\n'
+        'case "$*" in *-f*) ;; *) printf "%s" "$PROBE"; exit 0;; esac\n'
+        'printf "%s" "$FOLLOW"\n'
     )
     script.chmod(0o755)
+    monkeypatch.setenv("PROBE", probe)
+    monkeypatch.setenv("FOLLOW", follow)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
-    collector = KernelLogCollector(node="n1", clock=lambda: 1.0, poll_interval_seconds=0.5)
-    got = list(collector.stream())
-    assert [(e.code, e.entity, e.observed_at) for e in got] == [
-        ("79", "0000:b1:00.0", at("2024-04-05T21:29:39"))
+    return args
+
+
+def _journal_entry(cursor: str, usec: int, message: str) -> str:
+    import json
+
+    return json.dumps(
+        {
+            "__CURSOR": cursor,
+            "__REALTIME_TIMESTAMP": str(usec),
+            "_HOSTNAME": "node-a",
+            "MESSAGE": message,
+        }
+    )
+
+
+def test_journal_source_with_fake_journalctl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    follow = (
+        _journal_entry("c1", 1712352579_000000, XID79.replace("'<unknown>'", "1"))
+        + "\n"
+        + _journal_entry("c2", 1712352580_000000, "usb 1-1: new device")
+        + "\n"
+    )
+    args = _fake_journalctl(
+        tmp_path, monkeypatch, "Apr 05 21:29:38 node-a kernel: Linux version\n", follow
+    )
+    state = tmp_path / "state"
+    collector = KernelLogCollector(
+        node="n1", clock=lambda: 1.0, poll_interval_seconds=0.5, state_dir=str(state)
+    )
+    with caplog.at_level("INFO", logger="collectors.kernel_log"):
+        got = list(collector.stream())
+    assert collector.chosen_source == "journal"
+    assert "reading journal (journalctl -k -b returned" in caplog.text
+    assert [(e.code, e.entity, e.node, e.observed_at) for e in got] == [
+        ("79", "0000:b1:00.0", "n1", at("2024-04-05T21:29:39"))
     ]
     assert got[0].evidence[0].line is None
     assert got[0].evidence[0].file == "journal"
+    follow_args = [a for a in args.read_text().splitlines() if "-f" in a]
+    assert "-b" in follow_args[0].split()
+    assert "all" in follow_args[0].split()  # the whole boot
+    assert '"cursor": "c2"' in (state / "kernel_log.state.json").read_text()
+    list(KernelLogCollector(node="n1", state_dir=str(state)).stream())  # restart
+    follow_args = [a for a in args.read_text().splitlines() if "-f" in a]
+    assert "--after-cursor=c2" in follow_args[1].split()
+
+
+def test_auto_skips_a_journal_without_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fake_journalctl(tmp_path, monkeypatch, "", "")  # "No journal files were found", status 0
+    empty = tmp_path / "journal"
+    (empty / "machine-id").mkdir(parents=True)
+    monkeypatch.setattr("collectors.kernel_log.JOURNAL_DIRS", (str(empty),))
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    monkeypatch.setattr("collectors.kernel_log.KMSG_PATH", str(kmsg))
+    collector = KernelLogCollector(node="n1")
+    with caplog.at_level("INFO", logger="collectors.kernel_log"):
+        assert collector._choose() == "kmsg"
+    assert collector.chosen_source == "kmsg"
+    assert "hold no journal files" in collector.chosen_reason
+    assert f"reading {kmsg}" in caplog.text
+    # journal files present: the journal is chosen although the probe printed nothing
+    (empty / "machine-id" / "system.journal").write_text("x")
+    assert KernelLogCollector(node="n1")._choose() == "journal"
+
+
+def test_kmsg_reads_the_boot_backlog_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    boot_id = tmp_path / "boot_id"
+    boot_id.write_text("boot-1\n")
+    monkeypatch.setattr("collectors.kernel_log.KMSG_PATH", str(kmsg))
+    monkeypatch.setattr("collectors.kernel_log.BOOT_ID_PATH", str(boot_id))
+    records = [
+        "6,1,1000000,-;Linux version 6.8.0",
+        "4,2,5000000,-;" + XID79,
+        "4,3,9000000,-;NVRM: Xid (PCI:0000:02:00): 13, pid=1, name=a, boom",
+    ]
+
+    def run(count: int) -> list[tuple[str, float | None]]:
+        collector = KernelLogCollector(
+            node="n1", source="kmsg", clock=lambda: 1000.0, state_dir=str(tmp_path)
+        )
+        collector._monotonic = lambda: 10.0  # booted 10 s ago
+        fake: list[str | None] = [*records[:count], None]
+        monkeypatch.setattr(collector, "_fd_lines", lambda fd, records: iter(fake))
+        return [(e.code, e.observed_at) for e in collector.stream()]
+
+    assert run(2) == [("79", 995.0)]  # boot backlog, dated from its uptime
+    assert run(3) == [("13", 999.0)]  # restart: only what is new
+    boot_id.write_text("boot-2\n")
+    assert [c for c, _ in run(3)] == ["79", "13"]  # another boot: all of it
+
+
+def test_file_with_state_starts_at_the_beginning_then_resumes(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(f"[ 1.0] {XID79}\n")
+    state = tmp_path / "state"
+
+    def run() -> list[str]:
+        collector = KernelLogCollector(
+            node="n1",
+            path=str(log),
+            source="file",
+            clock=lambda: 42.0,
+            poll_interval_seconds=0.001,
+            sleep=lambda _s: collector.close(),
+            state_dir=str(state),
+        )
+        return [e.code for e in collector.stream()]
+
+    assert run() == ["79"]  # first run: from the start
+    assert run() == []  # restart: nothing new
+    with log.open("a") as fh:
+        fh.write("[ 2.0] NVRM: Xid (PCI:0000:02:00): 13, pid=1, name=a, boom\n")
+    assert run() == ["13"]
 
 
 def test_auto_without_any_source_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -634,3 +753,40 @@ def test_printk_caller_id_after_the_stamp() -> None:
     ]
     (xid79,) = [e for e in found if e.kind == "xid"]
     assert xid79.attrs["uptime_seconds"] == "8813.000001"
+
+
+XID79_B1 = "NVRM: Xid (PCI:0000:b1:00): 79, pid=1, name=a, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "Mar 14 02:11:07 {h} kernel: [ 5.0] {m}",
+        "<4>1 2025-03-14T02:11:09.123456+00:00 {h} kernel - - - {m}",
+        "{h}: [ 5.0] {m}",
+        '{{"MESSAGE":"{m}","_HOSTNAME":"{h}","__REALTIME_TIMESTAMP":"1718091662000000"}}',
+        "2025-03-14T02:11:09+0000 {h} kernel: {m}",
+    ],
+)
+def test_two_hosts_in_one_input_name_the_events_node(shape: str) -> None:
+    lines = [shape.format(h="gpu-017", m=XID79_B1), shape.format(h="gpu-042", m=XID79_B1)]
+    got = events(lines, ParseContext(file="k.log", node=NodeName("localhost"), default_year=2025))
+    assert sorted(e.node for e in got) == ["gpu-017", "gpu-042"]
+    # one host only: the context's node (symptoms of one pasted file fold together)
+    got = events(lines[:1] * 2, ParseContext(file="k.log", node=NodeName("n1"), default_year=2025))
+    assert {e.node for e in got} == {"n1"}
+
+
+def test_remote_syslog_hosts() -> None:
+    lines = [
+        f"192.0.2.119: kern: warning: [2026-04-22T21:30:51.5Z]: {XID79_B1}",
+        f"192.0.2.120: kern: warning: [2026-04-22T21:30:52.5Z]: {XID79_B1}",
+    ]
+    assert [e.node for e in events(lines)] == ["192.0.2.119", "192.0.2.120"]
+
+
+def test_rfc5424_is_stamped() -> None:
+    line = f"<4>1 2025-03-14T02:11:09.5+00:00 node-a kernel - - - {XID79_B1}"
+    (event,) = events([line])
+    assert event.observed_at == at("2025-03-14T02:11:09.5")
+    assert event.node == "n1"
