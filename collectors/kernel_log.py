@@ -13,7 +13,12 @@ Two artifact parsers and one live collector share one line parser
   error text tools print when a GPU is gone (``Unable to determine the device handle
   for GPU0000:B1:00.0: Unknown Error``, ``No devices were found``, ``CUDA-capable
   device(s) is/are busy or unavailable``).
-* :class:`KernelLogCollector` follows ``journalctl -k -f``, ``/dev/kmsg`` or a file.
+* :class:`KernelLogCollector` reads this boot's backlog, then follows: ``journalctl -k -b
+  -f``, ``/dev/kmsg`` or a file; with ``state_dir`` it resumes where it stopped.
+
+When lines name their host (syslog ``host kernel:``, RFC 5424, remote syslog,
+``journalctl -o json`` ``_HOSTNAME``, pdsh/clush ``host: ``) and the input holds two or
+more hosts, each event's node is its line's host; with one host, ``ctx.node``.
 
 Event kinds emitted (``Event.kind`` / ``Event.code``):
 
