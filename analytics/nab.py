@@ -260,9 +260,11 @@ def score_corpus(
         Per profile name, the best-threshold :class:`NabScore`.
 
     Raises:
-        ValueError: A file has no scores or the wrong number of them.
+        ValueError: A file has no scores or the wrong number of them, or no file has a window.
     """
     windows = sum(len(f.windows) for f in files)
+    if windows == 0:
+        raise ValueError("no labelled windows in these files: NAB cannot normalise the score")
     out: dict[str, NabScore] = {}
     for profile in profiles:
         parts = []
@@ -509,3 +511,19 @@ def data_root(explicit: str | os.PathLike[str] | None = None) -> Path:
 def is_nab_folder(root: Path) -> bool:
     """Whether ``root`` holds NAB's data and labels."""
     return (root / "labels" / "combined_windows.json").is_file() and (root / "data").is_dir()
+
+
+def spread_keys(keys: Sequence[str], count: int) -> list[str]:
+    """Pick ``count`` keys evenly spaced through ``keys`` (all when ``count`` is 0 or more).
+
+    A slice of the sorted corpus taken from its start would hold only the artificial files
+    without anomalies; spacing the picks covers every folder.
+
+    Examples:
+        >>> spread_keys(["a", "b", "c", "d", "e", "f"], 3)
+        ['a', 'c', 'e']
+    """
+    if count <= 0 or count >= len(keys):
+        return list(keys)
+    step = len(keys) / count
+    return [keys[int(i * step)] for i in range(count)]

@@ -34,7 +34,9 @@ GOAL_STANDARD = 70.0
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="NAB folder (data/, labels/, config/, results/)")
-    parser.add_argument("--files", type=int, default=0, help="only the first N files (0: all)")
+    parser.add_argument(
+        "--files", type=int, default=0, help="only N files spread over the corpus (0: all)"
+    )
     parser.add_argument("--cooldown", type=int, default=200, help="debounce rows (0: none)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         f"reward_low_FP {check['reward_low_FP_rate'].normalised:.2f} (20.87), "
         f"reward_low_FN {check['reward_low_FN_rate'].normalised:.2f} (47.41)"
     )
-    keys = [f.key for f in files][: args.files] if args.files else None
+    keys = nab.spread_keys([f.key for f in files], args.files) if args.files else None
     started = time.perf_counter()
     results = nab.evaluate(root, keys=keys, cooldown_rows=args.cooldown)
     elapsed = time.perf_counter() - started

@@ -366,6 +366,45 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
 
 
 @main.group()
+def evaluate() -> None:
+    """Score detectors and predictors on benchmarks (NAB; Titan and labelled streams later)."""
+
+
+@evaluate.command("nab")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="NAB folder (default: $GPUHEALTH_TEST_DATA/nab, else ../shared/data/nab).")
+@click.option("--profile", "profiles", multiple=True,
+              type=click.Choice(["standard", "reward_low_FP_rate", "reward_low_FN_rate"]),
+              help="Profiles to report (repeatable; default: all three).")
+@click.option("--files", "max_files", type=int, default=0,
+              help="Only N files spread over the corpus (0: all).")
+@click.option("--cooldown", type=int, default=200, show_default=True, help="Debounce, rows.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
+def evaluate_nab(data_dir: str | None, profiles: tuple[str, ...], max_files: int,
+                 cooldown: int, as_json: bool) -> None:
+    """Score gpuhealth's detectors on NAB beside the published scoreboard."""
+    from analytics import nab
+
+    root = nab.data_root(data_dir)
+    if not nab.is_nab_folder(root):
+        raise click.ClickException(f"no NAB data in {root} (use --data or GPUHEALTH_TEST_DATA)")
+    keys = (
+        nab.spread_keys([f.key for f in nab.load_corpus(root)], max_files) if max_files else None
+    )
+    try:
+        results = nab.evaluate(root, keys=keys, cooldown_rows=cooldown)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    wanted = set(profiles) or {"standard", "reward_low_FP_rate", "reward_low_FN_rate"}
+    results = {d: {p: s for p, s in r.items() if p in wanted} for d, r in results.items()}
+    if as_json:
+        click.echo(json.dumps({d: {p: round(s.normalised, 2) for p, s in r.items()}
+                               for d, r in results.items()}, indent=2, sort_keys=True))
+        return
+    click.echo(nab.format_table(results, nab.load_scoreboard(root)))
+
+
+@main.group()
 def config() -> None:
     """Inspect the configuration."""
 

@@ -700,7 +700,10 @@ def alerting_path(settings: Settings, name: Literal["silences", "outbox"]) -> Pa
 
 def collector_options(settings: Settings, table: CollectorSettings,
                       factory: Any) -> dict[str, Any]:
-    """Return the constructor kwargs for a collector table, adding ``node`` when accepted.
+    """Return the constructor kwargs for a collector table.
+
+    Adds ``node`` (the node name) and ``state_dir`` (the data folder) when the plugin
+    accepts them and the table does not set them.
 
     Args:
         settings: The loaded settings (for the node name).
@@ -714,6 +717,9 @@ def collector_options(settings: Settings, table: CollectorSettings,
         return options
     if "node" in params and "node" not in options:
         options["node"] = settings.node.name
+    if "state_dir" in params and "state_dir" not in options:
+        # Where a collector keeps its read position across restarts (the kernel log).
+        options["state_dir"] = str(settings.node.data_dir)
     return options
 
 

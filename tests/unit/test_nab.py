@@ -145,3 +145,9 @@ def test_detector_runs_on_a_small_slice() -> None:
     assert all(s.min() >= 0.0 and s.max() <= 1.0 for s in scores.values())
     result = score_corpus(files, scores)
     assert result["standard"].normalised > 0.0  # better than the null detector
+
+
+def test_a_slice_without_windows_cannot_be_normalised() -> None:
+    files = [_file(1000, (), "b/none.csv")]
+    with pytest.raises(ValueError, match="no labelled windows"):
+        score_corpus(files, {"b/none.csv": np.zeros(1000)})

@@ -7,7 +7,9 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("package", ["core", "analytics.fault_model"])
+@pytest.mark.parametrize(
+    "package", ["core", "analytics", "analytics.fault_model", "storage", "alerting", "dashboards"]
+)
 def test_all_is_sorted_and_resolves(package: str) -> None:
     module = importlib.import_module(package)
     names = module.__all__
