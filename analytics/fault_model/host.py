@@ -184,7 +184,8 @@ def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             "bandwidth_limited",
             Severity.INFO,
             Action.NONE,
-            f"PCIe bandwidth of {g.entity} limited by {by}: a platform limit, not a fault",
+            f"PCIe bandwidth of {g.entity} limited by {by} (kernel notice at probe): a platform "
+            "limit unless its peers get a wider or faster link",
             f"host.pcie_rule: Linux PCI core bandwidth notice; {FAULT_MODEL}",
         )
 
