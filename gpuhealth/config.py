@@ -249,6 +249,11 @@ class AnalyticsSettings(BaseModel):
     evaluate_interval_seconds: Duration = Field(default=5.0, gt=0)
     """Seconds between two rule evaluations; 5 s alerts quickly without re-evaluating per sample."""
 
+    event_window_seconds: Duration = Field(default=86400.0, gt=0)
+    """How long an event (an Xid, an AER error) keeps its finding open without recurring
+    (default ``24h``: a day covers a drain and a repair; states such as a lost GPU or a
+    pending remap are re-read by the collectors and stay open while they hold)."""
+
 
 class AlertPolicySettings(BaseModel):
     """``[alerting.policies."<class>"]``: when one fault class (``xid:13``) alerts."""

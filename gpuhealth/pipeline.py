@@ -111,6 +111,9 @@ class Pipeline:
         notify_timeout_seconds: Longest wait for one notifier's ``send``, seconds.
         scheduler: Adapter given the requests; a :class:`DryRunScheduler` by default.
         rules: Fault-model rules; all registered rules by default.
+        event_window_seconds: Forget events not seen again for this long, seconds, so a
+            fault that stopped recurring resolves (the live service; ``None`` keeps
+            everything, as replay and diagnose do for recorded history).
         page_notifiers: Where pages go (one per node group, ``major`` and worse).
         node_facts: Facts per node, over ``facts`` (``{"node-a": {"nvlink": "absent"}}``).
         silences: Silence store consulted at each evaluation; none by default.
@@ -145,6 +148,7 @@ class Pipeline:
         notify_timeout_seconds: float = 30.0,
         scheduler: SchedulerAdapter | None = None,
         rules: Sequence[Rule] | None = None,
+        event_window_seconds: float | None = None,
         page_notifiers: Sequence[Notifier] = (),
         node_facts: Mapping[str, Mapping[str, str]] | None = None,
         silences: SilenceStore | None = None,
@@ -178,6 +182,9 @@ class Pipeline:
         self.notify_timeout_seconds = notify_timeout_seconds
         self.scheduler = scheduler
         self.rules = rules
+        if event_window_seconds is not None and event_window_seconds <= 0:
+            raise ValueError("event_window_seconds must be > 0")
+        self.event_window_seconds = event_window_seconds
         self.page_notifiers = page_notifiers
         self.node_facts = node_facts
         self.silences = silences
@@ -290,11 +297,12 @@ class Pipeline:
         """Account for samples and events; they are judged at the next :meth:`evaluate`."""
         with self._lock:
             nodes = self._nodes
+            received_at = self.clock() if self.event_window_seconds is not None else None
             for record in records:
                 obs = nodes.get(record.node)
                 if obs is None:
                     obs = nodes[record.node] = Observations()
-                obs.add(record)
+                obs.add(record, received_at=received_at)
 
     def observe_predictions(self, predictions: Iterable[Prediction]) -> None:
         """Account for failure predictions; the latest per entity alerts while it holds.
@@ -379,6 +387,9 @@ class Pipeline:
         """
         with self._lock:
             now = self.clock()
+            if self.event_window_seconds is not None:
+                for obs in self._nodes.values():
+                    obs.expire(now - self.event_window_seconds)
             findings = self._judge(now)
             before = {a.fingerprint for a in self._tracker.active()}
             changed = self._tracker.update(findings)

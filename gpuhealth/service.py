@@ -289,6 +289,7 @@ class Service:
                 outbox_path=str(alerting_path(s, "outbox")),
                 max_outbox=a.outbox_max_per_notifier,
                 runbook_base_url=a.runbook_base_url,
+                event_window_seconds=s.analytics.event_window_seconds,
             )
         except (ValueError, OSError) as exc:
             raise ConfigError(f"{s.source}: cannot start the analysis pipeline: {exc}") from exc

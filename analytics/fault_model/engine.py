@@ -121,6 +121,7 @@ class EventGroup:
         events: The first :data:`MAX_EVENTS` events.
         evidence: Up to :data:`MAX_EVIDENCE` lines: the first ones, then the latest.
         attr_values: Distinct values seen per attribute (capped).
+        received_at: When the live service last received one of its events, or ``None``.
     """
 
     first: Event
@@ -130,6 +131,7 @@ class EventGroup:
     events: list[Event] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     attr_values: dict[str, set[str]] = field(default_factory=dict)
+    received_at: float | None = None
 
     @property
     def node(self) -> NodeName:
@@ -191,8 +193,14 @@ class Observations:
         self.samples: dict[SeriesKey, Sample] = {}
         self.records = 0
 
-    def add(self, record: Record) -> None:
-        """Account for one record."""
+    def add(self, record: Record, *, received_at: float | None = None) -> None:
+        """Account for one record.
+
+        Args:
+            record: A sample or an event.
+            received_at: When the live service received it, epoch seconds; an event
+                group stays open at least a window after it (see :meth:`expire`).
+        """
         self.records += 1
         if isinstance(record, Event):
             key = (record.node, record.entity, record.kind, record.code)
@@ -200,9 +208,30 @@ class Observations:
             if group is None:
                 group = self.groups[key] = EventGroup(first=record)
             group.add(record)
+            if received_at is not None:
+                group.received_at = max(group.received_at or received_at, received_at)
         else:
             labels = tuple(sorted(record.labels.items()))
             self.samples[(record.node, record.entity, record.metric, labels)] = record
+
+    def expire(self, before_at: float) -> int:
+        """Forget event groups last seen before ``before_at`` (epoch seconds); return how many.
+
+        A group's time is the later of its last ``observed_at`` and when it was last
+        received, so an old log line read now stays open a window from now. Groups
+        without a time (snapshots of pasted artifacts) never expire. The live service
+        calls this so that a fault that stopped recurring resolves; states that persist
+        are re-observed by the collectors and stay.
+        """
+        stale = [
+            key
+            for key, group in self.groups.items()
+            if group.last_seen_at is not None
+            and max(group.last_seen_at, group.received_at or group.last_seen_at) < before_at
+        ]
+        for key in stale:
+            del self.groups[key]
+        return len(stale)
 
     def extend(self, records: Iterable[Record]) -> None:
         """Account for many records."""

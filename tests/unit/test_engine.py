@@ -105,3 +105,19 @@ def test_a_pending_remap_absorbs_the_xid_63_that_announced_it() -> None:
     (only,) = fold_symptoms([xid63, pending])
     assert (only.kind, only.code) == ("row_remap", "pending")
     assert {e.line for e in only.evidence} == {1, 9}
+
+
+def test_events_not_seen_again_expire_but_snapshots_never_do() -> None:
+    obs = Observations()
+    obs.add(Event(kind="xid", code="79", node=N, entity=E, observed_at=100.0))
+    obs.add(Event(kind="xid", code="94", node=N, entity=E, observed_at=900.0))
+    obs.add(Event(kind="row_remap", code="pending", node=N, entity=E, observed_at=None))
+    assert obs.expire(before_at=500.0) == 1
+    assert sorted(g.code for g in obs.groups.values()) == ["94", "pending"]
+
+
+def test_an_old_line_received_now_stays_open_a_window_from_now() -> None:
+    obs = Observations()
+    obs.add(Event(kind="xid", code="79", node=N, entity=E, observed_at=100.0), received_at=5000.0)
+    assert obs.expire(before_at=4000.0) == 0
+    assert obs.expire(before_at=6000.0) == 1
