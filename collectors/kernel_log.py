@@ -1884,8 +1884,13 @@ class KernelLogCollector:
         else:
             assert self.path is not None
             lines = self._follow(self.path, saved)
+        # A live line without a year (classic syslog, kern.log) is from this year: it must
+        # not wait for a stamp that carries one, or the event is held back indefinitely.
+        this_year = time.gmtime(self.clock()).tm_year
         session = KernelLogSession(
-            ctx=ParseContext(file=self._source_name(kind), node=NodeName(self.node)),
+            ctx=ParseContext(
+                file=self._source_name(kind), node=NodeName(self.node), default_year=this_year
+            ),
             split_hosts=False,
         )
         number = 0

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -790,3 +791,36 @@ def test_rfc5424_is_stamped() -> None:
     (event,) = events([line])
     assert event.observed_at == at("2025-03-14T02:11:09.5")
     assert event.node == "n1"
+
+
+def test_live_syslog_lines_without_a_year_are_released_when_idle(tmp_path: Path) -> None:
+    """kern.log's classic stamps carry no year: a live event must not wait for one."""
+    log = tmp_path / "kern.log"
+    log.write_text(
+        f"Nov 30 07:11:32 gpu-017 kernel: {XID79}\n"
+        "Nov 30 07:11:34 gpu-017 kernel: NVRM: Xid (PCI:0000:02:00): 94, pid=1, name=a, "
+        "Contained: SM (0x1).\n"
+    )
+    seen: list[tuple[str, float | None]] = []
+    idle = {"polls": 0}
+
+    def on_idle(_s: float) -> None:
+        idle["polls"] += 1
+        if idle["polls"] > 1:
+            collector.close()
+
+    collector = KernelLogCollector(
+        node="n1",
+        path=str(log),
+        source="file",
+        clock=lambda: 1_796_000_000.0,
+        poll_interval_seconds=0.001,
+        sleep=on_idle,
+        from_start=True,
+    )
+    for event in collector.stream():
+        seen.append((event.code, event.observed_at))
+        if len(seen) == 2:
+            assert idle["polls"] <= 1, "released only at close, not when idle"
+    assert [code for code, _ in seen] == ["79", "94"]
+    assert all(at is not None and time.gmtime(at).tm_year == 2026 for _, at in seen)
