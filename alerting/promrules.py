@@ -93,20 +93,29 @@ def _dcgm(expr: str) -> str:
     return f'label_replace({inner}, "entity", "$1", "UUID", "(.+)")'
 
 
+_RECOVERY_ACTIONS = (
+    # (gpu_recovery_action value, code, severity, action, NVML's name)
+    (1, "gpu_reset", "critical", "reset_gpu", "GPU Reset Required"),
+    (2, "node_reboot", "critical", "reboot_node", "Node Reboot Required"),
+    (3, "drain_p2p", "major", "reset_gpu", "Drain P2P"),
+    (4, "drain_and_reset", "critical", "reset_gpu", "Drain and Reset"),
+)
+
+
+def _xid_rule(xid: int, severity: str, expr: str, summary: str) -> PromRule:
+    return PromRule(kind="xid", code=str(xid), severity=severity,
+                    action=_ACTION_OF_XID.get(xid, "reset_gpu"), expr=expr,
+                    summary=f"{_WHERE}: {summary}")
+
+
 def _gpuhealth_rules() -> tuple[PromRule, ...]:
     rules = [
-        PromRule(kind="recovery_action", code="gpu_reset", severity="critical",
-                 action="reset_gpu", expr="gpu_recovery_action == 1",
-                 summary=f"{_WHERE}: recovery action GPU Reset Required"),
-        PromRule(kind="recovery_action", code="node_reboot", severity="critical",
-                 action="reboot_node", expr="gpu_recovery_action == 2",
-                 summary=f"{_WHERE}: recovery action Node Reboot Required"),
-        PromRule(kind="recovery_action", code="drain_p2p", severity="major",
-                 action="reset_gpu", expr="gpu_recovery_action == 3",
-                 summary=f"{_WHERE}: recovery action Drain P2P"),
-        PromRule(kind="recovery_action", code="drain_and_reset", severity="critical",
-                 action="reset_gpu", expr="gpu_recovery_action == 4",
-                 summary=f"{_WHERE}: recovery action Drain and Reset"),
+        PromRule(kind="recovery_action", code=code, severity=severity, action=action,
+                 expr=f"gpu_recovery_action == {value}",
+                 summary=f"{_WHERE}: recovery action {name}")
+        for value, code, severity, action, name in _RECOVERY_ACTIONS
+    ]
+    rules += [
         PromRule(kind="row_remap", code="failure", severity="critical",
                  action="service_hardware", expr="gpu_row_remap_failure > 0",
                  summary=f"{_WHERE}: row remapping failed (RMA candidate)"),
@@ -137,12 +146,9 @@ def _gpuhealth_rules() -> tuple[PromRule, ...]:
     ]
     for xid in (*CRITICAL_XIDS, *WARNING_XIDS):
         severity = "critical" if xid in CRITICAL_XIDS else "warning"
-        rules.append(PromRule(
-            kind="xid", code=str(xid), severity=severity,
-            action=_ACTION_OF_XID.get(xid, "reset_gpu"),
-            expr=f'increase(gpu_xid_events_total{{xid="{xid}"}}[10m]) > 0',
-            summary=f"{_WHERE}: Xid {xid} in the last 10 minutes",
-        ))
+        rules.append(_xid_rule(xid, severity,
+                               f'increase(gpu_xid_events_total{{xid="{xid}"}}[10m]) > 0',
+                               f"Xid {xid} in the last 10 minutes"))
     return tuple(rules)
 
 
@@ -153,12 +159,8 @@ def _dcgm_rules() -> tuple[PromRule, ...]:
                  summary=f"{_WHERE}: row remapping failed (dcgm-exporter)"),
     ]
     for xid in CRITICAL_XIDS:
-        rules.append(PromRule(
-            kind="xid", code=str(xid), severity="critical",
-            action=_ACTION_OF_XID.get(xid, "reset_gpu"),
-            expr=_dcgm(f"DCGM_FI_DEV_XID_ERRORS == {xid}"),
-            summary=f"{_WHERE}: last Xid is {xid} (dcgm-exporter; check the kernel log)",
-        ))
+        rules.append(_xid_rule(xid, "critical", _dcgm(f"DCGM_FI_DEV_XID_ERRORS == {xid}"),
+                               f"last Xid is {xid} (dcgm-exporter; check the kernel log)"))
     return tuple(rules)
 
 

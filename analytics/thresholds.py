@@ -462,7 +462,41 @@ class DspotDetector(SpotDetector):
         )
 
 
-class QuantileThresholdDetector(VectorDetector):
+class _RunningStatsDetector(VectorDetector):
+    """Base of the O(1) detectors: float arrays named in ``_STATE`` and a count per series.
+
+    Subclasses check their own arguments first, then call ``super().__init__``.
+    """
+
+    _STATE: tuple[str, ...] = ()
+
+    def __init__(self, *, warmup_samples: int, relearn_after: int | None,
+                 seed: int | None) -> None:
+        super().__init__()
+        if warmup_samples < 1:
+            raise ValueError(f"warmup_samples must be >= 1, got {warmup_samples}")
+        self.warmup_samples = warmup_samples
+        self.relearn_after = relearn_after
+        self.seed = seed
+        self._size = 0
+        for name in self._STATE:
+            setattr(self, name, np.zeros(0))
+        self._seen = np.zeros(0, dtype=np.int64)
+
+    def memory_bytes_per_series(self) -> int:
+        """State bytes per tracked series (excluding the key index)."""
+        return (len(self._STATE) + 1) * 8
+
+    def _ensure(self, size: int) -> None:
+        if size <= self._size:
+            return
+        self._size = size
+        for name in self._STATE:
+            setattr(self, name, grow(getattr(self, name), size))
+        self._seen = grow(self._seen, size, 0)
+
+
+class QuantileThresholdDetector(_RunningStatsDetector):
     """Running-quantile threshold per series, O(1) state and time per sample.
 
     The ``quantile`` of each series is tracked by stochastic approximation,
@@ -484,6 +518,10 @@ class QuantileThresholdDetector(VectorDetector):
     """
 
     name = "quantile"
+    _STATE = ("_q", "_mean", "_mad")
+    _q: FloatArray
+    _mean: FloatArray
+    _mad: FloatArray
 
     def __init__(
         self,
@@ -495,39 +533,16 @@ class QuantileThresholdDetector(VectorDetector):
         relearn_after: int | None = None,
         seed: int | None = None,
     ) -> None:
-        super().__init__()
         if not 0.5 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0.5, 1), got {quantile!r}")
         if margin < 0:
             raise ValueError(f"margin must be >= 0, got {margin!r}")
         if not 0.0 < learning_rate <= 1.0:
             raise ValueError(f"learning_rate must be in (0, 1], got {learning_rate!r}")
-        if warmup_samples < 1:
-            raise ValueError(f"warmup_samples must be >= 1, got {warmup_samples}")
+        super().__init__(warmup_samples=warmup_samples, relearn_after=relearn_after, seed=seed)
         self.quantile = quantile
         self.margin = margin
         self.learning_rate = learning_rate
-        self.warmup_samples = warmup_samples
-        self.relearn_after = relearn_after
-        self.seed = seed
-        self._size = 0
-        self._q = np.zeros(0)
-        self._mean = np.zeros(0)
-        self._mad = np.zeros(0)
-        self._seen = np.zeros(0, dtype=np.int64)
-
-    def memory_bytes_per_series(self) -> int:
-        """State bytes per tracked series (excluding the key index)."""
-        return 4 * 8
-
-    def _ensure(self, size: int) -> None:
-        if size <= self._size:
-            return
-        self._size = size
-        self._q = grow(self._q, size)
-        self._mean = grow(self._mean, size)
-        self._mad = grow(self._mad, size)
-        self._seen = grow(self._seen, size, 0)
 
     def _step(self, slots: IntArray, values: FloatArray) -> BatchVerdict:
         seen = self._seen[slots]
@@ -560,7 +575,7 @@ class QuantileThresholdDetector(VectorDetector):
         )
 
 
-class EwmaZScoreDetector(VectorDetector):
+class EwmaZScoreDetector(_RunningStatsDetector):
     """Exponentially weighted mean and variance per series; flags ``|z| > z_threshold``.
 
     Args:
@@ -576,6 +591,9 @@ class EwmaZScoreDetector(VectorDetector):
     """
 
     name = "ewma_z"
+    _STATE = ("_mean", "_var")
+    _mean: FloatArray
+    _var: FloatArray
 
     def __init__(
         self,
@@ -586,34 +604,13 @@ class EwmaZScoreDetector(VectorDetector):
         relearn_after: int | None = None,
         seed: int | None = None,
     ) -> None:
-        super().__init__()
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
         if z_threshold <= 0:
             raise ValueError(f"z_threshold must be > 0, got {z_threshold!r}")
-        if warmup_samples < 1:
-            raise ValueError(f"warmup_samples must be >= 1, got {warmup_samples}")
+        super().__init__(warmup_samples=warmup_samples, relearn_after=relearn_after, seed=seed)
         self.alpha = alpha
         self.z_threshold = z_threshold
-        self.warmup_samples = warmup_samples
-        self.relearn_after = relearn_after
-        self.seed = seed
-        self._size = 0
-        self._mean = np.zeros(0)
-        self._var = np.zeros(0)
-        self._seen = np.zeros(0, dtype=np.int64)
-
-    def memory_bytes_per_series(self) -> int:
-        """State bytes per tracked series (excluding the key index)."""
-        return 3 * 8
-
-    def _ensure(self, size: int) -> None:
-        if size <= self._size:
-            return
-        self._size = size
-        self._mean = grow(self._mean, size)
-        self._var = grow(self._var, size)
-        self._seen = grow(self._seen, size, 0)
 
     def _step(self, slots: IntArray, values: FloatArray) -> BatchVerdict:
         seen = self._seen[slots]

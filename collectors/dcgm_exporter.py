@@ -49,7 +49,18 @@ from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
 
 logger = logging.getLogger(__name__)
 
-EXTRA_SERIES: dict[str, tuple[str, float, dict[str, str]]] = {
+_Mapped = tuple[str, float, dict[str, str]]
+
+
+def _ecc(type_: str, scope: str, location: str) -> _Mapped:
+    return ("gpu_ecc_errors_total", 1.0, {"type": type_, "scope": scope, "location": location})
+
+
+def _nvlink(type_: str) -> _Mapped:
+    return ("gpu_nvlink_errors_total", 1.0, {"link": "total", "type": type_})
+
+
+EXTRA_SERIES: dict[str, _Mapped] = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (
         "gpu_remapped_rows",
         1.0,
@@ -59,68 +70,20 @@ EXTRA_SERIES: dict[str, tuple[str, float, dict[str, str]]] = {
     "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gpu_row_remap_pending", 1.0, {}),
     "DCGM_FI_DEV_RETIRED_SBE": ("gpu_retired_pages", 1.0, {"cause": "multiple_sbe"}),
     "DCGM_FI_DEV_RETIRED_DBE": ("gpu_retired_pages", 1.0, {"cause": "dbe"}),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "corrected", "scope": "volatile", "location": "total"},
-    ),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "uncorrected", "scope": "volatile", "location": "total"},
-    ),
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "corrected", "scope": "aggregate", "location": "total"},
-    ),
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "uncorrected", "scope": "aggregate", "location": "total"},
-    ),
-    "DCGM_FI_DEV_ECC_DBE_VOL_DEV": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "uncorrected", "scope": "volatile", "location": "dram"},
-    ),
-    "DCGM_FI_DEV_ECC_DBE_VOL_SRM": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "uncorrected", "scope": "volatile", "location": "sram"},
-    ),
-    "DCGM_FI_DEV_ECC_DBE_AGG_DEV": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "uncorrected", "scope": "aggregate", "location": "dram"},
-    ),
-    "DCGM_FI_DEV_ECC_DBE_AGG_SRM": (
-        "gpu_ecc_errors_total",
-        1.0,
-        {"type": "uncorrected", "scope": "aggregate", "location": "sram"},
-    ),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": _ecc("corrected", "volatile", "total"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": _ecc("uncorrected", "volatile", "total"),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": _ecc("corrected", "aggregate", "total"),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": _ecc("uncorrected", "aggregate", "total"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_DEV": _ecc("uncorrected", "volatile", "dram"),
+    "DCGM_FI_DEV_ECC_DBE_VOL_SRM": _ecc("uncorrected", "volatile", "sram"),
+    "DCGM_FI_DEV_ECC_DBE_AGG_DEV": _ecc("uncorrected", "aggregate", "dram"),
+    "DCGM_FI_DEV_ECC_DBE_AGG_SRM": _ecc("uncorrected", "aggregate", "sram"),
     "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": ("gpu_recovery_action", 1.0, {}),
     "DCGM_FI_DEV_GPU_RECOVERY_ACTION": ("gpu_recovery_action", 1.0, {}),
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": (
-        "gpu_nvlink_errors_total",
-        1.0,
-        {"link": "total", "type": "crc_flit"},
-    ),
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": (
-        "gpu_nvlink_errors_total",
-        1.0,
-        {"link": "total", "type": "crc_data"},
-    ),
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": (
-        "gpu_nvlink_errors_total",
-        1.0,
-        {"link": "total", "type": "replay"},
-    ),
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": (
-        "gpu_nvlink_errors_total",
-        1.0,
-        {"link": "total", "type": "recovery"},
-    ),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": _nvlink("crc_flit"),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": _nvlink("crc_data"),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": _nvlink("replay"),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": _nvlink("recovery"),
 }
 """DCGM series mapped to a catalogued metric with fixed labels: ``(metric, scale, labels)``."""
 

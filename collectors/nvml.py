@@ -67,11 +67,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.nvml_events import NvmlEventWatcher, WatchedGpu
+from collectors.nvml_events import NvmlEventWatcher, WatchedGpu, nvml_event
 from core.clock import Clock, system_clock
 from core.errors import CollectorUnavailable
 from core.ids import gpu_index_entity, normalize_pci_bus_id
-from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
+from core.records import EntityId, Event, NodeName, Record, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -518,16 +518,14 @@ class NvmlCollector:
         gpu.entity = EntityId(gpu.uuid) if gpu.uuid else gpu.pci
         if gpu.uuid and gpu.pci != gpu.entity:
             text = f"NVML: GPU {gpu.index} at PCI:{gpu.pci} is {gpu.uuid}"
-            event = Event(
+            event = nvml_event(
                 kind="gpu_identity",
                 code="uuid",
                 node=self._node,
                 entity=gpu.pci,
                 observed_at=now,
-                message=text,
+                text=text,
                 attrs={"uuid": gpu.uuid, "index": str(index)},
-                evidence=(Evidence(file="nvml", line=None, text=text),),
-                source="nvml",
             )
             with self._lock:
                 self._pending.append(event)
@@ -660,16 +658,14 @@ class NvmlCollector:
         logger.warning("%s", text)
         with self._lock:
             self._pending.append(
-                Event(
+                nvml_event(
                     kind="reset_required",
                     code="nvml_reset_required",
                     node=self._node,
                     entity=gpu.pci,
                     observed_at=self.clock(),
-                    message=text,
+                    text=text,
                     attrs={"index": str(gpu.index)},
-                    evidence=(Evidence(file="nvml", line=None, text=text),),
-                    source="nvml",
                 )
             )
 
@@ -687,16 +683,14 @@ class NvmlCollector:
             attrs["uuid"] = gpu.uuid
         with self._lock:
             self._pending.append(
-                Event(
+                nvml_event(
                     kind="gpu_lost",
                     code=code,
                     node=self._node,
                     entity=gpu.pci,
                     observed_at=now,
-                    message=text,
+                    text=text,
                     attrs=attrs,
-                    evidence=(Evidence(file="nvml", line=None, text=text),),
-                    source="nvml",
                 )
             )
 
@@ -857,20 +851,18 @@ class NvmlCollector:
         logger.warning("%s", text)
         with self._lock:
             self._pending.append(
-                Event(
+                nvml_event(
                     kind="telemetry_gap",
                     code="nvml_deadline_exceeded",
                     node=self._node,
                     entity=gpu.pci,
                     observed_at=now,
-                    message=text,
+                    text=text,
                     attrs={
                         "index": str(gpu.index),
                         "call": gpu.current or "",
                         "deadline_seconds": f"{self.deadline_seconds:g}",
                     },
-                    evidence=(Evidence(file="nvml", line=None, text=text),),
-                    source="nvml",
                 )
             )
 
@@ -971,107 +963,40 @@ class NvmlCollector:
     def _read_fast(self, gpu: _Gpu, now: float, out: list[Record], *, refresh: bool) -> None:
         """Read the fast group; ``refresh`` (a slow tick) also re-sends unchanged states.
 
-        The hot path: samples are built inline, label mappings are shared.
+        The hot path: samples are built by a local helper, label mappings are shared.
         """
         h = gpu.handle
         call = self._call
         add = out.append
         node, entity = self._node, gpu.entity
+
+        def sample(metric: str, value: float, labels: Mapping[str, str] = _NO_LABELS) -> None:
+            add(Sample(metric=metric, value=value, observed_at=now, node=node, entity=entity,
+                       labels=labels))
+
         value = call(gpu, "temperature", self._temperature_fn, h, _TEMPERATURE_GPU)
         if value is not _NA:
-            add(
-                Sample(
-                    metric="gpu_temperature_celsius",
-                    value=float(value),
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
+            sample("gpu_temperature_celsius", float(value))
         value = call(gpu, "power", "nvmlDeviceGetPowerUsage", h)
         if value is not _NA:
-            add(
-                Sample(
-                    metric="gpu_power_watts",
-                    value=value * 1e-3,
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
+            sample("gpu_power_watts", value * 1e-3)
         util = call(gpu, "utilization", "nvmlDeviceGetUtilizationRates", h)
         if util is not _NA:
-            add(
-                Sample(
-                    metric="gpu_utilization_ratio",
-                    value=util.gpu / 100.0,
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
-            add(
-                Sample(
-                    metric="gpu_memory_utilization_ratio",
-                    value=util.memory / 100.0,
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
+            sample("gpu_utilization_ratio", util.gpu / 100.0)
+            sample("gpu_memory_utilization_ratio", util.memory / 100.0)
         mem = call(gpu, "memory", "nvmlDeviceGetMemoryInfo", h)
         if mem is not _NA:
-            add(
-                Sample(
-                    metric="gpu_memory_used_bytes",
-                    value=float(mem.used),
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
+            sample("gpu_memory_used_bytes", float(mem.used))
             total = mem.total
             if refresh or gpu.memory_total != total:  # fixed: sent when it changes
                 gpu.memory_total = total
-                add(
-                    Sample(
-                        metric="gpu_memory_total_bytes",
-                        value=float(total),
-                        observed_at=now,
-                        node=node,
-                        entity=entity,
-                        labels=_NO_LABELS,
-                    )
-                )
+                sample("gpu_memory_total_bytes", float(total))
         value = call(gpu, "sm_clock", "nvmlDeviceGetClockInfo", h, _CLOCK_SM)
         if value is not _NA:
-            add(
-                Sample(
-                    metric="gpu_sm_clock_hertz",
-                    value=value * 1e6,
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
+            sample("gpu_sm_clock_hertz", value * 1e6)
         value = call(gpu, "memory_clock", "nvmlDeviceGetClockInfo", h, _CLOCK_MEM)
         if value is not _NA:
-            add(
-                Sample(
-                    metric="gpu_memory_clock_hertz",
-                    value=value * 1e6,
-                    observed_at=now,
-                    node=node,
-                    entity=entity,
-                    labels=_NO_LABELS,
-                )
-            )
+            sample("gpu_memory_clock_hertz", value * 1e6)
         value = call(gpu, "clock_event_reasons", self._reasons_fn, h)
         if value is not _NA and (refresh or value != gpu.reasons_last):
             # read every tick; the 0/1 series are sent when the mask changes and on every
@@ -1080,16 +1005,7 @@ class NvmlCollector:
             supported = gpu.reasons_mask
             for bit, labels in _REASON_LABELS:
                 if supported is None or supported & bit:
-                    add(
-                        Sample(
-                            metric="gpu_clock_event_active",
-                            value=1.0 if value & bit else 0.0,
-                            observed_at=now,
-                            node=node,
-                            entity=entity,
-                            labels=labels,
-                        )
-                    )
+                    sample("gpu_clock_event_active", 1.0 if value & bit else 0.0, labels)
         fields = self._fields(gpu, "fast_fields", now)
         if not gpu.recovery_checked and FI_RECOVERY_ACTION not in gpu.fast_fields:
             # field 230 is not supported here: fall back to the (deprecated) fields it replaced
@@ -1102,16 +1018,7 @@ class NvmlCollector:
         for (fid, _scope), raw in fields.items():
             spec = _SCALAR_FIELDS.get(fid)
             if spec is not None:
-                add(
-                    Sample(
-                        metric=spec[0],
-                        value=raw * spec[1],
-                        observed_at=now,
-                        node=node,
-                        entity=entity,
-                        labels=spec[2],
-                    )
-                )
+                sample(spec[0], raw * spec[1], spec[2])
             elif fid in (FI_RESET_STATUS, FI_DRAIN_AND_RESET_STATUS):
                 reset_fields = True
         if reset_fields:

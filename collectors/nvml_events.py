@@ -454,16 +454,14 @@ class NvmlEventWatcher:
             attrs["uuid"] = gpu.uuid
             text += f" ({gpu.uuid})"
         attrs["message"] = text
-        event = Event(
+        event = nvml_event(
             kind="xid",
             code=xid,
             node=self.node,
             entity=gpu.pci_bus_id,
             observed_at=now,
-            message=text,
+            text=text,
             attrs=attrs,
-            evidence=(Evidence(file="nvml", line=None, text=text),),
-            source="nvml",
         )
         if not self._dedup.admit(event, tag):
             return out
@@ -500,18 +498,32 @@ class NvmlEventWatcher:
         text = f"NVML SingleBitEccError event on GPU {gpu.pci_bus_id} (corrected)"
         attrs["message"] = text
         return [
-            Event(
+            nvml_event(
                 kind="ecc_event",
                 code="single_bit",
                 node=self.node,
                 entity=gpu.pci_bus_id,
                 observed_at=now,
-                message=text,
+                text=text,
                 attrs=attrs,
-                evidence=(Evidence(file="nvml", line=None, text=text),),
-                source="nvml",
             )
         ]
+
+
+def nvml_event(*, kind: str, code: str, node: NodeName, entity: EntityId, observed_at: float,
+               text: str, attrs: dict[str, str]) -> Event:
+    """Return an NVML :class:`Event` whose message and evidence are ``text``."""
+    return Event(
+        kind=kind,
+        code=code,
+        node=node,
+        entity=entity,
+        observed_at=observed_at,
+        message=text,
+        attrs=attrs,
+        evidence=(Evidence(file="nvml", line=None, text=text),),
+        source="nvml",
+    )
 
 
 __all__ = [
@@ -521,4 +533,5 @@ __all__ = [
     "WatchedGpu",
     "XidDedup",
     "handle_key",
+    "nvml_event",
 ]

@@ -237,6 +237,52 @@ _IB_ERRORS = (
 
 _SEVERITY_STEPS = ((1.0, "orange"), (5.0, "red"))
 
+
+def _increase_by(title: str, metric: str, by: tuple[str, ...], legend: str = "") -> PanelSpec:
+    """A panel of a counter's increase per interval, summed by ``by`` (legend: those labels)."""
+    legend = legend or " ".join(f"{{{{{label}}}}}" for label in by)
+    return PanelSpec(
+        title=title,
+        queries=(_q(metric, legend, fn=Fn.INCREASE, agg=Agg.SUM, by=by),),
+        unit="short",
+    )
+
+
+# Panels that stand the same on more than one dashboard.
+_OPEN_INCIDENTS_BY_PHASE = PanelSpec(
+    title="Open incidents by phase",
+    queries=(_q("gpuhealth_open_incidents", "{{phase}}", agg=Agg.SUM, by=("phase",)),),
+)
+_OUT_OF_SERVICE_AND_BUDGET = (
+    _q("gpuhealth_disrupted_nodes", "out of service", agg=Agg.SUM),
+    _q("gpuhealth_disruption_budget_nodes", "budget", agg=Agg.SUM),
+)
+_GPU_XID_EVENTS = PanelSpec(
+    title="Xid events",
+    queries=(_q("gpu_xid_events_total", "{{entity}} Xid {{xid}}", fn=Fn.INCREASE),),
+    unit="short",
+)
+_GPU_CLOCK_EVENTS = PanelSpec(
+    title="Clock event reasons active",
+    queries=(_q("gpu_clock_event_active", "{{entity}} {{reason}}"),),
+)
+_GPU_FAILURE_PROBABILITY = PanelSpec(
+    title="Failure probability",
+    queries=(_q("gpu_failure_probability_ratio", "{{entity}} {{horizon}}"),),
+    max_value=1.0,
+)
+_GPU_NVLINK_ERRORS = PanelSpec(
+    title="NVLink errors",
+    queries=(
+        _q("gpu_nvlink_errors_total", "{{entity}} link {{link}} {{type}}", fn=Fn.INCREASE),
+    ),
+    unit="short",
+)
+_GPU_PCIE_REPLAYS = PanelSpec(
+    title="PCIe replays",
+    queries=(_q("gpu_pcie_replays_total", "{{entity}}", fn=Fn.RATE),),
+)
+
 FLEET = DashboardSpec(
     name="fleet",
     title="GPU fleet overview",
@@ -288,10 +334,7 @@ FLEET = DashboardSpec(
         PanelSpec(
             title="Nodes out of service (gpuhealth)",
             kind=PanelKind.STAT,
-            queries=(
-                _q("gpuhealth_disrupted_nodes", "out of service", agg=Agg.SUM),
-                _q("gpuhealth_disruption_budget_nodes", "budget", agg=Agg.SUM),
-            ),
+            queries=_OUT_OF_SERVICE_AND_BUDGET,
             width=6,
         ),
         PanelSpec(
@@ -316,10 +359,7 @@ FLEET = DashboardSpec(
             title="GPUs by health state over time",
             queries=(_q("gpuhealth_gpus", "{{state}}", agg=Agg.SUM, by=("state",)),),
         ),
-        PanelSpec(
-            title="Open incidents by phase",
-            queries=(_q("gpuhealth_open_incidents", "{{phase}}", agg=Agg.SUM, by=("phase",)),),
-        ),
+        _OPEN_INCIDENTS_BY_PHASE,
         PanelSpec(
             title="Failure probability (GPUs above 0.1)",
             queries=(
@@ -331,22 +371,8 @@ FLEET = DashboardSpec(
             ),
             max_value=1.0,
         ),
-        PanelSpec(
-            title="Xid events by code",
-            queries=(
-                _q("gpu_xid_events_total", "Xid {{xid}}", fn=Fn.INCREASE, agg=Agg.SUM,
-                   by=("xid",)),
-            ),
-            unit="short",
-        ),
-        PanelSpec(
-            title="Findings by severity",
-            queries=(
-                _q("gpuhealth_findings_total", "{{severity}}", fn=Fn.INCREASE, agg=Agg.SUM,
-                   by=("severity",)),
-            ),
-            unit="short",
-        ),
+        _increase_by("Xid events by code", "gpu_xid_events_total", ("xid",), "Xid {{xid}}"),
+        _increase_by("Findings by severity", "gpuhealth_findings_total", ("severity",)),
         PanelSpec(
             title="Hottest GPU per node",
             queries=(_q("gpu_temperature_celsius", "{{node}}", agg=Agg.MAX, by=("node",)),),
@@ -365,13 +391,7 @@ NODE = DashboardSpec(
         PanelSpec(title="GPU power", queries=(_q("gpu_power_watts", "{{entity}}"),)),
         PanelSpec(title="GPU utilization", queries=(_q("gpu_utilization_ratio", "{{entity}}"),)),
         PanelSpec(title="GPU memory used", queries=(_q("gpu_memory_used_bytes", "{{entity}}"),)),
-        PanelSpec(
-            title="Xid events",
-            queries=(
-                _q("gpu_xid_events_total", "{{entity}} Xid {{xid}}", fn=Fn.INCREASE),
-            ),
-            unit="short",
-        ),
+        _GPU_XID_EVENTS,
         PanelSpec(
             title="ECC errors",
             queries=(
@@ -380,27 +400,10 @@ NODE = DashboardSpec(
             ),
             unit="short",
         ),
-        PanelSpec(
-            title="Clock event reasons active",
-            queries=(_q("gpu_clock_event_active", "{{entity}} {{reason}}"),),
-        ),
-        PanelSpec(
-            title="Failure probability",
-            queries=(_q("gpu_failure_probability_ratio", "{{entity}} {{horizon}}"),),
-            max_value=1.0,
-        ),
-        PanelSpec(
-            title="NVLink errors",
-            queries=(
-                _q("gpu_nvlink_errors_total", "{{entity}} link {{link}} {{type}}",
-                   fn=Fn.INCREASE),
-            ),
-            unit="short",
-        ),
-        PanelSpec(
-            title="PCIe replays",
-            queries=(_q("gpu_pcie_replays_total", "{{entity}}", fn=Fn.RATE),),
-        ),
+        _GPU_CLOCK_EVENTS,
+        _GPU_FAILURE_PROBABILITY,
+        _GPU_NVLINK_ERRORS,
+        _GPU_PCIE_REPLAYS,
         PanelSpec(
             title="Network throughput",
             queries=(
@@ -470,10 +473,7 @@ GPU = DashboardSpec(
                 _q("gpu_retired_pages_pending", "{{entity}} pending"),
             ),
         ),
-        PanelSpec(
-            title="Clock event reasons active",
-            queries=(_q("gpu_clock_event_active", "{{entity}} {{reason}}"),),
-        ),
+        _GPU_CLOCK_EVENTS,
         PanelSpec(
             title="Time held back by thermal and power limits",
             queries=(
@@ -497,11 +497,7 @@ GPU = DashboardSpec(
             ),
             max_value=1.0,
         ),
-        PanelSpec(
-            title="Xid events",
-            queries=(_q("gpu_xid_events_total", "{{entity}} Xid {{xid}}", fn=Fn.INCREASE),),
-            unit="short",
-        ),
+        _GPU_XID_EVENTS,
         PanelSpec(
             title="Last Xid and recovery action",
             description="The last Xid number (a pointer, not a count) and NVML's recovery "
@@ -512,23 +508,9 @@ GPU = DashboardSpec(
             ),
             unit="short",
         ),
-        PanelSpec(
-            title="Failure probability",
-            queries=(_q("gpu_failure_probability_ratio", "{{entity}} {{horizon}}"),),
-            max_value=1.0,
-        ),
-        PanelSpec(
-            title="NVLink errors",
-            queries=(
-                _q("gpu_nvlink_errors_total", "{{entity}} link {{link}} {{type}}",
-                   fn=Fn.INCREASE),
-            ),
-            unit="short",
-        ),
-        PanelSpec(
-            title="PCIe replays",
-            queries=(_q("gpu_pcie_replays_total", "{{entity}}", fn=Fn.RATE),),
-        ),
+        _GPU_FAILURE_PROBABILITY,
+        _GPU_NVLINK_ERRORS,
+        _GPU_PCIE_REPLAYS,
         PanelSpec(
             title="Memory used",
             queries=(_q("gpu_memory_used_bytes", "{{entity}}"),),
@@ -609,22 +591,10 @@ REMEDIATION = DashboardSpec(
     description="Remediation actions over time, time to remediate, disruption budget",
     scope=Scope.FLEET,
     panels=(
-        PanelSpec(
-            title="Actions by step and phase",
-            queries=(
-                _q("gpuhealth_remediation_actions_total", "{{step}} {{phase}}",
-                   fn=Fn.INCREASE, agg=Agg.SUM, by=("step", "phase")),
-            ),
-            unit="short",
-        ),
-        PanelSpec(
-            title="Policy decisions",
-            queries=(
-                _q("gpuhealth_remediation_decisions_total", "{{step}} {{decision}}",
-                   fn=Fn.INCREASE, agg=Agg.SUM, by=("step", "decision")),
-            ),
-            unit="short",
-        ),
+        _increase_by("Actions by step and phase", "gpuhealth_remediation_actions_total",
+                     ("step", "phase")),
+        _increase_by("Policy decisions", "gpuhealth_remediation_decisions_total",
+                     ("step", "decision")),
         PanelSpec(
             title="Mean time to remediate",
             description="Mean time from detection to back in service of the incidents "
@@ -650,15 +620,9 @@ REMEDIATION = DashboardSpec(
         ),
         PanelSpec(
             title="Nodes out of service and budget",
-            queries=(
-                _q("gpuhealth_disrupted_nodes", "out of service", agg=Agg.SUM),
-                _q("gpuhealth_disruption_budget_nodes", "budget", agg=Agg.SUM),
-            ),
+            queries=_OUT_OF_SERVICE_AND_BUDGET,
         ),
-        PanelSpec(
-            title="Open incidents by phase",
-            queries=(_q("gpuhealth_open_incidents", "{{phase}}", agg=Agg.SUM, by=("phase",)),),
-        ),
+        _OPEN_INCIDENTS_BY_PHASE,
     ),
 )
 
@@ -668,14 +632,8 @@ SELF = DashboardSpec(
     description="gpuhealth's own health: collector errors, samples written, lag, queues",
     scope=Scope.FLEET,
     panels=(
-        PanelSpec(
-            title="Collector errors",
-            queries=(
-                _q("gpuhealth_collector_errors_total", "{{collector}} {{reason}}",
-                   fn=Fn.INCREASE, agg=Agg.SUM, by=("collector", "reason")),
-            ),
-            unit="short",
-        ),
+        _increase_by("Collector errors", "gpuhealth_collector_errors_total",
+                     ("collector", "reason")),
         PanelSpec(
             title="Records written",
             queries=(
@@ -704,14 +662,7 @@ SELF = DashboardSpec(
             ),
             unit="short",
         ),
-        PanelSpec(
-            title="Alerts delivered",
-            queries=(
-                _q("gpuhealth_alerts_sent_total", "{{notifier}}", fn=Fn.INCREASE, agg=Agg.SUM,
-                   by=("notifier",)),
-            ),
-            unit="short",
-        ),
+        _increase_by("Alerts delivered", "gpuhealth_alerts_sent_total", ("notifier",)),
     ),
 )
 

@@ -26,7 +26,6 @@ import datetime as dt
 import hmac
 import json
 import logging
-import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +43,7 @@ from collectors.artifact import (
 )
 from collectors.parsers import artifact_parsers
 from core.records import NodeName, Record
+from gpuhealth._serving import ServingThread
 from gpuhealth.config import Settings, alerting_path, api_token
 from gpuhealth.pipeline import Pipeline
 
@@ -277,8 +277,7 @@ class ApiServer:
         self.api = api
         self.listen_address = listen_address
         self.port = port
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving = ServingThread()
 
     def start(self) -> None:
         """Bind and serve in a daemon thread.
@@ -286,13 +285,8 @@ class ApiServer:
         Raises:
             OSError: The address cannot be bound.
         """
-        handler = _handler(self.api.handle)
-        self._server = ThreadingHTTPServer((self.listen_address, self.port), handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="gpuhealth-api", daemon=True)
-        self._thread.start()
+        server = ThreadingHTTPServer((self.listen_address, self.port), _handler(self.api.handle))
+        self.port = self._serving.start(server, name="gpuhealth-api")
         logger.info("alerting API at %s", self.url)
 
     @property
@@ -302,13 +296,7 @@ class ApiServer:
 
     def stop(self) -> None:
         """Stop serving."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._serving.stop()
 
 
 def _handler(

@@ -99,6 +99,14 @@ def expand_paths(paths: Sequence[str]) -> Iterator[str]:
             yield path
 
 
+def _file_node(path: str) -> str:
+    """Return the node a file of a folder stands for: its name without the extension."""
+    name = os.path.basename(path)
+    for suffix in (".gz",):
+        name = name.removesuffix(suffix)
+    return os.path.splitext(name)[0] or name
+
+
 def diagnose(
     paths: Sequence[str],
     facts: Mapping[str, str] | None = None,
@@ -117,6 +125,7 @@ def diagnose(
     """
     facts = dict(facts or {})
     node = NodeName(facts.get("node", "localhost"))
+    folders = [os.path.normpath(p) for p in paths if os.path.isdir(p)]
     parsers = artifact_parsers()
     observations = Observations()
     issues: list[ParseIssue] = []
@@ -124,7 +133,14 @@ def diagnose(
     parsed_anything = False
     for path in expand_paths(paths):
         result = ArtifactResult()
-        ctx = ParseContext(file=path, node=node, default_year=default_year)
+        # Files named one by one are one machine's artifacts; the files of a folder are a
+        # collection (a case folder, a fleet's logs): each is its own node unless
+        # --context node=... says otherwise, so one file's facts never leak into another.
+        in_folder = "node" not in facts and any(
+            os.path.normpath(path).startswith(folder + os.sep) for folder in folders
+        )
+        file_node = NodeName(_file_node(path)) if in_folder else node
+        ctx = ParseContext(file=path, node=file_node, default_year=default_year)
         observations.extend(read_artifact(path, ctx, parsers, result))
         issues.extend(result.issues)
         kinds.extend(result.kinds)

@@ -27,6 +27,7 @@ from prometheus_client.samples import Sample as _PromSample
 
 from core.catalog import BY_NAME, MetricSpec, MetricType
 from core.records import Event, Sample
+from gpuhealth._serving import ServingThread
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +214,7 @@ class MetricsServer:
         self.exporter = exporter
         self.listen_address = listen_address
         self.port = port
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving = ServingThread()
 
     def start(self) -> None:
         """Bind and start serving in a daemon thread.
@@ -224,11 +224,7 @@ class MetricsServer:
         """
         server = _Server((self.listen_address, self.port), _Handler)
         server.exporter = self.exporter
-        self._server = server
-        self.port = int(server.server_address[1])
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="gpuhealth-metrics", daemon=True)
-        self._thread.start()
+        self.port = self._serving.start(server, name="gpuhealth-metrics", poll_interval=0.2)
 
     @property
     def url(self) -> str:
@@ -237,10 +233,4 @@ class MetricsServer:
 
     def stop(self) -> None:
         """Stop serving and close the socket; idempotent."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-            self._thread = None
+        self._serving.stop()

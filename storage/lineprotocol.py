@@ -149,35 +149,7 @@ class LineEncoder:
         share a line, one field each, unless ``merge_fields`` is off: the tags are written
         once, and line protocol merges the fields of one point anyway.
         """
-        get = self._parts.get
-        miss = self._miss
-        scale = 1_000_000 if self.precision == "ns" else _PER_SECOND[self.precision]
-        factor = 1000 if self.precision == "ns" else 1
-        merge = self.merge_fields
-        out: list[str] = []
-        append = out.append
-        prev_head: str | None = None
-        prev_stamp = 0
-        fields: list[str] = []
-        seen: set[str] = set()
-        for s in samples:
-            labels = s.labels
-            key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
-                s.metric, s.node, s.entity)
-            head, feq = get(key) or miss(key, s)
-            stamp = round(s.observed_at * scale) * factor  # type: ignore[operator]
-            if merge and head is prev_head and stamp == prev_stamp and feq not in seen:
-                fields.append(f"{feq}{s.value!r}")
-                seen.add(feq)
-                continue
-            if fields:
-                append(f"{prev_head} {','.join(fields)} {prev_stamp}")
-            prev_head, prev_stamp = head, stamp
-            fields = [f"{feq}{s.value!r}"]
-            seen = {feq}
-        if fields:
-            append(f"{prev_head} {','.join(fields)} {prev_stamp}")
-        return out
+        return self._encode(samples, None)
 
     def checked_samples(
         self,
@@ -194,8 +166,21 @@ class LineEncoder:
         range, takes the fast path; any other goes through ``check_samples`` first (and is
         counted there when rejected or converted).
         """
+        return self._encode(samples, (now, counts, max_future_seconds, min_at))
+
+    def _encode(
+        self,
+        samples: Iterable[Sample],
+        checks: tuple[float, Counter[str], float, float] | None,
+    ) -> list[str]:
+        """The loop of :meth:`samples`, and of :meth:`checked_samples` when ``checks`` is set.
+
+        ``checks`` is ``(now, counts, max_future_seconds, min_at)``; ``None`` trusts the
+        samples as checked already.
+        """
         get = self._parts.get
         miss = self._miss
+        now, counts, max_future_seconds, min_at = checks or (0.0, Counter(), 0.0, 0.0)
         latest = now + max_future_seconds
         scale = 1_000_000 if self.precision == "ns" else _PER_SECOND[self.precision]
         factor = 1000 if self.precision == "ns" else 1
@@ -212,7 +197,10 @@ class LineEncoder:
                 s.metric, s.node, s.entity)
             parts = get(key)
             value, at = s.value, s.observed_at
-            if (parts is None or type(value) is not float or value - value != 0.0
+            if checks is None:
+                if parts is None:
+                    parts = miss(key, s)
+            elif (parts is None or type(value) is not float or value - value != 0.0
                     or type(at) is not float or not min_at <= at <= latest):
                 cleaned = check_samples([s], now=now, counts=counts,
                                         max_future_seconds=max_future_seconds, min_at=min_at)

@@ -79,3 +79,18 @@ def test_plugins_list_names_every_group() -> None:
     for group in ("collectors", "stores", "detectors", "notifiers", "schedulers"):
         assert f"gpuhealth.{group}:" in out
     assert "nvml" in out
+
+
+def test_each_file_of_a_folder_is_its_own_node(tmp_path: Path) -> None:
+    """An NVLink board in one file must not make another file's PCIe cards 'NVLink expected'."""
+    import shutil
+
+    for prefix in ("010", "040"):
+        (src,) = CASES.glob(f"{prefix}-*")
+        shutil.copy(src, tmp_path / src.name)
+    code, out, _ = invoke("diagnose", "--json", str(tmp_path))
+    doc = json.loads(out)
+    by_node = {f["node"][:3]: f for f in doc["findings"] if f["kind"] == "nvlink"}
+    assert by_node["040"]["severity"] == "major"
+    assert by_node["010"]["severity"] == "warning"  # topology unknown, not borrowed from 040
+    assert code == 2
