@@ -30,6 +30,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -382,8 +383,19 @@ class RemediationSettings(BaseModel):
 
     model_config = _FROZEN
 
-    dry_run: bool = True
-    """Record what would be done and change nothing (architecture principle 3)."""
+    dry_run: StrictBool = True
+    """Record what would be done and change nothing (architecture principle 3). Only
+    ``true`` is accepted until a scheduler adapter can carry steps out (Slurm, Kubernetes)."""
+
+    @field_validator("dry_run")
+    @classmethod
+    def _only_dry_run(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "live remediation is not available yet (no scheduler adapter carries steps "
+                "out): keep dry_run = true"
+            )
+        return value
 
     audit_log: Path | None = None
     """Append-only JSON-lines audit log; default ``<data_dir>/audit.jsonl``."""

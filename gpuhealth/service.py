@@ -204,7 +204,14 @@ class Service:
                     f"[metrics] cannot listen on {s.metrics.listen_address}:{s.metrics.port}: "
                     f"{exc.strerror} (set [metrics] port or listen_address)"
                 ) from exc
-        self.api = start_api(s, self.pipeline)
+        try:
+            self.api = start_api(s, self.pipeline)
+        except OSError as exc:
+            raise StartupError(
+                f"[alerting] cannot listen on {s.alerting.api_listen_address}:"
+                f"{s.alerting.api_port} for the HTTP API: {exc.strerror} "
+                "(set [alerting] api_port or api_listen_address)"
+            ) from exc
         self.exporter.inc("gpuhealth_samples_written_total", amount=0.0)
         self.exporter.inc("gpuhealth_events_written_total", amount=0.0)
         self.exporter.render()

@@ -105,6 +105,41 @@ def gpu_of(finding: Finding) -> EntityId | None:
     return finding.entity
 
 
+def _drain_and_reset_gpu(gpu: EntityId, *, urgent: bool) -> list[PlannedStep]:
+    """Drain one GPU's work and reset it: now (evicting), or gently and when idle."""
+    return [
+        PlannedStep(
+            step=RemediationStep.DRAIN,
+            entity=gpu,
+            when=NOW if urgent else NEXT_SAFE_POINT,
+            scope=SCOPE_GPU,
+            mode=MODE_EVICT if urgent else MODE_ALLOW_COMPLETION,
+        ),
+        PlannedStep(
+            step=RemediationStep.RESET_GPU,
+            entity=gpu,
+            when=NOW if urgent else IDLE,
+            scope=SCOPE_GPU,
+        ),
+    ]
+
+
+def _then_act(
+    finding: Finding, gpu: EntityId | None, before: list[PlannedStep], when: str
+) -> list[PlannedStep] | None:
+    """``before``, then the step of the finding's action at ``when``; ``None`` if it has none."""
+    if finding.action == Action.REBOOT_NODE:
+        last = PlannedStep(step=RemediationStep.REBOOT, entity=NODE_ENTITY, when=when)
+    elif finding.action == Action.RESET_GPU:
+        target, scope = (gpu, SCOPE_GPU) if gpu is not None else (NODE_ENTITY, SCOPE_NODE)
+        last = PlannedStep(step=RemediationStep.RESET_GPU, entity=target, when=when, scope=scope)
+    elif finding.action == Action.SERVICE_HARDWARE:
+        last = PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity, when=when)
+    else:
+        return None
+    return [*before, last]
+
+
 def ladder(finding: Finding, *, gpu_level_drain: bool = True) -> list[PlannedStep]:
     """Return the ordered remediation steps for ``finding`` (``docs/remediation.md``).
 
@@ -130,16 +165,7 @@ def ladder(finding: Finding, *, gpu_level_drain: bool = True) -> list[PlannedSte
     if sev == Severity.WARNING:
         if action == Action.RESET_GPU and gpu is not None:
             # Pending row remap, Xid 94/63: reset at the next opportunity, no cordon (MEMERR).
-            return [
-                PlannedStep(
-                    step=RemediationStep.DRAIN,
-                    entity=gpu,
-                    when=NEXT_SAFE_POINT,
-                    scope=SCOPE_GPU,
-                    mode=MODE_ALLOW_COMPLETION,
-                ),
-                PlannedStep(step=RemediationStep.RESET_GPU, entity=gpu, when=IDLE, scope=SCOPE_GPU),
-            ]
+            return _drain_and_reset_gpu(gpu, urgent=False)
         return [notify]
     if sev == Severity.MAJOR:
         if action == Action.CHECK_NETWORK:
@@ -153,63 +179,16 @@ def ladder(finding: Finding, *, gpu_level_drain: bool = True) -> list[PlannedSte
                     mode=MODE_ALLOW_COMPLETION,
                 ),
             ]
-        if action == Action.RESET_GPU:
-            if gpu is not None and gpu_level_drain:
-                return [
-                    notify,
-                    PlannedStep(
-                        step=RemediationStep.DRAIN,
-                        entity=gpu,
-                        when=NEXT_SAFE_POINT,
-                        scope=SCOPE_GPU,
-                        mode=MODE_ALLOW_COMPLETION,
-                    ),
-                    PlannedStep(
-                        step=RemediationStep.RESET_GPU, entity=gpu, when=IDLE, scope=SCOPE_GPU
-                    ),
-                ]
-            target, scope = (gpu, SCOPE_GPU) if gpu is not None else (node, SCOPE_NODE)
-            return [
-                notify,
-                drain_later,
-                PlannedStep(step=RemediationStep.RESET_GPU, entity=target, when=IDLE, scope=scope),
-            ]
-        if action == Action.REBOOT_NODE:
-            return [
-                notify,
-                drain_later,
-                PlannedStep(step=RemediationStep.REBOOT, entity=node, when=IDLE),
-            ]
-        if action == Action.SERVICE_HARDWARE:
-            return [
-                notify,
-                drain_later,
-                PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity, when=IDLE),
-            ]
-        return [notify]
+        if action == Action.RESET_GPU and gpu is not None and gpu_level_drain:
+            return [notify, *_drain_and_reset_gpu(gpu, urgent=False)]
+        steps = _then_act(finding, gpu, [notify, drain_later], IDLE)
+        return steps if steps is not None else [notify]
     # Critical: out of service now, then the recommended action.
-    if action == Action.REBOOT_NODE:
-        return [cordon, drain_now, PlannedStep(step=RemediationStep.REBOOT, entity=node)]
-    if action == Action.RESET_GPU:
-        if gpu is not None and gpu_level_drain:
-            return [
-                PlannedStep(
-                    step=RemediationStep.DRAIN, entity=gpu, scope=SCOPE_GPU, mode=MODE_EVICT
-                ),
-                PlannedStep(step=RemediationStep.RESET_GPU, entity=gpu, scope=SCOPE_GPU),
-            ]
-        target, scope = (gpu, SCOPE_GPU) if gpu is not None else (node, SCOPE_NODE)
-        return [
-            cordon,
-            drain_now,
-            PlannedStep(step=RemediationStep.RESET_GPU, entity=target, scope=scope),
-        ]
-    if action == Action.SERVICE_HARDWARE:
-        return [
-            cordon,
-            drain_now,
-            PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity),
-        ]
+    if action == Action.RESET_GPU and gpu is not None and gpu_level_drain:
+        return _drain_and_reset_gpu(gpu, urgent=True)
+    steps = _then_act(finding, gpu, [cordon, drain_now], NOW)
+    if steps is not None:
+        return steps
     if action in (Action.CHECK_NETWORK, Action.FIX_CONFIG):
         return [notify, cordon, drain_now]
     if action == Action.RESTART_APP:
