@@ -401,6 +401,9 @@ def evaluate_nab(data_dir: str | None, profiles: tuple[str, ...], max_files: int
         click.echo(json.dumps({d: {p: round(s.normalised, 2) for p, s in r.items()}
                                for d, r in results.items()}, indent=2, sort_keys=True))
         return
+    if keys:
+        click.echo(f"{len(keys)} of the corpus's files only: the scoreboard below is over all "
+                   "58, so the rows are not comparable; run without --files to compare.")
     click.echo(nab.format_table(results, nab.load_scoreboard(root)))
 
 
