@@ -40,7 +40,7 @@ from core.errors import (
     TemporaryError,
 )
 from core.protocols import Collector, Notifier, Store, StreamingCollector
-from core.records import Event, Record, Sample
+from core.records import AlertState, Event, Record, Sample, Severity
 from gpuhealth.api import ApiServer, start_api
 from gpuhealth.config import (
     Settings,
@@ -463,14 +463,34 @@ class Service:
     def _evaluate(self) -> None:
         if self.pipeline is None:
             return
+        started = time.monotonic()
         try:
             output = self.pipeline.evaluate()
         except Exception as exc:
             self._log_once("evaluate", "pipeline.evaluate failed: %s", exc)
             logger.debug("pipeline.evaluate failed", exc_info=exc)
             return
+        self.exporter.set("gpuhealth_pipeline_lag_seconds", time.monotonic() - started,
+                          {"stage": "evaluate"})
         for name, depth in self.pipeline.outbox_depths(every_notifier=True).items():
             self.exporter.set("gpuhealth_outbox_depth", depth, {"notifier": name})
+        open_by_severity = collections.Counter(f.severity.value for f in output.findings)
+        for severity in Severity:
+            self.exporter.set("gpuhealth_open_findings", open_by_severity.get(severity.value, 0),
+                              {"severity": severity.value})
+        policy = self.pipeline.policy
+        self.exporter.set("gpuhealth_disrupted_nodes", len(policy.out_of_service))
+        self.exporter.set("gpuhealth_disruption_budget_nodes", policy.disruption_limit)
+        for record in output.audit:
+            self.exporter.inc("gpuhealth_remediation_decisions_total",
+                              {"step": record.step.value if record.step else "none",
+                               "decision": record.decision})
+        for request in output.actions:  # decided now: the pending phase (dry-run or not)
+            self.exporter.inc("gpuhealth_remediation_actions_total",
+                              {"step": request.step.value, "phase": "pending"})
+        resolved = sum(1 for a in output.alerts if a.state is AlertState.RESOLVED)
+        if resolved:
+            self.exporter.inc("gpuhealth_incidents_resolved_total", amount=resolved)
         for finding in output.findings:
             if finding.key not in self._seen_findings:
                 self._seen_findings.add(finding.key)

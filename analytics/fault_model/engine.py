@@ -168,10 +168,10 @@ class EventGroup:
             values = self.attr_values.setdefault(key, set())
             if len(values) < MAX_ATTR_VALUES:
                 values.add(value)
-        _keep_evidence(self.evidence, event.evidence)
+        keep_evidence(self.evidence, event.evidence)
 
 
-def _keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
+def keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
     """Append ``new`` to ``kept``, keeping the first half and the latest lines."""
     head = MAX_EVIDENCE // 2
     for item in new:
@@ -308,7 +308,7 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
             continue
         top = finding if finding.severity.rank > old.severity.rank else old
         evidence = list(old.evidence)
-        _keep_evidence(evidence, finding.evidence)
+        keep_evidence(evidence, finding.evidence)
         merged[finding.key] = replace(
             top,
             evidence=tuple(evidence),
@@ -460,7 +460,7 @@ def fold_symptoms(findings: Sequence[Finding], folds: Sequence[Fold] = FOLDS) ->
             if root is None:
                 continue
             evidence = list(root.evidence)
-            _keep_evidence(evidence, symptom.evidence)
+            keep_evidence(evidence, symptom.evidence)
             spans = fold.window_seconds is None  # a state folds whole; an event keeps its time
             merged = replace(
                 root,

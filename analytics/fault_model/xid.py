@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from analytics.fault_model.common import attr, uuid_map, year_note
-from analytics.fault_model.engine import MAX_EVIDENCE, Context, EventGroup, Observations, Rule
+from analytics.fault_model.engine import Context, EventGroup, Observations, Rule, keep_evidence
 from core.records import NODE_ENTITY, Action, EntityId, Evidence, Finding, NodeName, Severity
 
 logger = logging.getLogger(__name__)
@@ -193,17 +193,6 @@ class _Root:
             occurrences=max(self.occurrences, 1),
             confidence=self.confidence,
         )
-
-
-def keep_evidence(kept: list[Evidence], new: Iterable[Evidence]) -> None:
-    """Append ``new`` lines to ``kept``, keeping the first and the latest (at most MAX_EVIDENCE)."""
-    head = MAX_EVIDENCE // 2
-    for item in new:
-        if item in kept:
-            continue
-        if len(kept) >= MAX_EVIDENCE:
-            del kept[head]
-        kept.append(item)
 
 
 def _min(a: float | None, b: float | None) -> float | None:
@@ -531,76 +520,47 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                     codes[code].summary += "; with Xid 64 after a reboot: RMA candidate"
 
     # --- reset required, GSP errors at run time
+    def take_as_root(g: EventGroup, entity: EntityId, severity: Severity, action: Action,
+                     summary: str, source: str) -> None:
+        add_root(_Root(node=g.node, entity=entity, kind=g.kind, code=g.code, severity=severity,
+                       action=action, summary=summary, source=source)).take(g)
+
     for g in obs.groups.values():
         entity = ent(g)
         if g.kind == "reboot_required":
-            root = add_root(
-                _Root(
-                    node=g.node,
-                    entity=entity,
-                    kind="reboot_required",
-                    code=g.code,
-                    severity=Severity.CRITICAL,
-                    action=Action.REBOOT_NODE,
-                    summary="the driver reports a global fatal error that needs an OS reboot "
-                    f"({_gpu_words(entity)}): drain and reboot the node",
-                    source="xid.gpu_driver_rule: recovery action Node Reboot Required "
-                    f"({FAULT_MODEL})",
-                )
+            take_as_root(
+                g, entity, Severity.CRITICAL, Action.REBOOT_NODE,
+                "the driver reports a global fatal error that needs an OS reboot "
+                f"({_gpu_words(entity)}): drain and reboot the node",
+                f"xid.gpu_driver_rule: recovery action Node Reboot Required ({FAULT_MODEL})",
             )
-            root.take(g)
         elif g.kind == "driver_mismatch":
-            root = add_root(
-                _Root(
-                    node=g.node,
-                    entity=entity,
-                    kind="driver_mismatch",
-                    code=g.code,
-                    severity=Severity.MAJOR,
-                    action=Action.FIX_CONFIG,
-                    summary="NVIDIA user-space driver and kernel module versions differ: CUDA "
-                    "and NVML clients fail until they match (reload the module or reboot "
-                    "after the driver upgrade)",
-                    source="xid.gpu_driver_rule: driver version mismatch, catalog UPDATE_SWFW "
-                    f"({FAULT_MODEL}: fix_config)",
-                )
+            take_as_root(
+                g, entity, Severity.MAJOR, Action.FIX_CONFIG,
+                "NVIDIA user-space driver and kernel module versions differ: CUDA "
+                "and NVML clients fail until they match (reload the module or reboot "
+                "after the driver upgrade)",
+                "xid.gpu_driver_rule: driver version mismatch, catalog UPDATE_SWFW "
+                f"({FAULT_MODEL}: fix_config)",
             )
-            root.take(g)
         elif g.kind == "reset_required":
-            root = add_root(
-                _Root(
-                    node=g.node,
-                    entity=entity,
-                    kind="reset_required",
-                    code=g.code,
-                    severity=Severity.CRITICAL,
-                    action=Action.RESET_GPU,
-                    summary=f"NV_ERR_RESET_REQUIRED on {_gpu_words(entity)}: "
-                    "the GPU needs a reset before reuse",
-                    source="xid.gpu_driver_rule: recovery action GPU Reset Required "
-                    f"({FAULT_MODEL})",
-                )
+            take_as_root(
+                g, entity, Severity.CRITICAL, Action.RESET_GPU,
+                f"NV_ERR_RESET_REQUIRED on {_gpu_words(entity)}: "
+                "the GPU needs a reset before reuse",
+                f"xid.gpu_driver_rule: recovery action GPU Reset Required ({FAULT_MODEL})",
             )
-            root.take(g)
         elif (
             g.kind == "gsp_error"
             and g.code in ("heartbeat_timeout", "memsys_error")
             and ("yes" not in attr(g, "at_boot"))
         ):
-            root = add_root(
-                _Root(
-                    node=g.node,
-                    entity=entity,
-                    kind="gsp_error",
-                    code=g.code,
-                    severity=Severity.CRITICAL,
-                    action=Action.RESET_GPU,
-                    summary=f"GSP {g.code.replace('_', ' ')} on {_gpu_words(entity)} "
-                    "(Xid 119/120 class): reset the GPU",
-                    source=f"xid.gpu_driver_rule: {CATALOG} Xid 119/120 RESET_GPU; {FAULT_MODEL}",
-                )
+            take_as_root(
+                g, entity, Severity.CRITICAL, Action.RESET_GPU,
+                f"GSP {g.code.replace('_', ' ')} on {_gpu_words(entity)} "
+                "(Xid 119/120 class): reset the GPU",
+                f"xid.gpu_driver_rule: {CATALOG} Xid 119/120 RESET_GPU; {FAULT_MODEL}",
             )
-            root.take(g)
         elif g.kind in ("gsp_rpc_timeout", "nvml_error", "cuda_error") or (
             g.kind == "gsp_error" and g.code == "pmu_halted"
         ):
