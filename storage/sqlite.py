@@ -108,6 +108,11 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
 """
 
+_EVENTS_IDENTITY = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_identity"
+    " ON events (ts, kind, code, node, entity, message)"
+)
+
 _BASE_COLUMNS = ["observed_at", "node", "entity", "value"]
 _PRUNE_EVERY_SECONDS = 3600.0
 _IN_BATCH = 900
@@ -285,6 +290,11 @@ class SqliteStore:
                 self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
+            try:  # one event is stored once, however often it is written (imports, replays)
+                self._conn.execute(_EVENTS_IDENTITY)
+            except sqlite3.IntegrityError:
+                logger.warning("%s holds duplicate events from an older version; "
+                               "events written again will be stored again", self._name)
         self._series: dict[tuple[str, str, str, str], int] = {
             (m, n, e, lab): sid
             for sid, m, n, e, lab in self._conn.execute(
@@ -383,8 +393,8 @@ class SqliteStore:
                                            strict=True))
                 if good_events:
                     self._conn.executemany(
-                        "INSERT INTO events (ts, kind, code, node, entity, message, attrs,"
-                        " evidence, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT OR IGNORE INTO events (ts, kind, code, node, entity, message,"
+                        " attrs, evidence, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         [(_ms(e.observed_at or now), e.kind, e.code, str(e.node),
                           str(e.entity), e.message, json.dumps(dict(e.attrs), sort_keys=True),
                           json.dumps([[v.file, v.line, v.text] for v in e.evidence]), e.source)

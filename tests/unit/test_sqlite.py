@@ -192,3 +192,17 @@ def test_a_reader_in_another_process_sees_head_and_chunks(tmp_path: Path) -> Non
                          check=True, cwd=Path(__file__).parents[2])
     assert out.stdout.strip() == "101"
     store.close()
+
+
+def test_writing_the_same_event_twice_stores_it_once(tmp_path) -> None:
+    """Imports and replays may write an event again; it is one event."""
+    from core.records import Event
+    from storage.sqlite import SqliteStore
+
+    store = SqliteStore(path=str(tmp_path / "x.sqlite"))
+    event = Event(kind="xid", code="79", node="n", entity="g",  # type: ignore[arg-type]
+                  observed_at=1_796_000_000.0, message="GPU has fallen off the bus.")
+    store.write([], [event])
+    store.write([], [event])
+    assert len(store.read_events(1_795_999_000.0, 1_796_001_000.0)) == 1
+    store.close()
