@@ -518,17 +518,8 @@ class NvmlCollector:
         gpu.entity = EntityId(gpu.uuid) if gpu.uuid else gpu.pci
         if gpu.uuid and gpu.pci != gpu.entity:
             text = f"NVML: GPU {gpu.index} at PCI:{gpu.pci} is {gpu.uuid}"
-            event = nvml_event(
-                kind="gpu_identity",
-                code="uuid",
-                node=self._node,
-                entity=gpu.pci,
-                observed_at=now,
-                text=text,
-                attrs={"uuid": gpu.uuid, "index": str(index)},
-            )
-            with self._lock:
-                self._pending.append(event)
+            self._gpu_event(gpu, "gpu_identity", "uuid", now, text,
+                            {"uuid": gpu.uuid, "index": str(index)})
 
     def _start_events(self) -> None:
         watched = [
@@ -650,24 +641,22 @@ class NvmlCollector:
             gpu.new_unsupported.append(key if reason == "not_supported" else f"{key} ({reason})")
         return _NA
 
+    def _gpu_event(self, gpu: _Gpu, kind: str, code: str, now: float, text: str,
+                   attrs: dict[str, str]) -> None:
+        """Queue an NVML event about ``gpu`` (at its PCI address) for the next collect."""
+        event = nvml_event(kind=kind, code=code, node=self._node, entity=gpu.pci,
+                           observed_at=now, text=text, attrs=attrs)
+        with self._lock:
+            self._pending.append(event)
+
     def _reset_required(self, gpu: _Gpu, key: str) -> None:
         if gpu.reset_reported:
             return
         gpu.reset_reported = True
         text = f"NVML: GPU {gpu.pci} answered NVML_ERROR_RESET_REQUIRED while reading {key}"
         logger.warning("%s", text)
-        with self._lock:
-            self._pending.append(
-                nvml_event(
-                    kind="reset_required",
-                    code="nvml_reset_required",
-                    node=self._node,
-                    entity=gpu.pci,
-                    observed_at=self.clock(),
-                    text=text,
-                    attrs={"index": str(gpu.index)},
-                )
-            )
+        self._gpu_event(gpu, "reset_required", "nvml_reset_required", self.clock(), text,
+                        {"index": str(gpu.index)})
 
     def _mark_lost(self, gpu: _Gpu, now: float, what: str, code: str) -> None:
         if gpu.lost:
@@ -681,18 +670,7 @@ class NvmlCollector:
         attrs = {"index": str(gpu.index)}
         if gpu.uuid:
             attrs["uuid"] = gpu.uuid
-        with self._lock:
-            self._pending.append(
-                nvml_event(
-                    kind="gpu_lost",
-                    code=code,
-                    node=self._node,
-                    entity=gpu.pci,
-                    observed_at=now,
-                    text=text,
-                    attrs=attrs,
-                )
-            )
+        self._gpu_event(gpu, "gpu_lost", code, now, text, attrs)
 
     def _recovery_action_now(self, watched: WatchedGpu) -> int | None:
         """Field 230 of one GPU, for an Xid 154 event (called from the event thread)."""
@@ -849,22 +827,11 @@ class NvmlCollector:
             "its readings are skipped until the call returns"
         )
         logger.warning("%s", text)
-        with self._lock:
-            self._pending.append(
-                nvml_event(
-                    kind="telemetry_gap",
-                    code="nvml_deadline_exceeded",
-                    node=self._node,
-                    entity=gpu.pci,
-                    observed_at=now,
-                    text=text,
-                    attrs={
-                        "index": str(gpu.index),
-                        "call": gpu.current or "",
-                        "deadline_seconds": f"{self.deadline_seconds:g}",
-                    },
-                )
-            )
+        self._gpu_event(gpu, "telemetry_gap", "nvml_deadline_exceeded", now, text, {
+            "index": str(gpu.index),
+            "call": gpu.current or "",
+            "deadline_seconds": f"{self.deadline_seconds:g}",
+        })
 
     def _job(self, gpu: _Gpu, now: float, fast: bool, slow: bool) -> list[Record]:
         """Read one GPU (in a worker, or inline); never raises."""

@@ -400,6 +400,14 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         roots.setdefault((root.node, root.entity), []).append(root)
         return root
 
+    def take_as_root(g: EventGroup, entity: EntityId, severity: Severity, action: Action,
+                     summary: str, source: str, *, code: str | None = None,
+                     confidence: float = 1.0) -> None:
+        """Start a root fault with ``g`` (its kind, and its code unless ``code`` is given)."""
+        add_root(_Root(node=g.node, entity=entity, kind=g.kind,
+                       code=g.code if code is None else code, severity=severity, action=action,
+                       summary=summary, source=source, confidence=confidence)).take(g)
+
     # --- GPU lost: Xid 79, fallen off the bus, NVML GPU_IS_LOST, init failures, GSP at boot
     lost_groups: list[EventGroup] = []
     for g in obs.groups.values():
@@ -469,21 +477,13 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         entity = ent(g)
         if g.code == "154":
             sev, act, name = _recovery(g)
-            root = add_root(
-                _Root(
-                    node=g.node,
-                    entity=entity,
-                    kind="xid",
-                    code="154",
-                    severity=sev,
-                    action=act,
-                    summary=f"Xid 154: GPU recovery action is now {name!r} on {entity}",
-                    source=f"xid.gpu_driver_rule: Xid 154 recovery action ({CATALOG}; "
-                    "NVML recovery action; "
-                    f"{FAULT_MODEL})",
-                )
+            take_as_root(
+                g, entity, sev, act,
+                f"Xid 154: GPU recovery action is now {name!r} on {entity}",
+                f"xid.gpu_driver_rule: Xid 154 recovery action ({CATALOG}; "
+                "NVML recovery action; "
+                f"{FAULT_MODEL})",
             )
-            root.take(g)
             continue
         try:
             n = int(g.code)
@@ -494,20 +494,12 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             logger.info(
                 "Xid %s on %s is not in the Xid table; using the default verdict", n, entity
             )
-        root = add_root(
-            _Root(
-                node=g.node,
-                entity=entity,
-                kind="xid",
-                code=g.code,
-                severity=sev,
-                action=act,
-                summary=f"{text} on {entity}",
-                confidence=conf,
-                source=f"xid.gpu_driver_rule: {CATALOG}; {FAULT_MODEL}",
-            )
+        take_as_root(
+            g, entity, sev, act,
+            f"{text} on {entity}",
+            f"xid.gpu_driver_rule: {CATALOG}; {FAULT_MODEL}",
+            confidence=conf,
         )
-        root.take(g)
 
     # Xid 48 with 64 recurring after a reboot: the memory is failing (fault-model Xid 48 row)
     for rs in roots.values():
@@ -520,11 +512,6 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                     codes[code].summary += "; with Xid 64 after a reboot: RMA candidate"
 
     # --- reset required, GSP errors at run time
-    def take_as_root(g: EventGroup, entity: EntityId, severity: Severity, action: Action,
-                     summary: str, source: str) -> None:
-        add_root(_Root(node=g.node, entity=entity, kind=g.kind, code=g.code, severity=severity,
-                       action=action, summary=summary, source=source)).take(g)
-
     for g in obs.groups.values():
         entity = ent(g)
         if g.kind == "reboot_required":
@@ -577,20 +564,12 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
             target.take(g)
             continue
         sev, act, text, conf = _xid_verdict(43, g)
-        root = add_root(
-            _Root(
-                node=g.node,
-                entity=entity,
-                kind="xid",
-                code="43",
-                severity=sev,
-                action=act,
-                summary=f"{text} on {entity}",
-                confidence=conf,
-                source=f"xid.gpu_driver_rule: {CATALOG}; {FAULT_MODEL}",
-            )
+        take_as_root(
+            g, entity, sev, act,
+            f"{text} on {entity}",
+            f"xid.gpu_driver_rule: {CATALOG}; {FAULT_MODEL}",
+            confidence=conf,
         )
-        root.take(g)
 
     # --- Xid 45: folded, or standing for the Xid it names
     for g in xid45:
@@ -603,35 +582,19 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         if caused:
             n = int(caused[0])
             sev, act, text, conf = _xid_verdict(n, g)
-            root = add_root(
-                _Root(
-                    node=g.node,
-                    entity=entity,
-                    kind="xid",
-                    code=str(n),
-                    severity=sev,
-                    action=act,
-                    summary=f"{text} on {entity} (named by Xid 45, whose cause line is missing)",
-                    confidence=conf,
-                    source=f"xid.gpu_driver_rule: Xid 45 names its cause; {CATALOG}",
-                )
+            take_as_root(
+                g, entity, sev, act,
+                f"{text} on {entity} (named by Xid 45, whose cause line is missing)",
+                f"xid.gpu_driver_rule: Xid 45 names its cause; {CATALOG}",
+                code=str(n), confidence=conf,
             )
-            root.take(g)
             continue
-        root = add_root(
-            _Root(
-                node=g.node,
-                entity=entity,
-                kind="xid",
-                code="45",
-                severity=Severity.INFO,
-                action=Action.NONE,
-                summary=f"Xid 45 (preemptive cleanup) alone on {entity}: "
-                "a job was stopped; no action",
-                source=f"xid.gpu_driver_rule: {CATALOG} Xid 45; {FAULT_MODEL}",
-            )
+        take_as_root(
+            g, entity, Severity.INFO, Action.NONE,
+            f"Xid 45 (preemptive cleanup) alone on {entity}: "
+            "a job was stopped; no action",
+            f"xid.gpu_driver_rule: {CATALOG} Xid 45; {FAULT_MODEL}",
         )
-        root.take(g)
 
     # --- symptoms
     for g, entity in symptoms:
