@@ -146,8 +146,12 @@ def _gpuhealth_rules() -> tuple[PromRule, ...]:
     ]
     for xid in (*CRITICAL_XIDS, *WARNING_XIDS):
         severity = "critical" if xid in CRITICAL_XIDS else "warning"
+        series = f'gpu_xid_events_total{{xid="{xid}"}}'
+        # The counter's series is born at 1 with the first Xid, where increase() sees no
+        # change: a series that did not exist 10 minutes ago also fires.
         rules.append(_xid_rule(xid, severity,
-                               f'increase(gpu_xid_events_total{{xid="{xid}"}}[10m]) > 0',
+                               f"increase({series}[10m]) > 0 or "
+                               f"({series} unless {series} offset 10m)",
                                f"Xid {xid} in the last 10 minutes"))
     return tuple(rules)
 

@@ -96,3 +96,39 @@ def test_prometheus_fires_the_same_alerts(tmp_path, exporter):
     remap = alerts[("GpuRowRemapPending", "p1", "GPU-1")]
     assert remap["labels"]["severity"] == "warning"
     assert remap["annotations"]["runbook_url"] == "docs/runbooks/row_remap.md"
+
+
+def test_the_first_xid_of_a_gpu_fires(tmp_path):
+    """The Xid counter's series is born at 1: its first Xid must fire, and stop firing later.
+
+    The exported rule's expression is checked with `promtool test rules` (Prometheus' own
+    evaluator): it returns the series 1 minute after the first Xid, nothing 15 minutes on.
+    """
+    import json
+
+    promtool = need_binary("promtool")
+    (expr,) = [r.expr for g in prometheus_rules() for r in g.rules
+               if r.alert == "GpuXid79" and "gpu_xid_events_total" in r.expr]
+    series = 'gpu_xid_events_total{xid="79",node="n1",entity="0000:b1:00.0"}'
+    test = tmp_path / "test.yml"
+    test.write_text(
+        "rule_files: []\n"
+        "evaluation_interval: 1m\n"
+        "tests:\n"
+        "  - interval: 1m\n"
+        "    input_series:\n"
+        f"      - series: {json.dumps(series)}\n"
+        "        values: '_ _ 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'\n"
+        "    promql_expr_test:\n"
+        f"      - expr: {json.dumps(expr)}\n"
+        "        eval_time: 3m\n"
+        "        exp_samples:\n"
+        f"          - labels: {json.dumps(series)}\n"
+        "            value: 1\n"
+        f"      - expr: {json.dumps(expr)}\n"
+        "        eval_time: 16m\n"
+        "        exp_samples: []\n"
+    )
+    result = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
