@@ -589,6 +589,13 @@ CATALOG: tuple[MetricSpec, ...] = (
         labels=("severity",),
     ),
     MetricSpec(
+        name="gpuhealth_anomalies_total",
+        type=C,
+        unit="1",
+        help="Online detector verdicts (anomalies, telemetry gaps, peer outliers) by detector",
+        labels=("detector",),
+    ),
+    MetricSpec(
         name="gpuhealth_collector_errors_total",
         type=C,
         unit="1",

@@ -255,6 +255,24 @@ class AnalyticsSettings(BaseModel):
     (default ``24h``: a day covers a drain and a repair; states such as a lost GPU or a
     pending remap are re-read by the collectors and stay open while they hold)."""
 
+    detectors: bool = True
+    """Run the online detectors (``analytics.online``) on every sample the service handles:
+    per-series anomalies (``warning`` findings of kind ``anomaly``, never more), telemetry
+    gaps and peer comparison of GPU temperature at equal power."""
+
+    detector: Literal["dspot", "spot", "ewma_z", "quantile"] = "dspot"
+    """The per-series detector (``docs/analytics.md``); ``dspot`` follows slow drifts."""
+
+    warmup_samples: int = Field(default=500, ge=20)
+    """Samples per series before the detector may flag one (SPOT's calibration window)."""
+
+    gap_seconds: Duration = Field(default=120.0, gt=0)
+    """Shortest silence of a GPU that becomes a ``telemetry_gap`` finding (and at least five
+    of its usual intervals between samples)."""
+
+    anomaly_hold_seconds: Duration = Field(default=3600.0, gt=0)
+    """How long an anomaly finding stays open after its last flagged sample."""
+
 
 class AlertPolicySettings(BaseModel):
     """``[alerting.policies."<class>"]``: when one fault class (``xid:13``) alerts."""

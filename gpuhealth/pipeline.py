@@ -32,7 +32,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from alerting.alerts import AlertPolicy, AlertTracker, finding_from_prediction
 from alerting.outbox import Outbox, notifier_name
@@ -203,6 +203,7 @@ class Pipeline:
         )
         self._nodes: dict[str, Observations] = {}
         self._predicted: dict[tuple[str, str], Finding] = {}
+        self._held: dict[tuple[str, str, str, str], tuple[Finding, float]] = {}
         self._node_facts = {str(k): dict(v) for k, v in (node_facts or {}).items()}
         self._tracker = AlertTracker(
             min_severity=min_alert_severity,
@@ -320,6 +321,37 @@ class Pipeline:
                 else:
                     self._predicted[key] = finding
 
+    def observe_findings(self, findings: Iterable[Finding], *,
+                         hold_seconds: float = 3600.0) -> None:
+        """Account for findings made outside the fault model (online detectors, gaps).
+
+        Each finding stays open, and alerts like any other, until ``hold_seconds`` after
+        it was last observed or until :meth:`clear_findings`; a newer finding with the
+        same key replaces it.
+
+        Raises:
+            ValueError: ``hold_seconds`` is not > 0.
+        """
+        if hold_seconds <= 0:
+            raise ValueError(f"hold_seconds must be > 0, got {hold_seconds!r}")
+        with self._lock:
+            until = self.clock() + hold_seconds
+            for finding in findings:
+                held = self._held.get(finding.key)
+                if held is not None:
+                    first = held[0].first_seen_at
+                    finding = replace(
+                        finding,
+                        first_seen_at=first if first is not None else finding.first_seen_at,
+                        occurrences=held[0].occurrences + finding.occurrences)
+                self._held[finding.key] = (finding, until)
+
+    def clear_findings(self, keys: Iterable[tuple[str, str, str, str]]) -> None:
+        """Close findings given to :meth:`observe_findings` by ``(node, entity, kind, code)``."""
+        with self._lock:
+            for key in keys:
+                self._held.pop(key, None)
+
     def observe_snapshot(self, node: str, records: Iterable[Record]) -> bool:
         """Account for one complete observation of ``node`` (a file, an ingested document).
 
@@ -370,8 +402,11 @@ class Pipeline:
         found: list[Finding] = []
         for node, obs in self._nodes.items():
             found.extend(evaluate(obs, self._context(node, now), self.rules))
-        if self._predicted:
+        if self._held:
+            self._held = {k: v for k, v in self._held.items() if v[1] > now}
+        if self._predicted or self._held:
             found.extend(self._predicted.values())
+            found.extend(f for f, _ in self._held.values())
             return merge_findings(found)
         return merge_findings(found) if len(self._nodes) > 1 else found
 

@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from alerting.silences import SilenceStore
+from analytics.online import OnlineAnalytics, to_finding
 from collectors.nvml_events import XidDedup
 from core import plugins
 from core.errors import (
@@ -160,6 +161,11 @@ class Service:
         self._seen_findings: set[tuple[str, str, str, str]] = set()
         self._logged: set[str] = set()
         self._dirty = False
+        an = settings.analytics
+        self.online: OnlineAnalytics | None = (
+            OnlineAnalytics(detector=an.detector, gap_seconds=an.gap_seconds,
+                            warmup_samples=an.warmup_samples)
+            if an.detectors else None)
 
     # --- start-up ----------------------------------------------------------------------
 
@@ -427,9 +433,41 @@ class Service:
         except Exception as exc:
             self._log_once("observe", "pipeline.observe failed: %s", exc)
 
+    def _analyse(self, batch: Sequence[Record]) -> None:
+        """Run the online detectors over ``batch`` (every sample) and report what they find.
+
+        Anomalies and gaps become ``warning`` findings through
+        :meth:`Pipeline.observe_findings`; a silent GPU that sends samples again closes its
+        gap finding. Called with an empty batch too, so gaps open while nothing arrives.
+        """
+        if self.online is None or self.pipeline is None:
+            return
+        try:
+            samples = [r for r in batch if isinstance(r, Sample)]
+            results = self.online.observe(samples) if samples else self.online.check()
+            if not results:
+                return
+            closed = [to_finding(r).key for r in results if r.kind == "gap_closed"]
+            found = [to_finding(r) for r in results if r.kind != "gap_closed"]
+            if closed:
+                self.pipeline.clear_findings(closed)
+            if found:
+                self.pipeline.observe_findings(
+                    found, hold_seconds=self.settings.analytics.anomaly_hold_seconds)
+        except Exception as exc:
+            self._log_once("analyse", "online analytics failed: %s", exc)
+            logger.debug("online analytics failed", exc_info=exc)
+            return
+        for result in results:
+            if result.kind != "gap_closed":
+                self.exporter.inc("gpuhealth_anomalies_total",
+                                  {"detector": result.anomaly.detector})
+        self._dirty = True
+
     def _deliver(self, batch: Sequence[Record]) -> bool:
         """Observe ``batch`` and write it with anything left from before; False on failure."""
         self._observe(batch)
+        self._analyse(batch)
         self._unwritten.extend(batch)
         if not self._unwritten or self.store is None:
             return True

@@ -1,0 +1,140 @@
+"""``analytics.online``: detectors, counter rates, gaps and peers over batches of samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analytics.online import GAP_CODE, OnlineAnalytics, OnlineResult, to_finding
+from core.records import Action, Anomaly, EntityId, NodeName, Sample, Severity
+from gpuhealth.pipeline import Pipeline
+
+N1 = NodeName("n1")
+
+
+def _s(metric: str, value: float, at: float, entity: str = "GPU-0", node: str = "n1") -> Sample:
+    return Sample(metric=metric, value=value, observed_at=at, node=NodeName(node),
+                  entity=EntityId(entity))
+
+
+@pytest.mark.parametrize("detector", ["dspot", "spot", "ewma_z", "quantile"])
+def test_a_gauge_that_jumps_is_an_anomaly_with_its_metric(detector: str) -> None:
+    online = OnlineAnalytics(detector=detector, warmup_samples=50, clock=lambda: 0.0)
+    found: list[OnlineResult] = []
+    for t in range(200):
+        found += online.observe([_s("gpu_temperature_celsius", 60.0 + (t * 7 % 5) * 0.2, t)])
+    assert found == []
+    jump = online.observe([_s("gpu_temperature_celsius", 95.0, 200.0)])
+    assert [(r.kind, r.metric, r.anomaly.entity) for r in jump] == [
+        ("anomaly", "gpu_temperature_celsius", "GPU-0")]
+    assert jump[0].anomaly.detector == online._detector.name
+
+
+def test_counters_are_scored_as_rates_not_raw_values() -> None:
+    online = OnlineAnalytics(detector="ewma_z", warmup_samples=20, clock=lambda: 0.0)
+    total, found = 0.0, []
+    for t in range(100):  # a steadily growing counter is normal: its rate is flat
+        total += 10.0 + (t % 3)
+        found += online.observe([_s("gpu_energy_joules_total", total, float(t))])
+    assert found == []
+    total += 10_000.0
+    burst = online.observe([_s("gpu_energy_joules_total", total, 100.0)])
+    assert [(r.kind, r.metric) for r in burst] == [("anomaly", "gpu_energy_joules_total")]
+
+
+def test_unknown_metrics_and_nan_are_skipped() -> None:
+    online = OnlineAnalytics(warmup_samples=20, clock=lambda: 0.0)
+    assert online.observe([_s("not_catalogued", 1.0, 0.0),
+                           _s("gpu_power_watts", float("nan"), 0.0)]) == []
+
+
+def test_a_gpu_whose_samples_stop_is_a_telemetry_gap_once_then_closes() -> None:
+    now = [0.0]
+    online = OnlineAnalytics(gap_seconds=30.0, warmup_samples=20, clock=lambda: now[0])
+    for t in range(20):
+        now[0] = 10.0 * t
+        assert online.observe([_s("gpu_power_watts", 300.0, now[0], "GPU-0"),
+                               _s("gpu_power_watts", 300.0, now[0], "GPU-1")]) == []
+    for t in range(20, 30):  # GPU-1 falls off the bus: only GPU-0 still reports
+        now[0] = 10.0 * t
+        found = online.observe([_s("gpu_power_watts", 300.0, now[0], "GPU-0")])
+        if found:
+            break
+    assert [(r.kind, r.anomaly.entity) for r in found] == [("telemetry_gap", "GPU-1")]
+    now[0] += 10.0
+    assert online.observe([_s("gpu_power_watts", 300.0, now[0], "GPU-0")]) == []  # once
+    back = online.observe([_s("gpu_power_watts", 300.0, now[0], "GPU-1")])
+    assert [(r.kind, r.anomaly.entity) for r in back] == [("gap_closed", "GPU-1")]
+
+
+def test_gaps_are_found_by_time_passing() -> None:
+    online = OnlineAnalytics(gap_seconds=5.0, warmup_samples=20, clock=lambda: 0.0)
+    for t in range(12):
+        online.observe([_s("gpu_power_watts", 300.0, float(t))])
+    assert online.check(12.0) == []
+    assert [r.kind for r in online.check(100.0)] == ["telemetry_gap"]
+
+
+def test_node_metrics_never_make_gpu_gaps() -> None:
+    online = OnlineAnalytics(gap_seconds=5.0, warmup_samples=20, clock=lambda: 0.0)
+    for t in range(12):
+        online.observe([_s("node_load_ratio", 0.5, float(t), entity="node")])
+    assert online.check(1000.0) == []
+
+
+def test_a_gpu_hotter_than_its_peers_at_equal_power_is_reported_once() -> None:
+    online = OnlineAnalytics(warmup_samples=500, clock=lambda: 0.0)
+    # Temperature follows power (0.07 degC/W); GPU-4 runs 15 degC hotter than its power says,
+    # while GPU-3 is the hottest only because it draws the most.
+    power = [300.0, 450.0, 350.0, 500.0, 400.0, 320.0, 480.0, 410.0]
+    temps = [51.3, 61.3, 54.6, 65.0, 72.7, 52.6, 63.7, 58.7]
+    batch = [s for i, (temp, watts) in enumerate(zip(temps, power, strict=True)) for s in (
+        _s("gpu_temperature_celsius", temp, 1.0, f"GPU-{i}"),
+        _s("gpu_power_watts", watts, 1.0, f"GPU-{i}"))]
+    found = online.observe(batch)
+    assert [(r.kind, r.metric, r.anomaly.entity) for r in found] == [
+        ("peer", "gpu_temperature_celsius", "GPU-4")]
+    assert online.observe(batch) == []
+
+
+def test_to_finding_is_never_above_warning_and_never_acts() -> None:
+    a = Anomaly(detector="dspot", node=N1, entity=EntityId("GPU-0"), score=9.0,
+                threshold=3.0, observed_at=5.0)
+    for kind, metric in (("anomaly", "gpu_power_watts"), ("peer", "gpu_temperature_celsius"),
+                         ("telemetry_gap", "")):
+        f = to_finding(OnlineResult(kind=kind, metric=metric, anomaly=a))
+        assert f.severity is Severity.WARNING
+        assert f.action is Action.NONE
+        assert f.first_seen_at == f.last_seen_at == 5.0
+    gap = to_finding(OnlineResult(kind="telemetry_gap", metric="", anomaly=a))
+    assert (gap.kind, gap.code) == ("telemetry_gap", GAP_CODE)
+    closed = to_finding(OnlineResult(kind="gap_closed", metric="", anomaly=a))
+    assert closed.key == gap.key
+    peer = to_finding(OnlineResult(kind="peer", metric="gpu_temperature_celsius", anomaly=a))
+    assert (peer.kind, peer.code) == ("anomaly", "gpu_temperature_celsius")
+
+
+@pytest.mark.parametrize("kwargs", [{"detector": "bogus"}, {"gap_seconds": 0.0},
+                                    {"warmup_samples": 5}])
+def test_bad_arguments_raise_at_construction(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011
+        OnlineAnalytics(**kwargs)  # type: ignore[arg-type]
+
+
+def test_pipeline_holds_and_clears_observed_findings(tmp_path: Path) -> None:
+    now = [1000.0]
+    pipeline = Pipeline(facts={}, notifiers=[], audit_log_path=str(tmp_path / "audit.jsonl"),
+                        outbox_path=str(tmp_path / "outbox"), clock=lambda: now[0])
+    a = Anomaly(detector="gaps", node=N1, entity=EntityId("GPU-1"), score=6.0, threshold=5.0,
+                observed_at=1000.0)
+    gap = to_finding(OnlineResult(kind="telemetry_gap", metric="", anomaly=a))
+    pipeline.observe_findings([gap], hold_seconds=60.0)
+    assert [f.key for f in pipeline.evaluate().findings] == [gap.key]
+    pipeline.clear_findings([gap.key])
+    assert pipeline.evaluate().findings == []
+    pipeline.observe_findings([gap], hold_seconds=60.0)
+    now[0] += 61.0
+    assert pipeline.evaluate().findings == []
+    with pytest.raises(ValueError):  # noqa: PT011
+        pipeline.observe_findings([gap], hold_seconds=0.0)
