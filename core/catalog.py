@@ -696,7 +696,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         name="gpuhealth_pipeline_lag_seconds",
         type=G,
         unit="seconds",
-        help="Age of the newest record a stage has processed (now minus observed_at)",
+        help="How long the stage's last run took (stage evaluate: one rule evaluation)",
         labels=("stage",),
     ),
     MetricSpec(
