@@ -113,6 +113,7 @@ _DETECT_LINES = 64
 _KEYWORDS = re.compile(
     r"NVRM|NVIDIA|NVSwitch|NVML|No devices were found|Xid|XID |GPU_IS_LOST|EDAC|AER|Hardware Error|"
     r"PCIe Bus Error|PCIe bandwidth|Uncorrected hardware|Memory failure|Unable to determine|"
+    r"fallen off the bus|"
     r"GPU is lost|CUDA-capable|Linux version|FabricManager|Fabric Manager|-peermem|"
     r"-fabricmanager|/mask=|nvidia[-: ]|Corrected error\(s\)|Uncorrected error\(s\)|"
     r"-- Reboot --|-- Boot "
@@ -646,6 +647,21 @@ class KernelLogSession:
                 return
         if "marked unhealthy" in body or "Processing event" in body:
             return  # the device plugin's echo of the same NVML event
+        if "fallen off the bus" in body:
+            # a health checker's echo of a lost GPU without the driver's own line
+            # (Slurm NHC "nvidia-smi reports GPU ... has fallen off the bus", a
+            # Kubernetes node condition or event, a scontrol Reason=)
+            self._emit(
+                out,
+                "gpu_lost",
+                "fallen_off_bus",
+                _entity_of(body),
+                stamp,
+                body,
+                [ev],
+                {"message": body[:500]},
+            )
+            return
         m = _SXID.search(body)
         if m is not None:
             fatal = (
@@ -1615,7 +1631,7 @@ class KernelLogParser:
 _SMI_ERROR = re.compile(
     r"Unable to determine the device handle|GPU is lost|No devices were found|"
     r"NVIDIA-SMI has failed|Failed to initialize NVML|"
-    r"CUDA-capable device\(s\) is/are busy or unavailable"
+    r"CUDA-capable device\(s\) is/are busy or unavailable|fallen off the bus"
 )
 
 

@@ -572,6 +572,13 @@ class _FieldMapper:
         if key in {"bus_id", "pci_bus_id"} and "pci" in sections:
             gpu.info["pci_bus_id"] = value
             return out
+        # memory repair (Blackwell, R575+): channel or TPC repair applied at the next reset
+        if key in {"channel_repair_pending", "tpc_repair_pending"}:
+            flag = yes_no(value)
+            if flag is not None:
+                # the repair, like a row remap, waits for a GPU reset
+                add("gpu_row_remap_pending", flag, {"repair": key.split("_")[0]})
+            return out
         # ECC
         if "ecc_errors" in sections:
             return self._ecc(path, key, value, add, out)
@@ -889,7 +896,7 @@ class NvidiaSmiQParser:
         known = 0
         kv = 0
         bad = 0
-        for line in lines[:200]:
+        for line in _unquote(lines[:200]):
             text = line.text
             if _NVSMI_LOG.match(text) or _Q_GPU.match(text.strip()):
                 known += 3
@@ -925,7 +932,7 @@ class _QSession(Session):
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         out: list[Record] = []
-        for line in lines:
+        for line in _unquote(lines):
             try:
                 out.extend(self._line(line))
             except Exception as exc:
@@ -935,8 +942,8 @@ class _QSession(Session):
 
     def _line(self, line: Line) -> list[Record]:
         text = line.text.rstrip()
-        if not text.strip() or _NVSMI_LOG.match(text.strip()):
-            return []
+        if not text.strip() or _NVSMI_LOG.match(text.strip()) or text.lstrip().startswith("```"):
+            return []  # blank, the banner, or a markdown fence around the paste
         gpu = _Q_GPU.match(text.strip())
         if gpu:  # at any indent: pastes quoted or indented as a whole keep their GPUs apart
             self.stack = []
@@ -1113,6 +1120,23 @@ class _XmlSession(Session):
 
 # ------------------------------------------------------------------------------ table
 
+_QUOTE = re.compile(r"^[ \t]*(?:>[ \t]?)+")
+
+
+def _unquote(lines: Sequence[Line]) -> Sequence[Line]:
+    """Drop chat or mail quote markers (``> ``) in front of pasted lines.
+
+    Operators paste tool output into tickets as quoted blocks, often under an
+    unquoted chat header; the marker is never part of ``nvidia-smi`` output.
+
+        >>> [ln.text for ln in _unquote([Line(1, "> | 0  H100 |"), Line(2, "x")])]
+        ['| 0  H100 |', 'x']
+    """
+    if not any(ln.text.lstrip().startswith(">") for ln in lines):
+        return lines
+    return [Line(ln.number, _QUOTE.sub("", ln.text, count=1)) for ln in lines]
+
+
 _TABLE_ROW1 = re.compile(
     r"^\s*\|\s*(?P<index>\d+)\s+(?P<name>.*?)\s+(?P<persist>On|Off|ERR!|N/A)?\s*\|\s*"
     r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]|ERR!|\S+)\s*(?P<disp>\S+)?\s*\|"
@@ -1137,6 +1161,7 @@ class NvidiaSmiTableParser:
 
     def detect(self, lines: Sequence[Line], command: str | None) -> int:
         """Score table borders, the header and GPU rows."""
+        lines = _unquote(lines[:200])
         rows = 0
         hint = 0
         for line in lines[:200]:
@@ -1192,7 +1217,7 @@ class _TableSession(Session):
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         out: list[Record] = []
-        for line in lines:
+        for line in _unquote(lines):
             if not _TABLE_LINE.match(line.text):
                 self.foreign.append(line)
                 continue

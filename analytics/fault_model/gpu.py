@@ -311,6 +311,8 @@ def row_remap_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
     for key, hits, diag in _flagged(obs, "gpu_row_remap_pending", "row_remap_pending"):
         if key in failed:
             continue
+        if hits and not diag and all(s.labels.get("repair") for s in hits):
+            continue  # only a channel or TPC repair pending: repair_pending_rule
         node, entity = key
         extra = [s for s in remapped.get(key, []) if s.value > 0]
         yield _finding(
@@ -323,6 +325,37 @@ def row_remap_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             summary=f"{_gpu_name(entity)}: a row remap is pending: reset the GPU at the next "
             "opportunity to apply it (not an RMA unless remapping fails)",
             evidence=_ev(hits + extra) + diag,
+            source=source,
+        )
+
+
+def repair_pending_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
+    """Judge pending memory repairs (``Channel Repair Pending``, ``TPC Repair Pending``).
+
+    Sources: ``nvidia-smi`` (R575+) ``-q`` ECC fields; NVML ``nvmlDeviceGetRepairStatus``;
+    NVIDIA GPU memory error management (Xid 160: memory marked for repair). Like a
+    pending row remap, the repair is applied at the next GPU reset: warning,
+    ``reset_gpu`` at the next opportunity.
+    """
+    del ctx
+    source = f"gpu.repair_pending_rule ({MEMERR}; {NVML} nvmlDeviceGetRepairStatus)"
+    for key, samples in sorted(_by_entity(obs, "gpu_row_remap_pending").items()):
+        hits = [s for s in samples if s.value >= 1 and s.labels.get("repair")]
+        if not hits or any(s.value >= 1 and not s.labels.get("repair") for s in samples):
+            continue  # none pending, or a row remap pending too (the row-remap finding)
+        node, entity = key
+        kinds = sorted({s.labels.get("repair", "") for s in hits})
+        what = " and ".join(kinds) or "memory"
+        yield _finding(
+            node=node,
+            entity=entity,
+            kind="row_remap",
+            code="repair_pending",
+            severity=Severity.WARNING,
+            action=Action.RESET_GPU,
+            summary=f"{_gpu_name(entity)}: a {what} repair is pending: reset the GPU at the "
+            "next opportunity to apply it",
+            evidence=_ev(hits),
             source=source,
         )
 
@@ -1122,6 +1155,7 @@ def err_field_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
 RULES: tuple[Rule, ...] = (
     ecc_rule,
     row_remap_rule,
+    repair_pending_rule,
     retired_pages_rule,
     recovery_action_rule,
     last_xid_rule,
