@@ -114,7 +114,9 @@ class LineEncoder:
     """Turns samples and events into line protocol, caching each series' prefix.
 
     The per-sample cost is one dictionary lookup, one float ``repr`` and one join, which
-    keeps serialisation close to a plain formatted string (``benchmarks/store_ingest.py``).
+    keeps serialisation close to a plain formatted string (``benchmarks/store_ingest.py``);
+    a sample whose ``observed_at`` is the same object as its predecessor's (one reading,
+    one ``now``) also skips the rounding of its timestamp and its time checks.
 
     Args:
         precision: Unit of the timestamps written (``ns`` for files, ``ms`` for stores
@@ -189,8 +191,11 @@ class LineEncoder:
         append = out.append
         prev_head: str | None = None
         prev_stamp = 0
+        prev_at: object = object()  # the last time stamped; never a sample's
         fields: list[str] = []
+        add_field = fields.append
         seen: set[str] = set()
+        see = seen.add
         for s in samples:
             labels = s.labels
             key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
@@ -201,7 +206,8 @@ class LineEncoder:
                 if parts is None:
                     parts = miss(key, s)
             elif (parts is None or type(value) is not float or value - value != 0.0
-                    or type(at) is not float or not min_at <= at <= latest):
+                    or (at is not prev_at  # prev_at passed these checks already
+                        and (type(at) is not float or not min_at <= at <= latest))):
                 cleaned = check_samples([s], now=now, counts=counts,
                                         max_future_seconds=max_future_seconds, min_at=min_at)
                 if not cleaned:
@@ -213,16 +219,26 @@ class LineEncoder:
                     s.metric, s.node, s.entity)
                 parts = get(key) or miss(key, s)
             head, feq = parts
-            stamp = round(at * scale) * factor  # type: ignore[operator]
-            if merge and head is prev_head and stamp == prev_stamp and feq not in seen:
-                fields.append(f"{feq}{value!r}")
-                seen.add(feq)
-                continue
+            if at is prev_at:  # one reading's samples share the time object: skip the round
+                if merge and head is prev_head and feq not in seen:
+                    add_field(f"{feq}{value!r}")
+                    see(feq)
+                    continue
+                stamp = prev_stamp
+            else:
+                stamp = round(at * scale) * factor  # type: ignore[operator]
+                prev_at = at
+                if merge and head is prev_head and stamp == prev_stamp and feq not in seen:
+                    add_field(f"{feq}{value!r}")
+                    see(feq)
+                    continue
             if fields:
                 append(f"{prev_head} {','.join(fields)} {prev_stamp}")
             prev_head, prev_stamp = head, stamp
             fields = [f"{feq}{value!r}"]
+            add_field = fields.append
             seen = {feq}
+            see = seen.add
         if fields:
             append(f"{prev_head} {','.join(fields)} {prev_stamp}")
         return out

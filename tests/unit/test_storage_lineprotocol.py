@@ -104,3 +104,33 @@ def test_one_pass_check_and_encode_matches_the_two_passes() -> None:
     assert len(one) < len(batch)
     decoded = [r for line in one for r in decode_line(line, precision="ms")]
     assert len(decoded) == len(batch) - 3
+
+
+def test_samples_sharing_one_time_object_encode_as_the_two_passes() -> None:
+    at = T0 + 0.5  # one collector reading: every sample holds the same float object
+    later = T0 + 7.25
+    metrics = ["gpu_power_watts", "gpu_temperature_celsius", "gpu_power_watts"]
+    batch = [Sample(metric=m, value=v, observed_at=when, node=NodeName(n),
+                    entity=EntityId(e), labels={})
+             for when in (at, later, at)
+             for n, e in (("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a"))
+             for m, v in zip(metrics, (1.0, float("nan"), 3), strict=True)]
+    counts_a: Counter[str] = Counter()
+    counts_b: Counter[str] = Counter()
+    two = LineEncoder(precision="ms").samples(check_samples(batch, now=T0, counts=counts_a))
+    one = LineEncoder(precision="ms").checked_samples(batch, now=T0, counts=counts_b)
+    assert one == two
+    assert counts_a == counts_b
+    assert counts_b["nan"] == 9
+    stamps = [line.rsplit(" ", 1)[1] for line in one]
+    assert set(stamps) == {str(round(at * 1000)), str(round(later * 1000))}
+    # a duplicate field of one series at one time starts a new line, never overwrites
+    assert sum(r.metric == "gpu_power_watts" for line in one
+               for r in decode_line(line, precision="ms")) == 18
+
+
+def test_unstamped_sample_is_not_given_a_time() -> None:
+    import pytest
+
+    with pytest.raises(TypeError):
+        LineEncoder(precision="ms").samples([_s(1.0, at=None)])
