@@ -8,7 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from core.records import ActionRequest, ActionStatus, Alert, Anomaly, Event, FeatureVector, Sample
+from core.records import (
+    ActionRequest,
+    ActionStatus,
+    Alert,
+    Anomaly,
+    Event,
+    FeatureVector,
+    NodeName,
+    NodeState,
+    Sample,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,4 +123,67 @@ class SchedulerAdapter(Protocol):
 
     async def status(self, ref: str) -> ActionStatus:
         """Report how far the step got."""
+        ...
+
+
+@runtime_checkable
+class NodeInspector(Protocol):
+    """A scheduler adapter that can show a node's state (ownership, opt-out, work on it).
+
+    The remediation engine reads it before every step that changes a node and before
+    undoing one, so that a human's change always wins (``docs/remediation.md``).
+    """
+
+    async def node_state(self, node: NodeName) -> NodeState:
+        """Return the node as the scheduler shows it now.
+
+        Raises:
+            SchedulerUnavailable: The scheduler cannot be reached now.
+        """
+        ...
+
+
+@runtime_checkable
+class ReliabilityPublisher(Protocol):
+    """A scheduler adapter that can steer placement by a node's reliability score."""
+
+    async def set_reliability(self, node: NodeName, score: float) -> None:
+        """Publish ``score`` (0 = fails all the time, 1 = most stable) for placement.
+
+        Slurm: node ``Weight`` (lower weight is preferred); Kubernetes: label
+        ``gpuhealth.io/reliability``. Idempotent.
+        """
+        ...
+
+
+@runtime_checkable
+class LeaderElector(Protocol):
+    """Only the leader acts (entry-point group ``gpuhealth.electors``).
+
+    A holder keeps leadership by calling :meth:`renew` well within ``ttl_seconds``;
+    a standby calls :meth:`try_acquire` periodically and wins once the holder's lease
+    has expired or was released.
+    """
+
+    identity: str
+    ttl_seconds: float
+
+    def try_acquire(self) -> bool:
+        """Try to become (or stay) leader; return whether this process is leader now.
+
+        Raises:
+            TemporaryError: The backend cannot be reached (the caller is then not leader).
+        """
+        ...
+
+    def renew(self) -> bool:
+        """Extend the lease; return ``False`` if leadership was lost."""
+        ...
+
+    def release(self) -> None:
+        """Give leadership up at once (clean shut-down)."""
+        ...
+
+    def leader(self) -> str | None:
+        """Return the current leader's identity, or ``None`` when there is none."""
         ...

@@ -337,3 +337,45 @@ class AuditRecord:
     idempotency_key: str
     dry_run: bool
     details: Mapping[str, str] = field(default_factory=dict)
+
+
+OWNER_PREFIX = "gpuhealth:"
+"""Every reason gpuhealth writes onto a node starts with this (Slurm ``Reason=``,
+Kubernetes annotations): what starts otherwise is a human's or another tool's, and
+gpuhealth never undoes it."""
+
+OWNER_KEY_PREFIX = "gpuhealth.io/"
+"""Kubernetes labels, taints and annotations gpuhealth owns start with this."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeState:
+    """A node as its scheduler shows it now, read before and after each step.
+
+    Attributes:
+        node: The node.
+        exists: Whether the scheduler knows the node at all.
+        schedulable: Whether new work may start on it (Slurm: not DRAIN/DOWN; Kubernetes:
+            not ``spec.unschedulable``).
+        reason: Why it is out of service, as the scheduler shows it (Slurm ``Reason=``;
+            Kubernetes annotation ``gpuhealth.io/reason``, or ``""``).
+        owned: Whether gpuhealth took it out of service: the reason starts with
+            :data:`OWNER_PREFIX` (Slurm) or the node carries gpuhealth's cordon
+            annotation (Kubernetes). ``False`` when schedulable.
+        opted_out: The node opts out of automatic remediation (Slurm feature
+            ``gpuhealth-opt-out``, Kubernetes label ``gpuhealth.io/opt-out=true``).
+        running: Jobs (Slurm) or non-DaemonSet pods (Kubernetes) running on it now.
+        boot_id: Changes when the node reboots (Kubernetes ``nodeInfo.bootID``; Slurm
+            ``BootTime``); ``""`` if unknown.
+        state: The scheduler's own state words (``"DRAIN"``, ``"IDLE+DRAIN"``, ``"Ready"``).
+    """
+
+    node: NodeName
+    exists: bool = True
+    schedulable: bool = True
+    reason: str = ""
+    owned: bool = False
+    opted_out: bool = False
+    running: int = 0
+    boot_id: str = ""
+    state: str = ""
