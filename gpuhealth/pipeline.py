@@ -31,8 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from alerting.alerts import AlertPolicy, AlertTracker, finding_from_prediction
 from alerting.outbox import Outbox, notifier_name
@@ -40,7 +41,6 @@ from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, InhibitRule, PageG
 from alerting.silences import SilenceStore
 from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
 from core.clock import Clock, system_clock
-from core.errors import GpuHealthError
 from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionRequest,
@@ -52,8 +52,10 @@ from core.records import (
     Record,
     Severity,
 )
+from remediation.actions import ActionStore
 from remediation.audit import AuditLog, read_audit_log
 from remediation.dry_run import DryRunScheduler
+from remediation.engine import RemediationEngine
 from remediation.policy import PolicyResult, RemediationPolicy
 
 logger = logging.getLogger(__name__)
@@ -97,9 +99,8 @@ class Pipeline:
         notifiers: Where alerts go; each is sent every alert that changed and is not muted.
         audit_log_path: JSONL audit log to append to (and to restore idempotency
             from at start), or ``None`` to keep records only in the outputs.
-        dry_run: Record actions only. Live remediation needs the step executor
-            (submit, poll status, then the next step), which is not built yet, so
-            ``False`` is refused.
+        dry_run: Record actions only (the ``dry_run`` adapter changes nothing); ``False``
+            needs a ``scheduler`` other than the dry-run one.
         max_disrupted_fraction: Fleet share of nodes gpuhealth may hold out of
             service at once, in (0, 1].
         cluster_size: Nodes in the fleet, >= 1.
@@ -126,9 +127,19 @@ class Pipeline:
         outbox_path: SQLite file of the durable outbox, or ``None`` for memory.
         max_outbox: Notifications kept per notifier while it is down.
         runbook_base_url: Prefix of the ``runbook_url`` annotation.
+        action_store_path: SQLite file of the action store (shared with a standby
+            controller and ``gpuhealth actions``), or ``None`` for memory.
+        node_agent: Adapter for ``reset_gpu`` steps (the node's own gpuhealth).
+        is_leader: Whether this controller may decide and act now (leader election);
+            a standby tracks alerts but decides nothing.
+        engine_options: Keyword arguments of :class:`~remediation.engine.RemediationEngine`
+            (breaker, rate limit, approvals, probation, step timeout).
+        tick_inline: Advance the remediation engine inside each evaluation (replay);
+            ``False``: the service's remediation thread calls :meth:`atick`.
 
     Raises:
-        ValueError: ``dry_run`` is false, or a guard parameter is out of range.
+        ValueError: ``dry_run`` is false with the dry-run scheduler, or a guard parameter
+            is out of range.
     """
 
     def __init__(
@@ -160,11 +171,16 @@ class Pipeline:
         outbox_path: str | None = None,
         max_outbox: int = MAX_BACKLOG,
         runbook_base_url: str = "docs/runbooks",
+        action_store_path: str | None = None,
+        node_agent: SchedulerAdapter | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+        engine_options: Mapping[str, Any] | None = None,
+        tick_inline: bool = True,
     ) -> None:
-        if not dry_run:
+        if not dry_run and (scheduler is None or isinstance(scheduler, DryRunScheduler)):
             raise ValueError(
-                "live remediation is not available yet (no step executor): "
-                "set [remediation] dry_run = true"
+                "live remediation needs a scheduler adapter ([remediation] scheduler = "
+                '"slurm", "kubernetes" or "webhook"); the dry-run adapter changes nothing'
             )
         if notify_timeout_seconds <= 0:
             raise ValueError(f"notify_timeout_seconds must be > 0, got {notify_timeout_seconds!r}")
@@ -241,11 +257,85 @@ class Pipeline:
         if audit_log_path:
             # Incidents still open in the log keep their budget slot until they resolve here.
             self._policy.restore(read_audit_log(audit_log_path))
+        self.is_leader = is_leader
+        self.tick_inline = tick_inline
+        self.wake = threading.Event()
+        """Set when the engine has new work (the service's remediation thread waits on it)."""
+        self._was_leader = is_leader()
+        self._actions = ActionStore(action_store_path)
+        self._engine = RemediationEngine(
+            store=self._actions,
+            scheduler=self._scheduler,
+            policy=self._policy,
+            node_agent=node_agent,
+            clock=clock,
+            is_leader=is_leader,
+            lock=self._lock,
+            **dict(engine_options or {}),
+        )
 
     @property
     def policy(self) -> RemediationPolicy:
         """The remediation policy (its budget and held-back state)."""
         return self._policy
+
+    @property
+    def engine(self) -> RemediationEngine:
+        """The remediation engine (actions, breaker, probation)."""
+        return self._engine
+
+    @property
+    def actions(self) -> ActionStore:
+        """The action store."""
+        return self._actions
+
+    async def atick(self) -> list[AuditRecord]:
+        """Advance remediation once (poll running steps, start the next ones); audit it.
+
+        Returns:
+            The audit records written.
+        """
+        self._check_leadership()
+        records = await self._engine.tick()
+        if records and self._audit is not None:
+            try:
+                self._audit.extend(records)
+            except OSError as exc:
+                logger.error("cannot write the audit log: %s", exc)  # noqa: TRY400
+        return records
+
+    def _check_leadership(self) -> None:
+        """On becoming leader, rebuild the policy and decide what the standby only tracked.
+
+        The policy is rebuilt from the shared audit log, then every active alert is
+        decided (idempotency keeps it from acting twice).
+        """
+        leader = self.is_leader()
+        if leader and not self._was_leader:
+            logger.warning("this controller is leader now: taking over remediation")
+            with self._lock:
+                policy = RemediationPolicy(
+                    dry_run=self.dry_run,
+                    max_disrupted_fraction=self.max_disrupted_fraction,
+                    cluster_size=self.cluster_size,
+                    opt_out_nodes=self.opt_out_nodes,
+                    gpu_level_drain=self.gpu_level_drain,
+                    clock=self.clock,
+                )
+                if self.audit_log_path:
+                    policy.restore(read_audit_log(self.audit_log_path))
+                self._policy = self._engine.policy = policy
+                decided = PolicyResult()
+                for alert in self._tracker.active():
+                    finding = self._tracker.finding_of(alert.fingerprint)
+                    if finding is not None:
+                        result = policy.decide(finding, fingerprint=alert.fingerprint)
+                        result.audit = [r for r in result.audit if r.decision != "duplicate"]
+                        decided.extend(result)
+            records = [*decided.audit, *self._engine.enqueue(decided)]
+            if records and self._audit is not None:
+                self._audit.extend(records)
+        self._was_leader = leader
 
     @property
     def outbox(self) -> Outbox:
@@ -441,9 +531,21 @@ class Pipeline:
                     finding = self._tracker.finding_of(alert.fingerprint)
                     if finding is not None:
                         fresh.append((finding, alert.fingerprint))
-            decided.extend(self._policy.retry_held())
-            for finding, fp in fresh:
-                decided.extend(self._policy.decide(finding, fingerprint=fp))
+            leader = self.is_leader()
+            if leader:
+                decided.extend(self._policy.retry_held())
+                for finding, fp in fresh:
+                    decided.extend(self._policy.decide(finding, fingerprint=fp))
+                for alert in changed:  # the fault came back while its node was on probation
+                    if (alert.state == AlertState.FIRING and alert.fingerprint in before
+                            and self._engine.on_probation(alert.fingerprint) is not None):
+                        finding = self._tracker.finding_of(alert.fingerprint)
+                        if finding is not None:
+                            decided.extend(self._policy.escalate(
+                                finding, fingerprint=alert.fingerprint,
+                                why="the fault recurred on probation after its fix"))
+            else:
+                decided = PolicyResult()  # a standby tracks alerts; the leader decides
             notified, pages = self._route(changed, now)
         output = PipelineOutput(
             findings=findings,
@@ -457,7 +559,14 @@ class Pipeline:
         try:
             if self._audit is not None:
                 self._audit.extend(decided.audit)  # written before anything is submitted
-            await self._submit(decided.requests)
+            queued = self._engine.enqueue(decided)
+            if queued and self._audit is not None:
+                self._audit.extend(queued)
+            output.audit.extend(queued)
+            if self.tick_inline:
+                output.audit.extend(await self.atick())
+            elif decided.requests:
+                self.wake.set()
         finally:
             output.notify_failures = await self.deliver()  # alerts go out even if the audit fails
         return output
@@ -543,8 +652,9 @@ class Pipeline:
         return stats.failures
 
     def close(self) -> None:
-        """Close the outbox (undelivered notifications stay in its file for the next start)."""
+        """Close the outbox and the action store (both keep their files for the next start)."""
         self._outbox.close()
+        self._actions.close()
 
     def flush(self) -> int:
         """Try every undelivered notification once now, from synchronous code.
@@ -554,18 +664,6 @@ class Pipeline:
         """
         return asyncio.run(self.deliver(force=True))
 
-    async def _submit(self, requests: Sequence[ActionRequest]) -> None:
-        for request in requests:
-            try:
-                await self._scheduler.submit(request)
-            except GpuHealthError as exc:
-                logger.warning(
-                    "scheduler %s refused %s on %s: %s",
-                    self._scheduler.name,
-                    request.step.value,
-                    request.node,
-                    exc,
-                )
 
 
 def _named(notifiers: Sequence[Notifier], prefix: str) -> dict[str, Notifier]:

@@ -310,6 +310,7 @@ class RemediationPolicy:
         self._active: dict[str, str] = {}
         self._out_of_service: dict[str, set[str]] = {}
         self._held: dict[str, Finding] = {}
+        self._held_plan: dict[str, tuple[list[PlannedStep], dict[str, str] | None]] = {}
         self._shared: dict[str, dict[tuple[str, str, str, str], tuple[str, set[str]]]] = {}
 
     @property
@@ -352,10 +353,73 @@ class RemediationPolicy:
         """
         result = PolicyResult()
         for fp, finding in list(self._held.items()):
-            result.extend(self._decide(finding, fp, quiet_holds=True))
+            plan, extra = self._held_plan.get(fp, (None, None))
+            result.extend(self._decide(finding, fp, quiet_holds=True, plan=plan, extra=extra))
         return result
 
-    def _decide(self, finding: Finding, fp: str, *, quiet_holds: bool) -> PolicyResult:
+    def escalate(self, finding: Finding, *, fingerprint: str, why: str) -> PolicyResult:
+        """Open the next incident of ``fingerprint`` with the escalated plan.
+
+        The fault recurred after its fix: cordon, drain now, hand off to hardware service.
+
+        The node keeps its disruption-budget slot across the two incidents (it is not
+        returned to service in between). Audit records carry ``escalated=true`` and ``why``.
+        """
+        prefix, incident = self._prefix(fingerprint)
+        self._incident[fingerprint] = incident + 1
+        self._unshare(finding.node, fingerprint)
+        node = NODE_ENTITY
+        plan = [
+            PlannedStep(step=RemediationStep.CORDON, entity=node),
+            PlannedStep(step=RemediationStep.DRAIN, entity=node, mode=MODE_EVICT),
+            PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity),
+        ]
+        result = self._decide(finding, fingerprint, quiet_holds=False, plan=plan, extra={
+            "escalated": "true", "escalated_from": prefix, "why": why})
+        return result
+
+    def release(self, *, fingerprint: str, node: str, why: str) -> PolicyResult:
+        """Stop acting on ``fingerprint`` without resuming the node (a human took over).
+
+        Frees the budget slot the incident held and records ``resolved`` with ``why``;
+        requests nothing (gpuhealth never undoes what a human did).
+        """
+        self._held.pop(fingerprint, None)
+        if fingerprint not in self._active:
+            return PolicyResult()
+        now = self.clock()
+        prefix, incident = self._prefix(fingerprint)
+        self._active.pop(fingerprint, None)
+        self._incident[fingerprint] = incident + 1
+        self._unshare(node, fingerprint)
+        holders = self._out_of_service.get(node)
+        if holders is not None:
+            holders.discard(fingerprint)
+            if not holders:
+                del self._out_of_service[node]
+        record = AuditRecord(
+            at=now,
+            actor=self.actor,
+            decision=DECISION_RESOLVED,
+            step=None,
+            node=NodeName(node),
+            entity=NODE_ENTITY,
+            reason=why,
+            idempotency_key=prefix,
+            dry_run=self.dry_run,
+            details={"fingerprint": fingerprint, "incident": str(incident), "released": "true"},
+        )
+        return PolicyResult(audit=[record])
+
+    def _decide(
+        self,
+        finding: Finding,
+        fp: str,
+        *,
+        quiet_holds: bool,
+        plan: list[PlannedStep] | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> PolicyResult:
         now = self.clock()
         prefix, incident = self._prefix(fp)
         node = finding.node
@@ -372,12 +436,14 @@ class RemediationPolicy:
             "action": finding.action.value,
             "kind": finding.kind,
             "code": finding.code,
+            **(extra or {}),
         }
         result = PolicyResult()
         self._active[fp] = node
         held_before: str | None = None
         any_held = False
-        for planned in ladder(finding, gpu_level_drain=self.gpu_level_drain):
+        steps = plan if plan is not None else ladder(finding, gpu_level_drain=self.gpu_level_drain)
+        for planned in steps:
             key = f"{prefix}/{planned.step.value}"
             details = {
                 **base,
@@ -448,8 +514,11 @@ class RemediationPolicy:
             )
         if any_held:
             self._held[fp] = finding
+            if plan is not None:
+                self._held_plan[fp] = (plan, extra)
         else:
             self._held.pop(fp, None)
+            self._held_plan.pop(fp, None)
         return result
 
     def _guard(

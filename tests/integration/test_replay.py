@@ -322,8 +322,8 @@ def test_pipeline_resolves_and_resumes():
     assert good.sent[-1].state == AlertState.RESOLVED
 
 
-def test_pipeline_refuses_live_remediation():
-    with pytest.raises(ValueError, match="dry_run"):
+def test_pipeline_refuses_live_remediation_without_a_real_adapter():
+    with pytest.raises(ValueError, match="needs a scheduler adapter"):
         Pipeline(facts={}, notifiers=[], audit_log_path=None, dry_run=False)
 
 

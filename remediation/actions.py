@@ -1,0 +1,513 @@
+"""The durable action store: every remediation action, its phase and its incident's state.
+
+One SQLite file (WAL) shared by the controller that acts, its standby (which resumes
+from it after a fail-over) and ``gpuhealth actions`` (which lists, approves, cancels
+and undoes actions in it while ``gpuhealth run`` is running). Rows are keyed by the
+action's idempotency key, so adding the same request twice stores it once.
+
+Tables:
+
+* ``actions``: one row per :class:`~core.records.ActionRequest` with its
+  :class:`~core.records.ActionPhase`, the adapter's ref, timestamps (epoch seconds)
+  and the last status message;
+* ``incidents``: one row per incident prefix (``<fingerprint>`` or
+  ``<fingerprint>.<n>``): node, severity, whether gpuhealth holds the node out of
+  service, the probation deadline after a fix, and how it ended;
+* ``control``: the circuit breaker (open or closed, why, who reset it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.records import ActionPhase, ActionRequest, EntityId, NodeName, RemediationStep
+
+TERMINAL = frozenset({ActionPhase.SUCCEEDED, ActionPhase.FAILED, ActionPhase.CANCELLED})
+"""Phases an action never leaves."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL UNIQUE,
+    incident TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    node TEXT NOT NULL,
+    entity TEXT NOT NULL,
+    step TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    attrs TEXT NOT NULL,
+    dry_run INTEGER NOT NULL,
+    severity TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    ref TEXT NOT NULL DEFAULT '',
+    adapter TEXT NOT NULL DEFAULT '',
+    message TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    updated_at REAL NOT NULL,
+    not_before REAL,
+    decided_by TEXT NOT NULL DEFAULT '',
+    epoch TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS actions_phase ON actions (phase);
+CREATE INDEX IF NOT EXISTS actions_incident ON actions (incident);
+CREATE TABLE IF NOT EXISTS incidents (
+    incident TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    node TEXT NOT NULL,
+    entity TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    code TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    state TEXT NOT NULL,
+    opened_at REAL NOT NULL,
+    out_of_service_at REAL,
+    fixed_at REAL,
+    probation_until REAL,
+    closed_at REAL,
+    claimed INTEGER NOT NULL DEFAULT 1,
+    note TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS control (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    at REAL NOT NULL,
+    who TEXT NOT NULL DEFAULT '',
+    why TEXT NOT NULL DEFAULT ''
+);
+"""
+
+INCIDENT_OPEN = "open"
+"""Steps are being carried out (or wait for approval, the budget, the breaker)."""
+INCIDENT_PROBATION = "probation"
+"""The fix succeeded; the node is watched for a recurrence until ``probation_until``."""
+INCIDENT_CLOSED = "closed"
+"""Resumed after probation, resolved, or handed off and later resolved."""
+INCIDENT_HUMAN = "human"
+"""A human changed the node meanwhile; gpuhealth stopped and undoes nothing."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredAction:
+    """One row of ``actions``.
+
+    Attributes:
+        id: Row id, what ``gpuhealth actions show|approve|cancel|undo`` take.
+        key: The idempotency key (``<incident>/<step>``).
+        incident: The incident prefix (``<fingerprint>`` or ``<fingerprint>.<n>``).
+        phase: Where the action stands; terminal phases are in :data:`TERMINAL`.
+        ref: The adapter's handle once submitted, else ``""``.
+        adapter: Name of the adapter that carries it out.
+        message: The last status or the reason it waits, failed or was cancelled.
+        created_at, started_at, finished_at, updated_at: Epoch seconds.
+        epoch: Identity of the controller that submitted it (a new leader re-submits).
+    """
+
+    id: int
+    key: str
+    incident: str
+    fingerprint: str
+    node: NodeName
+    entity: str
+    step: RemediationStep
+    reason: str
+    attrs: dict[str, str]
+    dry_run: bool
+    severity: str
+    phase: ActionPhase
+    ref: str = ""
+    adapter: str = ""
+    message: str = ""
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    updated_at: float = 0.0
+    not_before: float | None = None
+    decided_by: str = ""
+    epoch: str = ""
+
+    def request(self) -> ActionRequest:
+        """Return the :class:`ActionRequest` this row stores."""
+        return ActionRequest(
+            step=self.step,
+            node=self.node,
+            entity=EntityId(self.entity),
+            reason=self.reason,
+            idempotency_key=self.key,
+            dry_run=self.dry_run,
+            not_before_at=self.not_before,
+            attrs=dict(self.attrs),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """Return the row as plain JSON values (``gpuhealth actions list --json``)."""
+        return {
+            "id": self.id,
+            "key": self.key,
+            "incident": self.incident,
+            "node": self.node,
+            "entity": self.entity,
+            "step": self.step.value,
+            "phase": self.phase.value,
+            "severity": self.severity,
+            "dry_run": self.dry_run,
+            "reason": self.reason,
+            "attrs": self.attrs,
+            "ref": self.ref,
+            "adapter": self.adapter,
+            "message": self.message,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "decided_by": self.decided_by,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredIncident:
+    """One row of ``incidents`` (see the module docstring)."""
+
+    incident: str
+    fingerprint: str
+    node: NodeName
+    entity: str
+    kind: str
+    code: str
+    severity: str
+    state: str
+    opened_at: float
+    out_of_service_at: float | None = None
+    fixed_at: float | None = None
+    probation_until: float | None = None
+    closed_at: float | None = None
+    claimed: bool = True
+    note: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+_ACTION_COLUMNS = (
+    "id, key, incident, fingerprint, node, entity, step, reason, attrs, dry_run, severity, "
+    "phase, ref, adapter, message, created_at, started_at, finished_at, updated_at, "
+    "not_before, decided_by, epoch"
+)
+_INCIDENT_COLUMNS = (
+    "incident, fingerprint, node, entity, kind, code, severity, state, opened_at, "
+    "out_of_service_at, fixed_at, probation_until, closed_at, claimed, note"
+)
+
+
+def _action(row: Any) -> StoredAction:
+    (id_, key, incident, fp, node, entity, step, reason, attrs, dry_run, severity, phase,
+     ref, adapter, message, created, started, finished, updated, not_before, decided_by,
+     epoch) = tuple(row)
+    return StoredAction(
+        id=int(id_),
+        key=str(key),
+        incident=str(incident),
+        fingerprint=str(fp),
+        node=NodeName(str(node)),
+        entity=str(entity),
+        step=RemediationStep(str(step)),
+        reason=str(reason),
+        attrs=json.loads(str(attrs)),
+        dry_run=bool(dry_run),
+        severity=str(severity),
+        phase=ActionPhase(str(phase)),
+        ref=str(ref),
+        adapter=str(adapter),
+        message=str(message),
+        created_at=float(created),
+        started_at=None if started is None else float(started),
+        finished_at=None if finished is None else float(finished),
+        updated_at=float(updated),
+        not_before=None if not_before is None else float(not_before),
+        decided_by=str(decided_by),
+        epoch=str(epoch),
+    )
+
+
+def _incident(row: Any) -> StoredIncident:
+    (incident, fp, node, entity, kind, code, severity, state, opened, oos, fixed, probation,
+     closed, claimed, note) = tuple(row)
+
+    def opt(v: Any) -> float | None:
+        return None if v is None else float(v)
+
+    return StoredIncident(
+        incident=str(incident),
+        fingerprint=str(fp),
+        node=NodeName(str(node)),
+        entity=str(entity),
+        kind=str(kind),
+        code=str(code),
+        severity=str(severity),
+        state=str(state),
+        opened_at=float(opened),
+        out_of_service_at=opt(oos),
+        fixed_at=opt(fixed),
+        probation_until=opt(probation),
+        closed_at=opt(closed),
+        claimed=bool(claimed),
+        note=str(note),
+    )
+
+
+class ActionStore:
+    """The SQLite action store (see the module docstring).
+
+    Args:
+        path: The database file (created with its folder), or ``None`` for an in-memory
+            store (tests, replay).
+
+    Raises:
+        OSError: The folder cannot be created.
+        sqlite3.DatabaseError: The file is not an action store.
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = None if path is None else Path(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(
+            ":memory:" if self.path is None else str(self.path),
+            timeout=30.0,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        if self.path is not None:
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Run statements in one ``BEGIN IMMEDIATE`` transaction (one writer at a time)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # -- actions -------------------------------------------------------------------
+
+    def add(
+        self,
+        request: ActionRequest,
+        *,
+        incident: str,
+        fingerprint: str,
+        severity: str,
+        phase: ActionPhase,
+        now: float,
+        message: str = "",
+    ) -> StoredAction | None:
+        """Store ``request`` unless its key is stored already; return the new row or ``None``."""
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO actions (key, incident, fingerprint, node, entity, step, "
+                "reason, attrs, dry_run, severity, phase, message, created_at, updated_at, "
+                "not_before) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    request.idempotency_key,
+                    incident,
+                    fingerprint,
+                    request.node,
+                    request.entity,
+                    request.step.value,
+                    request.reason,
+                    json.dumps(dict(request.attrs), sort_keys=True),
+                    int(request.dry_run),
+                    severity,
+                    phase.value,
+                    message,
+                    now,
+                    now,
+                    request.not_before_at,
+                ),
+            )
+            if cur.rowcount == 0:
+                return None
+            row = db.execute(
+                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (cur.lastrowid,)
+            ).fetchone()
+        return _action(row)
+
+    def get(self, action_id: int) -> StoredAction | None:
+        """Return the action with row id ``action_id``, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (action_id,)
+            ).fetchone()
+        return None if row is None else _action(row)
+
+    def by_key(self, key: str) -> StoredAction | None:
+        """Return the action with idempotency key ``key``, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE key = ?", (key,)
+            ).fetchone()
+        return None if row is None else _action(row)
+
+    def actions(
+        self,
+        *,
+        phases: Sequence[ActionPhase] | None = None,
+        incident: str | None = None,
+        node: str | None = None,
+        limit: int | None = None,
+    ) -> list[StoredAction]:
+        """Return actions in the order they were stored, filtered by phase, incident, node."""
+        where: list[str] = []
+        args: list[object] = []
+        if phases is not None:
+            where.append(f"phase IN ({','.join('?' * len(phases))})")
+            args.extend(p.value for p in phases)
+        if incident is not None:
+            where.append("incident = ?")
+            args.append(incident)
+        if node is not None:
+            where.append("node = ?")
+            args.append(node)
+        sql = f"SELECT {_ACTION_COLUMNS} FROM actions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id"
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        out = [_action(r) for r in rows]
+        return out[-limit:] if limit is not None and limit > 0 else out
+
+    def update(
+        self,
+        action_id: int,
+        *,
+        now: float,
+        phase: ActionPhase | None = None,
+        expect: Sequence[ActionPhase] | None = None,
+        **fields: object,
+    ) -> bool:
+        """Change an action's phase and fields; return whether it changed.
+
+        Args:
+            action_id: The action's row id.
+            now: Epoch seconds, stored as ``updated_at``.
+            phase: The new phase, or ``None`` to keep it.
+            expect: Change only if the action is in one of these phases now (compare
+                and set: a human's cancel and the engine's submit cannot both win).
+            fields: Columns to set (``ref``, ``adapter``, ``message``, ``started_at``,
+                ``finished_at``, ``decided_by``, ``epoch``).
+        """
+        allowed = {"ref", "adapter", "message", "started_at", "finished_at", "decided_by", "epoch"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"cannot update action columns {sorted(bad)}")
+        sets = ["updated_at = ?"]
+        args: list[object] = [now]
+        if phase is not None:
+            sets.append("phase = ?")
+            args.append(phase.value)
+        for name, value in fields.items():
+            sets.append(f"{name} = ?")
+            args.append(value)
+        sql = f"UPDATE actions SET {', '.join(sets)} WHERE id = ?"
+        args.append(action_id)
+        if expect is not None:
+            sql += f" AND phase IN ({','.join('?' * len(expect))})"
+            args.extend(p.value for p in expect)
+        with self.transaction() as db:
+            return db.execute(sql, args).rowcount > 0
+
+    # -- incidents -----------------------------------------------------------------
+
+    def open_incident(self, incident: StoredIncident) -> bool:
+        """Store a new incident; return ``False`` if it is stored already."""
+        with self.transaction() as db:
+            cur = db.execute(
+                f"INSERT OR IGNORE INTO incidents ({_INCIDENT_COLUMNS}) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    incident.incident, incident.fingerprint, incident.node, incident.entity,
+                    incident.kind, incident.code, incident.severity, incident.state,
+                    incident.opened_at, incident.out_of_service_at, incident.fixed_at,
+                    incident.probation_until, incident.closed_at, int(incident.claimed),
+                    incident.note,
+                ),
+            )
+            return cur.rowcount > 0
+
+    def incident(self, incident: str) -> StoredIncident | None:
+        """Return the incident ``incident``, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE incident = ?", (incident,)
+            ).fetchone()
+        return None if row is None else _incident(row)
+
+    def incidents(self, *, states: Sequence[str] | None = None) -> list[StoredIncident]:
+        """Return incidents in the order they opened, filtered by state."""
+        sql = f"SELECT {_INCIDENT_COLUMNS} FROM incidents"
+        args: list[object] = []
+        if states is not None:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            args.extend(states)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY opened_at, incident", args).fetchall()
+        return [_incident(r) for r in rows]
+
+    def update_incident(self, incident: str, **fields: object) -> None:
+        """Set columns of an incident.
+
+        Columns: ``state``, ``out_of_service_at``, ``fixed_at``, ``probation_until``,
+        ``closed_at``, ``claimed``, ``note``.
+        """
+        allowed = {
+            "state", "out_of_service_at", "fixed_at", "probation_until", "closed_at",
+            "claimed", "note",
+        }
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"cannot update incident columns {sorted(bad)}")
+        if not fields:
+            return
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.transaction() as db:
+            db.execute(
+                f"UPDATE incidents SET {sets} WHERE incident = ?", (*fields.values(), incident)
+            )
+
+    # -- control -------------------------------------------------------------------
+
+    def control(self, name: str) -> tuple[str, float, str, str] | None:
+        """Return ``(value, at, who, why)`` of a control flag, or ``None``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT value, at, who, why FROM control WHERE name = ?", (name,)
+            ).fetchone()
+        return None if row is None else (str(row[0]), float(row[1]), str(row[2]), str(row[3]))
+
+    def set_control(self, name: str, value: str, *, at: float, who: str, why: str) -> None:
+        """Set a control flag (the circuit breaker: ``breaker`` = ``open`` | ``closed``)."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO control (name, value, at, who, why) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET value=excluded.value, at=excluded.at, "
+                "who=excluded.who, why=excluded.why",
+                (name, value, at, who, why),
+            )

@@ -1,0 +1,760 @@
+"""The remediation engine: carries out the policy's requests, step after step, safely.
+
+The policy (:mod:`remediation.policy`) decides *what* to do for a finding under the
+disruption budget, opt-outs and idempotency; this engine decides *when* and *whether
+still*, and does it through the scheduler adapters:
+
+* **Order.** The steps of one incident run one after another (cordon, then drain, then
+  reboot): a step is submitted when every earlier step of its incident succeeded;
+  if one fails or is cancelled, the later ones are cancelled. Each step is fired
+  (``submit``) and then polled (``status``) until it succeeds, fails or times out.
+* **Circuit breaker.** When more than ``breaker_max_nodes`` distinct nodes need a
+  disruptive step within ``breaker_window_seconds`` (a bad driver roll-out, a network
+  partition, a monitoring fault: a shared cause, not that many broken nodes), the
+  breaker opens and no new step is submitted until a human resets it
+  (``gpuhealth actions breaker reset``). Notifications still go out.
+* **Rate limit.** At most ``max_actions_per_minute`` steps are submitted per minute
+  fleet-wide (token bucket).
+* **Approval.** Steps of findings at or above ``approval_min_severity``, and steps in
+  ``approval_steps``, wait in ``awaiting_approval`` for ``gpuhealth actions approve``.
+* **Ownership; a human always wins.** Before a step that changes a node the engine
+  reads the node through the adapter (:class:`~core.protocols.NodeInspector`): a node
+  that opted out is left alone; a node a human already took out of service is left to
+  the human; a node gpuhealth took out that a human put back into service is not taken
+  out again, and the incident's remaining steps are cancelled.
+* **Probation.** After the fix (reboot, GPU reset) succeeded, the incident is on
+  probation for ``probation_seconds``; if the fault recurs meanwhile it escalates
+  (cordon, drain, hand off to hardware service, see
+  :meth:`~remediation.policy.RemediationPolicy.escalate`), else the node is resumed.
+* **Fail-over.** Actions and incidents live in the :class:`~remediation.actions.ActionStore`
+  (SQLite). A controller that becomes leader re-submits the actions another controller
+  left running, with the same idempotency key: adapters are idempotent in effect, so
+  an interrupted drain completes exactly once.
+
+Every transition is returned as :class:`~core.records.AuditRecord` for the audit log.
+The engine is driven by :meth:`RemediationEngine.tick` (the service calls it every
+``tick_seconds`` and right after each evaluation, so the first step of a fresh
+incident goes out within milliseconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from core.clock import Clock, system_clock
+from core.errors import GpuHealthError, PermanentError, TemporaryError
+from core.protocols import NodeInspector, SchedulerAdapter
+from core.records import (
+    ActionPhase,
+    ActionRequest,
+    AuditRecord,
+    NodeName,
+    NodeState,
+    RemediationStep,
+    Severity,
+)
+from remediation.actions import (
+    INCIDENT_CLOSED,
+    INCIDENT_HUMAN,
+    INCIDENT_OPEN,
+    INCIDENT_PROBATION,
+    TERMINAL,
+    ActionStore,
+    StoredAction,
+    StoredIncident,
+)
+from remediation.policy import (
+    DECISION_REQUESTED,
+    SCOPE_GPU,
+    PolicyResult,
+    RemediationPolicy,
+)
+
+logger = logging.getLogger(__name__)
+
+BREAKER = "breaker"
+"""Name of the circuit breaker's control flag in the store."""
+
+FIX_STEPS = frozenset({RemediationStep.REBOOT, RemediationStep.RESET_GPU})
+"""Steps after which the incident goes on probation."""
+
+_NODE_CHANGING = frozenset(
+    {
+        RemediationStep.CORDON,
+        RemediationStep.DRAIN,
+        RemediationStep.REBOOT,
+        RemediationStep.HAND_OFF,
+        RemediationStep.RESET_GPU,
+        RemediationStep.RESTART,
+    }
+)
+
+# Audit decisions written by the engine (the policy writes requested/held/duplicate/resolved).
+SUBMITTED = "submitted"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+WAITING = "waiting"
+AWAITING_APPROVAL = "awaiting_approval"
+BREAKER_OPENED = "breaker_opened"
+PROBATION = "probation"
+ESCALATED = "escalated"
+
+_SEVERITY_ORDER = {s: i for i, s in enumerate(Severity)}
+
+
+def incident_of(key: str) -> str:
+    """Return the incident prefix of an idempotency key (``<incident>/<step>``)."""
+    return key.rsplit("/", 1)[0]
+
+
+def fingerprint_of(incident: str) -> str:
+    """Return the alert fingerprint of an incident prefix (``<fingerprint>[.<n>]``)."""
+    return incident.split(".", 1)[0].split("~", 1)[0]
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters for the Prometheus metrics (read by the service)."""
+
+    transitions: dict[tuple[str, str], int] = field(default_factory=dict)
+    """``(step, decision)`` -> count of engine transitions since start."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Reason class -> steps held back (breaker, rate limit, approval, human, opt-out)."""
+    remediate_seconds: list[float] = field(default_factory=list)
+    """Seconds from an incident's first request to its node being out of service."""
+
+
+class RemediationEngine:
+    """Carries out remediation requests in order, under the safety rules above.
+
+    Args:
+        store: The durable action store.
+        scheduler: The adapter for node steps (``dry_run``, ``slurm``, ``kubernetes``,
+            ``webhook``).
+        policy: The policy whose budget slots the engine frees or escalates.
+        node_agent: The adapter for ``reset_gpu`` (the node's own gpuhealth); ``None``:
+            the scheduler gets them too.
+        clock: Returns now, epoch seconds.
+        identity: This controller's name; written on each action it submits.
+        is_leader: Returns whether this controller may act now (leader election).
+        lock: Held while the policy is touched (the pipeline's lock).
+        breaker_max_nodes: Distinct nodes needing disruptive steps within the window
+            above which the breaker opens; ``None`` disables the breaker.
+        breaker_window_seconds: The breaker's window, > 0.
+        max_actions_per_minute: Submits per minute fleet-wide, > 0.
+        approval_min_severity: Findings at or above it wait for approval; ``None``: none.
+        approval_steps: Steps that always wait for approval.
+        probation_seconds: How long a fixed node is watched before it is resumed, >= 0.
+        step_timeout_seconds: A step still running after this long fails, > 0.
+
+    Raises:
+        ValueError: A window, rate, timeout or probation out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: ActionStore,
+        scheduler: SchedulerAdapter,
+        policy: RemediationPolicy,
+        node_agent: SchedulerAdapter | None = None,
+        clock: Clock = system_clock,
+        identity: str = "gpuhealth",
+        is_leader: Callable[[], bool] = lambda: True,
+        lock: threading.RLock | None = None,
+        breaker_max_nodes: int | None = None,
+        breaker_window_seconds: float = 600.0,
+        max_actions_per_minute: float = 600.0,
+        approval_min_severity: Severity | None = None,
+        approval_steps: frozenset[RemediationStep] = frozenset(),
+        probation_seconds: float = 3600.0,
+        step_timeout_seconds: float = 3600.0,
+    ) -> None:
+        if breaker_window_seconds <= 0:
+            raise ValueError(f"breaker_window_seconds must be > 0, got {breaker_window_seconds}")
+        if breaker_max_nodes is not None and breaker_max_nodes < 1:
+            raise ValueError(f"breaker_max_nodes must be >= 1, got {breaker_max_nodes}")
+        if max_actions_per_minute <= 0:
+            raise ValueError(f"max_actions_per_minute must be > 0, got {max_actions_per_minute}")
+        if probation_seconds < 0:
+            raise ValueError(f"probation_seconds must be >= 0, got {probation_seconds}")
+        if step_timeout_seconds <= 0:
+            raise ValueError(f"step_timeout_seconds must be > 0, got {step_timeout_seconds}")
+        self.store = store
+        self.scheduler = scheduler
+        self.policy = policy
+        self.node_agent = node_agent
+        self.clock = clock
+        self.identity = identity
+        self.is_leader = is_leader
+        self.breaker_max_nodes = breaker_max_nodes
+        self.breaker_window_seconds = breaker_window_seconds
+        self.max_actions_per_minute = max_actions_per_minute
+        self.approval_min_severity = approval_min_severity
+        self.approval_steps = approval_steps
+        self.probation_seconds = probation_seconds
+        self.step_timeout_seconds = step_timeout_seconds
+        self.stats = EngineStats()
+        self._lock = lock or threading.RLock()
+        self._tick_lock = threading.Lock()
+        self._epoch = f"{identity}@{clock():.6f}"
+        self._failing: deque[tuple[float, str]] = deque()
+        self._tokens = max_actions_per_minute
+        self._tokens_at = clock()
+        self._said: dict[int, str] = {}
+
+    # -- input ---------------------------------------------------------------------
+
+    def enqueue(self, result: PolicyResult) -> list[AuditRecord]:
+        """Store the policy's new requests as actions and count failing nodes for the breaker.
+
+        Args:
+            result: What the policy decided (its audit records carry the incident,
+                severity, kind and code of each request).
+
+        Returns:
+            Audit records of what this did (the breaker opening, approvals awaited).
+        """
+        now = self.clock()
+        out: list[AuditRecord] = []
+        details_by_key = {
+            r.idempotency_key: r.details for r in result.audit if r.decision == DECISION_REQUESTED
+        }
+        for record in result.audit:
+            if record.details.get("disrupts_node") == "true" and record.decision in (
+                DECISION_REQUESTED,
+                "held",
+            ):
+                self._failing.append((record.at, record.node))
+        out.extend(self._check_breaker(now))
+        for request in result.requests:
+            details = details_by_key.get(request.idempotency_key, {})
+            incident = incident_of(request.idempotency_key)
+            severity = details.get("severity", "")
+            self.store.open_incident(
+                StoredIncident(
+                    incident=incident,
+                    fingerprint=details.get("fingerprint", fingerprint_of(incident)),
+                    node=request.node,
+                    entity=request.entity,
+                    kind=details.get("kind", ""),
+                    code=details.get("code", ""),
+                    severity=severity,
+                    state=INCIDENT_OPEN,
+                    opened_at=now,
+                )
+            )
+            phase = ActionPhase.PENDING
+            message = ""
+            if self._needs_approval(request, severity):
+                phase = ActionPhase.AWAITING_APPROVAL
+                message = "waits for a human's approval (gpuhealth actions approve)"
+            stored = self.store.add(
+                request,
+                incident=incident,
+                fingerprint=details.get("fingerprint", fingerprint_of(incident)),
+                severity=severity,
+                phase=phase,
+                now=now,
+                message=message,
+            )
+            if stored is not None and phase == ActionPhase.AWAITING_APPROVAL:
+                out.append(self._audit(stored, AWAITING_APPROVAL, message, now))
+                self._count_held("approval")
+        return out
+
+    def _needs_approval(self, request: ActionRequest, severity: str) -> bool:
+        if request.step in (RemediationStep.NOTIFY, RemediationStep.RESUME) or request.dry_run:
+            return False
+        if request.step in self.approval_steps:
+            return True
+        if self.approval_min_severity is None or severity not in Severity.__members__.values():
+            return False
+        return _SEVERITY_ORDER[Severity(severity)] >= _SEVERITY_ORDER[self.approval_min_severity]
+
+    def recurred(self, fingerprint: str, finding_node: str) -> bool:
+        """Whether ``fingerprint``'s latest incident is on probation (a recurrence escalates).
+
+        The caller then asks the policy to escalate and enqueues the result.
+        """
+        for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
+            if inc.fingerprint == fingerprint and inc.node == finding_node:
+                return True
+        return False
+
+    def on_probation(self, fingerprint: str) -> StoredIncident | None:
+        """Return the incident of ``fingerprint`` on probation now, if any."""
+        for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
+            if inc.fingerprint == fingerprint:
+                return inc
+        return None
+
+    # -- the breaker -----------------------------------------------------------------
+
+    @property
+    def breaker_open(self) -> bool:
+        """Whether the circuit breaker is open (no new step is submitted)."""
+        state = self.store.control(BREAKER)
+        return state is not None and state[0] == "open"
+
+    def _check_breaker(self, now: float) -> list[AuditRecord]:
+        if self.breaker_max_nodes is None:
+            return []
+        state = self.store.control(BREAKER)
+        reset_at = state[1] if state is not None and state[0] == "closed" else float("-inf")
+        while self._failing and (
+            self._failing[0][0] < now - self.breaker_window_seconds
+            or self._failing[0][0] < reset_at
+        ):
+            self._failing.popleft()
+        nodes = {node for _, node in self._failing}
+        if len(nodes) <= self.breaker_max_nodes or self.breaker_open:
+            return []
+        why = (
+            f"{len(nodes)} nodes needed disruptive steps within "
+            f"{self.breaker_window_seconds:.0f} s (more than {self.breaker_max_nodes}): "
+            "a shared cause is likely; no automatic action until a human resets the breaker"
+        )
+        self.store.set_control(BREAKER, "open", at=now, who=self.identity, why=why)
+        logger.error("circuit breaker opened: %s", why)
+        return [
+            AuditRecord(
+                at=now,
+                actor=self.identity,
+                decision=BREAKER_OPENED,
+                step=None,
+                node=NodeName("*"),
+                entity="node",  # type: ignore[arg-type]
+                reason=why,
+                idempotency_key=f"breaker/{now:.3f}",
+                dry_run=self.policy.dry_run,
+                details={"nodes": str(len(nodes))},
+            )
+        ]
+
+    def reset_breaker(self, *, who: str, why: str = "reset by a human") -> None:
+        """Close the breaker (what ``gpuhealth actions breaker reset`` does)."""
+        self.store.set_control(BREAKER, "closed", at=self.clock(), who=who, why=why)
+        self._failing.clear()
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def tick(self) -> list[AuditRecord]:
+        """Advance every action and incident once; return the audit records produced.
+
+        Does nothing unless this controller is leader. Never raises for an adapter's
+        failure: a temporary one is retried on the next tick, a permanent one fails
+        the step (and cancels the incident's later steps).
+        """
+        if not self.is_leader():
+            return []
+        if not self._tick_lock.acquire(blocking=False):
+            return []  # another tick is running (the loop and an evaluation raced)
+        try:
+            return await self._tick()
+        finally:
+            self._tick_lock.release()
+
+    async def _tick(self) -> list[AuditRecord]:
+        out: list[AuditRecord] = []
+        now = self.clock()
+        live = self.store.actions(
+            phases=(ActionPhase.PENDING, ActionPhase.RUNNING, ActionPhase.AWAITING_APPROVAL)
+        )
+        by_incident: dict[str, list[StoredAction]] = {}
+        for action in live:
+            by_incident.setdefault(action.incident, []).append(action)
+        breaker = self.breaker_open
+        for incident, actions in by_incident.items():
+            out.extend(await self._advance(incident, actions, now, breaker))
+        out.extend(self._probation(now))
+        out.extend(self._settle(now))
+        return out
+
+    async def _advance(
+        self, incident: str, live: list[StoredAction], now: float, breaker: bool
+    ) -> list[AuditRecord]:
+        """Advance one incident: poll its running step, or start its next pending one."""
+        out: list[AuditRecord] = []
+        history = self.store.actions(incident=incident)
+        for action in history:
+            if action.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED):
+                # an earlier step failed: nothing after it runs
+                for later in live:
+                    if later.id > action.id and self.store.update(
+                        later.id,
+                        now=now,
+                        phase=ActionPhase.CANCELLED,
+                        expect=(ActionPhase.PENDING, ActionPhase.AWAITING_APPROVAL),
+                        message=f"an earlier step ({action.step.value}) {action.phase.value}",
+                        finished_at=now,
+                    ):
+                        out.append(self._audit(later, CANCELLED, "an earlier step did not "
+                                               "succeed", now))
+                return out
+            if action.phase in TERMINAL:
+                continue
+            # the first non-terminal action of the incident
+            if action.phase == ActionPhase.RUNNING:
+                out.extend(await self._poll(action, now))
+            elif action.phase == ActionPhase.PENDING:
+                out.extend(await self._start(action, now, breaker))
+            return out
+        return out
+
+    async def _start(self, action: StoredAction, now: float, breaker: bool) -> list[AuditRecord]:
+        if action.not_before is not None and now < action.not_before:
+            return self._wait(action, f"deferred until {action.not_before:.0f}", now)
+        if action.step == RemediationStep.NOTIFY:
+            self.store.update(
+                action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.PENDING,),
+                message="the alert carries the notification", started_at=now, finished_at=now,
+            )
+            return []
+        if breaker:
+            self._count_held("breaker")
+            return self._wait(action, "circuit breaker open: waits for a human reset", now)
+        adapter = self._adapter_for(action)
+        if not action.dry_run and isinstance(self.scheduler, NodeInspector):
+            verdict = await self._check_node(action, now)
+            if verdict is not None:
+                return verdict
+        if not self._take_token(now):
+            self._count_held("rate_limit")
+            return self._wait(action, "rate limit: waits for the next slot", now)
+        try:
+            ref = await adapter.submit(action.request())
+        except TemporaryError as exc:
+            return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+        except GpuHealthError as exc:
+            self.store.update(
+                action.id, now=now, phase=ActionPhase.FAILED, expect=(ActionPhase.PENDING,),
+                message=f"{adapter.name} refused: {exc}", finished_at=now,
+            )
+            return [self._audit(action, FAILED, f"{adapter.name} refused: {exc}", now)]
+        if not self.store.update(
+            action.id, now=now, phase=ActionPhase.RUNNING, expect=(ActionPhase.PENDING,),
+            ref=ref, adapter=adapter.name, started_at=now, epoch=self._epoch,
+            message="submitted",
+        ):
+            return []  # a human cancelled it meanwhile
+        self._said.pop(action.id, None)
+        self._count(action.step, SUBMITTED)
+        out = [self._audit(action, SUBMITTED, f"{adapter.name} ref {ref}", now)]
+        running = self.store.get(action.id)
+        if running is not None:
+            out.extend(await self._poll(running, now))  # quick steps finish in the same tick
+        return out
+
+    async def _poll(self, action: StoredAction, now: float) -> list[AuditRecord]:
+        adapter = self._adapter_for(action)
+        if action.epoch != self._epoch:
+            # left running by another controller (fail-over) or an earlier run of this one:
+            # re-submit with the same idempotency key; adapters do nothing twice.
+            try:
+                ref = await adapter.submit(action.request())
+            except TemporaryError as exc:
+                return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+            except GpuHealthError as exc:
+                self.store.update(
+                    action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
+                    message=f"{adapter.name} refused on take-over: {exc}",
+                )
+                return [self._audit(action, FAILED, str(exc), now)]
+            self.store.update(action.id, now=now, ref=ref, epoch=self._epoch,
+                              message="taken over from another controller")
+            action = self.store.get(action.id) or action
+        try:
+            status = await adapter.status(action.ref)
+        except TemporaryError as exc:
+            return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+        except GpuHealthError as exc:
+            self.store.update(action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
+                              message=str(exc))
+            return [self._audit(action, FAILED, str(exc), now)]
+        if status.phase == ActionPhase.SUCCEEDED:
+            if not self.store.update(
+                action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.RUNNING,),
+                message=status.message, finished_at=now,
+            ):
+                return []
+            self._count(action.step, SUCCEEDED)
+            return [self._audit(action, SUCCEEDED, status.message, now),
+                    *self._after_success(action, now)]
+        if status.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED):
+            self.store.update(action.id, now=now, phase=status.phase, finished_at=now,
+                              message=status.message)
+            self._count(action.step, FAILED)
+            return [self._audit(action, FAILED, status.message, now)]
+        started = action.started_at if action.started_at is not None else now
+        if now - started > self.step_timeout_seconds:
+            msg = f"timed out after {now - started:.0f} s ({status.message})"
+            self.store.update(action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
+                              message=msg)
+            self._count(action.step, FAILED)
+            return [self._audit(action, FAILED, msg, now)]
+        if status.message and status.message != action.message:
+            self.store.update(action.id, now=now, message=status.message)
+        return []
+
+    def _after_success(self, action: StoredAction, now: float) -> list[AuditRecord]:
+        incident = self.store.incident(action.incident)
+        if incident is None:
+            return []
+        out: list[AuditRecord] = []
+        out_of_service = action.step in (
+            RemediationStep.CORDON, RemediationStep.REBOOT, RemediationStep.HAND_OFF
+        ) or (action.step == RemediationStep.DRAIN and action.attrs.get("scope") != SCOPE_GPU)
+        if out_of_service and incident.out_of_service_at is None:
+            self.store.update_incident(action.incident, out_of_service_at=now)
+            self.stats.remediate_seconds.append(max(0.0, now - incident.opened_at))
+        if action.step == RemediationStep.RESUME:
+            self.store.update_incident(action.incident, state=INCIDENT_CLOSED, closed_at=now)
+            return out
+        if action.step in FIX_STEPS:
+            rest = [a for a in self.store.actions(incident=action.incident)
+                    if a.id > action.id and a.phase not in TERMINAL]
+            if not rest:
+                until = now + self.probation_seconds
+                self.store.update_incident(
+                    action.incident, state=INCIDENT_PROBATION, fixed_at=now,
+                    probation_until=until,
+                )
+                out.append(self._audit(action, PROBATION,
+                                       f"fixed; on probation until {until:.0f}", now))
+        return out
+
+    async def _check_node(self, action: StoredAction, now: float) -> list[AuditRecord] | None:
+        """Read the node before a node-changing step; return audit records if it must not run."""
+        if action.step not in _NODE_CHANGING and action.step != RemediationStep.RESUME:
+            return None
+        inspector = self.scheduler
+        assert isinstance(inspector, NodeInspector)
+        try:
+            state: NodeState = await inspector.node_state(action.node)
+        except TemporaryError as exc:
+            return self._wait(action, f"cannot read node {action.node}: {exc}", now)
+        except PermanentError as exc:
+            self.store.update(action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
+                              message=f"cannot read node {action.node}: {exc}")
+            return [self._audit(action, FAILED, str(exc), now)]
+        incident = self.store.incident(action.incident)
+        if action.step == RemediationStep.RESUME:
+            if not state.schedulable and not state.owned:
+                return self._human(action, now, f"node {action.node} is out of service by "
+                                   f"someone else ({state.reason!r}); not resumed by gpuhealth")
+            return None
+        if state.opted_out:
+            self._count_held("opt_out")
+            return self._human(action, now, f"node {action.node} opted out of automatic "
+                               "remediation")
+        taken_out = incident is not None and incident.out_of_service_at is not None
+        if not state.schedulable and not state.owned and not taken_out:
+            return self._human(action, now, f"node {action.node} is already out of service "
+                               f"by someone else ({state.reason!r}): left to them")
+        if state.schedulable and taken_out and incident is not None and incident.claimed:
+            return self._human(action, now, f"a human returned node {action.node} to service "
+                               "after gpuhealth took it out: not taken out again")
+        return None
+
+    def _human(self, action: StoredAction, now: float, why: str) -> list[AuditRecord]:
+        """Stop the incident of ``action``: a human's state wins; free its budget slot."""
+        self._count_held("human")
+        out: list[AuditRecord] = []
+        for later in self.store.actions(incident=action.incident):
+            if later.phase in TERMINAL:
+                continue
+            if self.store.update(
+                later.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now, message=why,
+                expect=(ActionPhase.PENDING, ActionPhase.AWAITING_APPROVAL),
+            ):
+                out.append(self._audit(later, CANCELLED, why, now))
+        self.store.update_incident(action.incident, state=INCIDENT_HUMAN, closed_at=now,
+                                   note=why)
+        with self._lock:
+            released = self.policy.release(
+                fingerprint=action.fingerprint, node=action.node, why=why
+            )
+        out.extend(released.audit)
+        logger.warning("%s", why)
+        return out
+
+    def _probation(self, now: float) -> list[AuditRecord]:
+        out: list[AuditRecord] = []
+        for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
+            if inc.probation_until is None or now < inc.probation_until:
+                continue
+            with self._lock:
+                result = self.policy.resolve(fingerprint=inc.fingerprint, node=inc.node)
+            self.store.update_incident(inc.incident, state=INCIDENT_CLOSED if not
+                                       result.requests else INCIDENT_OPEN, closed_at=None
+                                       if result.requests else now,
+                                       note="probation passed without recurrence")
+            out.extend(result.audit)
+            out.extend(self._reparent(result, inc.incident))
+        return out
+
+    def _reparent(self, result: PolicyResult, incident: str) -> list[AuditRecord]:
+        """Enqueue the resume that ends ``incident`` in that incident (it runs after its fix)."""
+        now = self.clock()
+        for request in result.requests:
+            self.store.add(
+                request, incident=incident, fingerprint=fingerprint_of(incident),
+                severity="", phase=ActionPhase.PENDING, now=now,
+            )
+        return []
+
+    def _settle(self, now: float) -> list[AuditRecord]:
+        """Close incidents whose actions a human cancelled (``gpuhealth actions cancel``)."""
+        out: list[AuditRecord] = []
+        for inc in self.store.incidents(states=(INCIDENT_OPEN,)):
+            actions = self.store.actions(incident=inc.incident)
+            if not actions or any(a.phase not in TERMINAL for a in actions):
+                continue
+            if any(a.phase == ActionPhase.CANCELLED and a.decided_by for a in actions):
+                why = "cancelled by a human"
+                self.store.update_incident(inc.incident, state=INCIDENT_HUMAN, closed_at=now,
+                                           note=why)
+                with self._lock:
+                    out.extend(self.policy.release(
+                        fingerprint=inc.fingerprint, node=inc.node, why=why).audit)
+        return out
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _adapter_for(self, action: StoredAction) -> SchedulerAdapter:
+        if action.step == RemediationStep.RESET_GPU and self.node_agent is not None:
+            return self.node_agent
+        return self.scheduler
+
+    def _take_token(self, now: float) -> bool:
+        rate = self.max_actions_per_minute / 60.0
+        self._tokens = min(self.max_actions_per_minute,
+                           self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+    def _wait(self, action: StoredAction, why: str, now: float) -> list[AuditRecord]:
+        """Keep ``action`` waiting; audit the reason once per change of reason."""
+        if self._said.get(action.id) == why:
+            return []
+        self._said[action.id] = why
+        self.store.update(action.id, now=now, message=why)
+        return [self._audit(action, WAITING, why, now)]
+
+    def _count(self, step: RemediationStep, decision: str) -> None:
+        key = (step.value, decision)
+        self.stats.transitions[key] = self.stats.transitions.get(key, 0) + 1
+
+    def _count_held(self, why: str) -> None:
+        self.stats.held[why] = self.stats.held.get(why, 0) + 1
+
+    def _audit(self, action: StoredAction, decision: str, reason: str, now: float) -> AuditRecord:
+        return AuditRecord(
+            at=now,
+            actor=self.identity,
+            decision=decision,
+            step=action.step,
+            node=action.node,
+            entity=action.entity,  # type: ignore[arg-type]
+            reason=reason,
+            idempotency_key=action.key,
+            dry_run=action.dry_run,
+            details={"action_id": str(action.id), "incident": action.incident,
+                     "fingerprint": action.fingerprint, **action.attrs},
+        )
+
+
+def approve(store: ActionStore, action_id: int, *, who: str, now: float) -> StoredAction:
+    """Approve an action waiting for approval (``gpuhealth actions approve``).
+
+    Raises:
+        KeyError: No such action.
+        ValueError: The action is not waiting for approval.
+    """
+    action = store.get(action_id)
+    if action is None:
+        raise KeyError(f"no action {action_id}")
+    if not store.update(action_id, now=now, phase=ActionPhase.PENDING,
+                        expect=(ActionPhase.AWAITING_APPROVAL,), decided_by=who,
+                        message=f"approved by {who}"):
+        raise ValueError(f"action {action_id} is {action.phase.value}, not awaiting approval")
+    return store.get(action_id) or action
+
+
+def cancel(store: ActionStore, action_id: int, *, who: str, now: float) -> StoredAction:
+    """Cancel an action that has not started (``gpuhealth actions cancel``).
+
+    Raises:
+        KeyError: No such action.
+        ValueError: The action is running or finished (undo it instead).
+    """
+    action = store.get(action_id)
+    if action is None:
+        raise KeyError(f"no action {action_id}")
+    if not store.update(action_id, now=now, phase=ActionPhase.CANCELLED,
+                        expect=(ActionPhase.PENDING, ActionPhase.AWAITING_APPROVAL),
+                        decided_by=who, message=f"cancelled by {who}", finished_at=now):
+        raise ValueError(f"action {action_id} is {action.phase.value}; only pending or "
+                         "awaiting-approval actions can be cancelled")
+    return store.get(action_id) or action
+
+
+UNDOABLE = frozenset({RemediationStep.CORDON, RemediationStep.DRAIN, RemediationStep.HAND_OFF})
+
+
+def undo(store: ActionStore, action_id: int, *, who: str, now: float) -> StoredAction:
+    """Queue the undo of a succeeded cordon, drain or hand-off: resume the node.
+
+    The resume runs as a new action (the engine reads the node first: only what
+    gpuhealth did is undone). The incident's steps not yet started are cancelled.
+
+    Raises:
+        KeyError: No such action.
+        ValueError: The action cannot be undone (not succeeded, or not a cordon/drain/hand-off).
+    """
+    action = store.get(action_id)
+    if action is None:
+        raise KeyError(f"no action {action_id}")
+    if action.step not in UNDOABLE or action.phase != ActionPhase.SUCCEEDED:
+        raise ValueError(f"action {action_id} ({action.step.value}, {action.phase.value}) "
+                         "cannot be undone: only succeeded cordon, drain and hand_off can")
+    for later in store.actions(incident=action.incident):
+        store.update(later.id, now=now, phase=ActionPhase.CANCELLED, decided_by=who,
+                     message=f"cancelled by {who} (undo of action {action_id})",
+                     finished_at=now,
+                     expect=(ActionPhase.PENDING, ActionPhase.AWAITING_APPROVAL))
+    request = ActionRequest(
+        step=RemediationStep.RESUME,
+        node=action.node,
+        entity=action.request().entity,
+        reason=f"gpuhealth: undo of action {action_id} by {who}",
+        idempotency_key=f"{action.incident}~undo{action_id}/resume",
+        dry_run=action.dry_run,
+        attrs={"when": "now", "scope": "node"},
+    )
+    added = store.add(request, incident=f"{action.incident}~undo{action_id}",
+                      fingerprint=action.fingerprint, severity=action.severity,
+                      phase=ActionPhase.PENDING, now=now, message=f"undo requested by {who}")
+    if added is None:
+        existing = store.by_key(request.idempotency_key)
+        assert existing is not None
+        return existing
+    store.update(added.id, now=now, decided_by=who)
+    return store.get(added.id) or added
+
+
+def summarize(actions: Iterable[StoredAction]) -> Mapping[str, int]:
+    """Count actions by phase (``gpuhealth actions list`` footer, metrics)."""
+    out: dict[str, int] = {}
+    for action in actions:
+        out[action.phase.value] = out.get(action.phase.value, 0) + 1
+    return out
