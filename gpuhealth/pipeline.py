@@ -541,9 +541,10 @@ class Pipeline:
                             and self._engine.on_probation(alert.fingerprint) is not None):
                         finding = self._tracker.finding_of(alert.fingerprint)
                         if finding is not None:
+                            why = "the fault recurred on probation after its fix"
                             decided.extend(self._policy.escalate(
-                                finding, fingerprint=alert.fingerprint,
-                                why="the fault recurred on probation after its fix"))
+                                finding, fingerprint=alert.fingerprint, why=why))
+                            self._engine.end_probation(alert.fingerprint, why=f"escalated: {why}")
             else:
                 decided = PolicyResult()  # a standby tracks alerts; the leader decides
             notified, pages = self._route(changed, now)

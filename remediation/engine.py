@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -202,7 +203,7 @@ class RemediationEngine:
         self.stats = EngineStats()
         self._lock = lock or threading.RLock()
         self._tick_lock = threading.Lock()
-        self._epoch = f"{identity}@{clock():.6f}"
+        self._epoch = f"{identity}@{clock():.3f}#{uuid.uuid4().hex[:8]}"
         self._failing: deque[tuple[float, str]] = deque()
         self._tokens = max_actions_per_minute
         self._tokens_at = clock()
@@ -294,6 +295,14 @@ class RemediationEngine:
                 return inc
         return None
 
+    def end_probation(self, fingerprint: str, *, why: str) -> None:
+        """Close ``fingerprint``'s incident on probation (it escalated into a new one)."""
+        now = self.clock()
+        for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
+            if inc.fingerprint == fingerprint:
+                self.store.update_incident(inc.incident, state=INCIDENT_CLOSED, closed_at=now,
+                                           note=why)
+
     # -- the breaker -----------------------------------------------------------------
 
     @property
@@ -371,7 +380,18 @@ class RemediationEngine:
             by_incident.setdefault(action.incident, []).append(action)
         breaker = self.breaker_open
         for incident, actions in by_incident.items():
-            out.extend(await self._advance(incident, actions, now, breaker))
+            for _ in range(16):  # steps that finish at once are followed in the same tick
+                records = await self._advance(incident, actions, now, breaker)
+                out.extend(records)
+                if not any(r.decision == SUCCEEDED for r in records):
+                    break
+                actions = self.store.actions(
+                    incident=incident,
+                    phases=(ActionPhase.PENDING, ActionPhase.RUNNING,
+                            ActionPhase.AWAITING_APPROVAL),
+                )
+                if not actions:
+                    break
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         return out

@@ -1,123 +1,294 @@
+"""The remediation engine through the pipeline, on an in-memory scheduler (tests/fake_scheduler.py).
+
+What the real adapters do on real Slurm and the Kubernetes API stand-in is tested in
+tests/integration; here the engine's own rules: order, ownership, probation,
+escalation, breaker, rate limit, approvals, budget, fail-over.
+"""
+
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics.fault_model import Context, Observations, evaluate, merge_findings, worst
-from analytics.fault_model.engine import MAX_EVIDENCE
-from core.records import Action, EntityId, Event, Evidence, Finding, NodeName, Severity
+from core.clock import FakeClock
+from core.records import (
+    ActionPhase,
+    Action,
+    EntityId,
+    Evidence,
+    Finding,
+    NodeName,
+    RemediationStep,
+    Severity,
+)
+from gpuhealth.pipeline import Pipeline
+from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, INCIDENT_PROBATION, ActionStore
+from remediation.audit import read_audit_log
+from remediation.engine import approve, cancel, undo
+from tests.fake_scheduler import FakeCluster, FakeNode, FakeScheduler
 
-N, E = NodeName("n1"), EntityId("0000:b1:00.0")
-
-
-def finding(sev: Severity, action: Action, code: str = "79", at: float | None = 1.0,
-            line: int = 1) -> Finding:
-    return Finding(node=N, entity=E, kind="xid", code=code, severity=sev, action=action,
-                   summary="s", evidence=(Evidence(file="f", line=line, text=f"l{line}"),),
-                   source="test", first_seen_at=at, last_seen_at=at)
-
-
-def test_worst_of_nothing_is_info_none() -> None:
-    assert worst([]) == (Severity.INFO, [Action.NONE])
-
-
-def test_worst_actions_are_sorted_unique_and_only_of_the_worst_severity() -> None:
-    findings = [
-        finding(Severity.CRITICAL, Action.RESET_GPU, "62"),
-        finding(Severity.CRITICAL, Action.REBOOT_NODE, "79"),
-        finding(Severity.CRITICAL, Action.RESET_GPU, "120"),
-        finding(Severity.WARNING, Action.SERVICE_HARDWARE, "63"),
-    ]
-    assert worst(findings) == (Severity.CRITICAL, [Action.REBOOT_NODE, Action.RESET_GPU])
+S = RemediationStep
 
 
-def test_same_fault_merges_into_one_finding_spanning_both_times() -> None:
-    merged = merge_findings([
-        finding(Severity.WARNING, Action.RESET_GPU, at=10.0, line=1),
-        finding(Severity.CRITICAL, Action.RESET_GPU, at=5.0, line=2),
-    ])
-    assert len(merged) == 1
-    only = merged[0]
-    assert only.severity is Severity.CRITICAL
-    assert (only.first_seen_at, only.last_seen_at, only.occurrences) == (5.0, 10.0, 2)
-    assert [e.line for e in only.evidence] == [1, 2]
+def xid79(node: str, *, occurrences: int = 1, at: float = 0.0) -> Finding:
+    return Finding(
+        node=NodeName(node),
+        entity=EntityId("GPU-1"),
+        kind="xid",
+        code="79",
+        severity=Severity.CRITICAL,
+        action=Action.REBOOT_NODE,
+        summary="GPU has fallen off the bus",
+        evidence=(Evidence(file="kern.log", line=1, text="NVRM: Xid (PCI:0000:b1:00): 79"),),
+        source="test",
+        occurrences=occurrences,
+        last_seen_at=at,
+    )
 
 
-@given(st.lists(st.integers(1, 10_000), max_size=200))
-def test_event_groups_count_exactly_and_keep_bounded_evidence(lines: list[int]) -> None:
-    obs = Observations()
-    for i, line in enumerate(lines):
-        obs.add(Event(kind="xid", code="119", node=N, entity=E, observed_at=float(i),
-                      evidence=(Evidence(file="f", line=line, text="x"),)))
-    groups = obs.events("xid", "119")
-    if not lines:
-        assert groups == []
-        return
-    (group,) = groups
-    assert group.count == len(lines)
-    assert group.first_seen_at == 0.0
-    assert group.last_seen_at == float(len(lines) - 1)
-    assert len(group.evidence) <= MAX_EVIDENCE
-    assert group.evidence[0].line == lines[0]
+def cluster_of(n: int) -> FakeCluster:
+    return FakeCluster(nodes={f"n{i:03d}": FakeNode() for i in range(n)})
 
 
-def test_evaluate_runs_given_rules_and_sorts_worst_first() -> None:
-    def rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
-        yield finding(Severity.WARNING, Action.RESET_GPU, "94")
-        if ctx.fact("nvlink") == "expected":
-            yield finding(Severity.MAJOR, Action.RESET_GPU, "nvlink")
-
-    out = evaluate(Observations(), Context(facts={"nvlink": "Expected "}), rules=[rule])
-    assert [f.code for f in out] == ["nvlink", "94"]
-
-
-def test_symptoms_fold_into_their_root_on_the_same_gpu_only_when_the_root_covers_them() -> None:
-    from dataclasses import replace
-
-    from analytics.fault_model.engine import fold_symptoms
-
-    root = finding(Severity.CRITICAL, Action.RESET_GPU, "62", at=100.0, line=1)
-    summary_154 = replace(finding(Severity.CRITICAL, Action.RESET_GPU, "154", at=100.0, line=2))
-    late_154 = replace(summary_154, first_seen_at=10_000.0, last_seen_at=10_000.0)
-    reboot_154 = replace(summary_154, action=Action.REBOOT_NODE)
-    other_gpu = replace(summary_154, entity=EntityId("0000:07:00.0"))
-
-    folded = fold_symptoms([root, summary_154])
-    assert [f.code for f in folded] == ["62"]
-    assert [e.line for e in folded[0].evidence] == [1, 2]
-    assert folded[0].last_seen_at == 100.0
-    # too late, a stronger action, another GPU: nothing is hidden
-    assert len(fold_symptoms([root, late_154])) == 2
-    assert len(fold_symptoms([root, reboot_154])) == 2
-    assert len(fold_symptoms([root, other_gpu])) == 2
+def make(tmp_path: Path | None, cluster: FakeCluster, clock: FakeClock, **kw):
+    options = kw.pop("engine_options", {})
+    return Pipeline(
+        facts={},
+        notifiers=[],
+        audit_log_path=str(tmp_path / "audit.jsonl") if tmp_path else None,
+        dry_run=False,
+        scheduler=FakeScheduler(cluster, **kw.pop("fake", {})),
+        clock=clock,
+        rules=[],
+        cluster_size=kw.pop("cluster_size", len(cluster.nodes)),
+        max_disrupted_fraction=kw.pop("fraction", 1.0),
+        action_store_path=str(tmp_path / "actions.db") if tmp_path else None,
+        engine_options={"probation_seconds": 600.0, **options},
+        **kw,
+    )
 
 
-def test_a_pending_remap_absorbs_the_xid_63_that_announced_it() -> None:
-    from dataclasses import replace
-
-    from analytics.fault_model.engine import fold_symptoms
-
-    xid63 = finding(Severity.WARNING, Action.RESET_GPU, "63", at=None, line=1)
-    pending = replace(xid63, kind="row_remap", code="pending",
-                      evidence=(Evidence(file="f", line=9, text="Pending : Yes"),))
-    (only,) = fold_symptoms([xid63, pending])
-    assert (only.kind, only.code) == ("row_remap", "pending")
-    assert {e.line for e in only.evidence} == {1, 9}
+def run(pipeline: Pipeline, ticks: int = 10, clock: FakeClock | None = None) -> None:
+    for _ in range(ticks):
+        asyncio.run(pipeline.atick())
+        if clock is not None:
+            clock.advance(1.0)
 
 
-def test_events_not_seen_again_expire_but_snapshots_never_do() -> None:
-    obs = Observations()
-    obs.add(Event(kind="xid", code="79", node=N, entity=E, observed_at=100.0))
-    obs.add(Event(kind="xid", code="94", node=N, entity=E, observed_at=900.0))
-    obs.add(Event(kind="row_remap", code="pending", node=N, entity=E, observed_at=None))
-    assert obs.expire(before_at=500.0) == 1
-    assert sorted(g.code for g in obs.groups.values()) == ["94", "pending"]
+def steps_of(pipeline: Pipeline, node: str | None = None) -> list[tuple[str, str]]:
+    return [(a.step.value, a.phase.value) for a in pipeline.actions.actions(node=node)]
 
 
-def test_an_old_line_received_now_stays_open_a_window_from_now() -> None:
-    obs = Observations()
-    obs.add(Event(kind="xid", code="79", node=N, entity=E, observed_at=100.0), received_at=5000.0)
-    assert obs.expire(before_at=4000.0) == 0
-    assert obs.expire(before_at=6000.0) == 1
+def test_xid79_cordon_drain_reboot_probation_resume(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+    p = make(tmp_path, cluster, clock, fake={"drain_polls": 2, "reboot_polls": 2})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    assert not cluster.nodes["n001"].schedulable
+    assert cluster.nodes["n001"].reason.startswith("gpuhealth: GpuXid79")
+    run(p, 8, clock)
+    assert [h[0] for h in cluster.history] == ["cordon", "drain", "reboot"]
+    [inc] = p.actions.incidents()
+    assert inc.state == INCIDENT_PROBATION
+    clock.advance(601)
+    run(p, 3, clock)
+    assert [h[0] for h in cluster.history] == ["cordon", "drain", "reboot", "resume"]
+    assert p.actions.incidents()[0].state == INCIDENT_CLOSED
+    assert p.policy.out_of_service == frozenset()
+    decisions = [(r.decision, r.step.value if r.step else "") for r in
+                 read_audit_log(str(tmp_path / "audit.jsonl"))]
+    assert ("submitted", "cordon") in decisions and ("succeeded", "reboot") in decisions
+    assert ("probation", "reboot") in decisions
+    # replaying the same incident does nothing twice
+    p.evaluate()
+    run(p, 3, clock)
+    assert len(cluster.history) == 4
+
+
+def test_human_resume_in_between_is_respected(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+    p = make(tmp_path, cluster, clock, fake={"drain_polls": 3})
+    p.observe_findings([xid79("n002")], hold_seconds=1e6)
+    p.evaluate()  # cordon done, drain running
+    assert [h[0] for h in cluster.history] == ["cordon", "drain"]
+    cluster.human_resume("n002")
+    run(p, 10, clock)
+    assert [h[0] for h in cluster.history] == ["cordon", "drain"]  # no reboot
+    assert cluster.nodes["n002"].schedulable
+    [inc] = p.actions.incidents()
+    assert inc.state == INCIDENT_HUMAN
+    assert "human returned" in inc.note
+    assert p.policy.out_of_service == frozenset()  # its budget slot is free again
+    cancelled = [a for a in p.actions.actions() if a.phase == ActionPhase.CANCELLED]
+    assert [a.step for a in cancelled] == [S.REBOOT]
+
+
+def test_a_humans_drain_is_left_to_the_human(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    cluster.human_drain("n000", "disk replacement INC-42")
+    p = make(tmp_path, cluster, clock)
+    p.observe_findings([xid79("n000")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 5, clock)
+    assert cluster.history == []
+    assert cluster.nodes["n000"].reason == "disk replacement INC-42"
+    assert p.actions.incidents()[0].state == INCIDENT_HUMAN
+
+
+def test_opted_out_node_is_not_touched(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    cluster.nodes["n001"].opted_out = True
+    p = make(tmp_path, cluster, clock)
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 3, clock)
+    assert cluster.history == []
+    assert "opted out" in p.actions.incidents()[0].note
+
+
+def test_recurrence_on_probation_escalates_to_hand_off(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    p = make(tmp_path, cluster, clock)
+    p.observe_findings([xid79("n001", occurrences=1)], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 6, clock)
+    assert p.actions.incidents()[0].state == INCIDENT_PROBATION
+    p.observe_findings([xid79("n001", occurrences=2, at=clock())], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 6, clock)
+    steps = [h[0] for h in cluster.history]
+    assert steps == ["cordon", "drain", "reboot", "cordon", "drain", "hand_off"]
+    assert not cluster.nodes["n001"].schedulable
+    assert "hand-off" in cluster.nodes["n001"].reason or "GpuXid79" in cluster.nodes["n001"].reason
+    clock.advance(10_000)
+    run(p, 3, clock)
+    assert "resume" not in [h[0] for h in cluster.history]  # handed off: a human resumes
+
+
+def test_breaker_opens_on_a_burst_and_holds_until_reset(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(50)
+    p = make(tmp_path, cluster, clock, engine_options={"breaker_max_nodes": 5})
+    p.observe_findings([xid79(f"n{i:03d}") for i in range(50)], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 5, clock)
+    assert p.engine.breaker_open
+    assert cluster.history == []  # the breaker opened before anything was submitted
+    held = [r for r in read_audit_log(str(tmp_path / "audit.jsonl")) if r.decision == "waiting"]
+    assert held and all("circuit breaker" in r.reason for r in held)
+    p.engine.reset_breaker(who="alice")
+    run(p, 20, clock)
+    assert len({node for step, node in cluster.history if step == "cordon"}) == 50
+
+
+def test_rate_limit(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(10)
+    p = make(tmp_path, cluster, clock, engine_options={"max_actions_per_minute": 3})
+    p.observe_findings([xid79(f"n{i:03d}") for i in range(6)], hold_seconds=1e6)
+    p.evaluate()
+    assert len(cluster.history) == 3  # three tokens at once, then one every 20 s
+    clock.advance(20)
+    run(p, 1)
+    assert len(cluster.history) == 4
+
+
+def test_approval_then_cancel(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+    p = make(tmp_path, cluster, clock,
+             engine_options={"approval_min_severity": Severity.CRITICAL})
+    p.observe_findings([xid79("n001"), xid79("n002")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 3, clock)
+    assert cluster.history == []
+    waiting = p.actions.actions(phases=[ActionPhase.AWAITING_APPROVAL])
+    assert {a.step for a in waiting} == {S.CORDON, S.DRAIN, S.REBOOT}
+    first = next(a for a in waiting if a.node == "n001" and a.step == S.CORDON)
+    approve(p.actions, first.id, who="alice", now=clock())
+    run(p, 3, clock)
+    assert cluster.history == [("cordon", "n001")]
+    other = next(a for a in waiting if a.node == "n002" and a.step == S.CORDON)
+    cancel(p.actions, other.id, who="bob", now=clock())
+    run(p, 3, clock)
+    assert all(h[1] == "n001" for h in cluster.history)
+    n2 = [a for a in p.actions.actions(node="n002")]
+    assert all(a.phase == ActionPhase.CANCELLED for a in n2)  # later steps follow the cancel
+
+
+def test_undo_resumes_only_what_gpuhealth_did(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = make(tmp_path, cluster, clock, fake={"drain_polls": 50})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    cordon = next(a for a in p.actions.actions() if a.step == S.CORDON)
+    undo(p.actions, cordon.id, who="carol", now=clock())
+    run(p, 3, clock)
+    assert cluster.nodes["n001"].schedulable
+    assert ("resume", "n001") in cluster.history
+
+
+def test_failover_resubmits_and_completes_exactly_once(tmp_path):
+    """Leader A dies in the middle of a drain; B takes over from the shared store and log."""
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    leader = {"who": "a"}
+    a = make(tmp_path, cluster, clock, fake={"drain_polls": 5},
+             is_leader=lambda: leader["who"] == "a")
+    b = make(tmp_path, cluster, clock, fake={"drain_polls": 5},
+             is_leader=lambda: leader["who"] == "b")
+    f = xid79("n001")
+    for p in (a, b):
+        p.observe_findings([f], hold_seconds=1e6)
+    a.evaluate()
+    b.evaluate()  # the standby only tracks the alert
+    run(a, 2, clock)
+    drain = next(x for x in a.actions.actions() if x.step == S.DRAIN)
+    assert drain.phase == ActionPhase.RUNNING
+    leader["who"] = "b"  # A is gone (its lease expired)
+    b.evaluate()
+    run(b, 12, clock)
+    assert cluster.effects == {k: 1 for k in cluster.effects}
+    assert [h[0] for h in cluster.history] == ["cordon", "drain", "reboot"]
+    store = ActionStore(tmp_path / "actions.db")
+    phases = {x.step: x.phase for x in store.actions()}
+    assert phases[S.DRAIN] == ActionPhase.SUCCEEDED and phases[S.REBOOT] == ActionPhase.SUCCEEDED
+    requested = [r for r in read_audit_log(str(tmp_path / "audit.jsonl"))
+                 if r.decision == "requested"]
+    assert len(requested) == len({r.idempotency_key for r in requested})
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    size=st.integers(min_value=1, max_value=60),
+    fraction=st.sampled_from([0.05, 0.1, 0.2, 0.5]),
+    failing=st.integers(min_value=1, max_value=50),
+    resolve_every=st.integers(min_value=0, max_value=5),
+)
+def test_budget_holds_under_a_burst(size, fraction, failing, resolve_every):
+    """Property: never more than max(1, floor(fraction x size)) nodes out by gpuhealth."""
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(size)
+    p = make(None, cluster, clock, fraction=fraction, cluster_size=size)
+    limit = max(1, int(fraction * size + 1e-9))
+    nodes = sorted(cluster.nodes)[: min(failing, size)]
+    for i, node in enumerate(nodes):
+        p.observe_findings([xid79(node)], hold_seconds=1e6)
+        p.evaluate()
+        run(p, 2, clock)
+        assert len(cluster.out_of_service_by_gpuhealth()) <= limit
+        if resolve_every and i % resolve_every == 0:
+            p.clear_findings([(nodes[0], "GPU-1", "xid", "79")])
+            p.evaluate()
+            run(p, 2, clock)
+            assert len(cluster.out_of_service_by_gpuhealth()) <= limit
+    assert p.policy.disruption_limit == limit

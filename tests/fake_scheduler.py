@@ -1,0 +1,135 @@
+"""A scheduler that keeps nodes in memory, for engine tests and benchmarks.
+
+It behaves like a real one where the engine depends on it: a cordon marks the node
+unschedulable with the request's reason; a drain takes ``drain_polls`` status polls;
+a reboot ``reboot_polls`` polls and then returns the node to service (Slurm's
+``nextstate=RESUME``); a resume returns the node only if gpuhealth owns its state.
+It is idempotent in effect: ``effects`` counts what was done per idempotency key, so
+tests can assert that a step was carried out exactly once across adapter instances
+(``shared`` holds the nodes and effects, as a real cluster would).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.errors import NodeNotFound, PermanentError, SchedulerUnavailable
+from core.records import (
+    OWNER_PREFIX,
+    ActionPhase,
+    ActionRequest,
+    ActionStatus,
+    NodeName,
+    NodeState,
+    RemediationStep,
+)
+
+
+@dataclass(slots=True)
+class FakeNode:
+    """One node: in service or not, why, and whether a human opted it out."""
+
+    schedulable: bool = True
+    reason: str = ""
+    opted_out: bool = False
+    boot: int = 0
+
+
+@dataclass(slots=True)
+class FakeCluster:
+    """The state a real scheduler keeps, shared by adapter instances."""
+
+    nodes: dict[str, FakeNode] = field(default_factory=dict)
+    effects: dict[str, int] = field(default_factory=dict)
+    history: list[tuple[str, str]] = field(default_factory=list)
+    """``(step, node)`` for every effect carried out, in order."""
+    down: bool = False
+
+    def out_of_service_by_gpuhealth(self) -> set[str]:
+        """Nodes unschedulable with a ``gpuhealth:`` reason now."""
+        return {n for n, s in self.nodes.items()
+                if not s.schedulable and s.reason.startswith(OWNER_PREFIX)}
+
+    def human_resume(self, node: str) -> None:
+        """What ``scontrol update State=RESUME`` by a human does."""
+        self.nodes[node].schedulable = True
+        self.nodes[node].reason = ""
+
+    def human_drain(self, node: str, reason: str = "maintenance by ops") -> None:
+        """What a human's drain does."""
+        self.nodes[node].schedulable = False
+        self.nodes[node].reason = reason
+
+
+class FakeScheduler:
+    """The adapter over a :class:`FakeCluster` (``SchedulerAdapter`` and ``NodeInspector``)."""
+
+    name = "fake"
+    gpu_level_drain = True
+
+    def __init__(self, cluster: FakeCluster, *, drain_polls: int = 1,
+                 reboot_polls: int = 2) -> None:
+        self.cluster = cluster
+        self.drain_polls = drain_polls
+        self.reboot_polls = reboot_polls
+        self._refs: dict[str, ActionRequest] = {}
+        self._polls: dict[str, int] = {}
+
+    def _node(self, name: str) -> FakeNode:
+        if self.cluster.down:
+            raise SchedulerUnavailable("fake scheduler down")
+        node = self.cluster.nodes.get(name)
+        if node is None:
+            raise NodeNotFound(f"no node {name}")
+        return node
+
+    async def submit(self, request: ActionRequest) -> str:
+        node = self._node(request.node)
+        key = request.idempotency_key
+        if key not in self.cluster.effects:
+            self.cluster.effects[key] = 0
+        if self.cluster.effects[key] == 0:
+            self.cluster.effects[key] = 1
+            self.cluster.history.append((request.step.value, request.node))
+            step = request.step
+            if step in (RemediationStep.CORDON, RemediationStep.HAND_OFF) or (
+                step == RemediationStep.DRAIN and request.attrs.get("scope") != "gpu"
+            ):
+                node.schedulable = False
+                node.reason = request.reason
+            elif step == RemediationStep.RESUME:
+                if not node.schedulable and not node.reason.startswith(OWNER_PREFIX):
+                    raise PermanentError(f"node {request.node} drained by someone else")
+                node.schedulable, node.reason = True, ""
+        else:
+            self.cluster.effects[key] += 0  # already done: nothing twice
+        ref = f"fake:{key}"
+        self._refs[ref] = request
+        return ref
+
+    async def status(self, ref: str) -> ActionStatus:
+        request = self._refs.get(ref)
+        if request is None:
+            raise PermanentError(f"unknown ref {ref}")
+        node = self._node(request.node)
+        polls = self._polls[ref] = self._polls.get(ref, 0) + 1
+        need = {RemediationStep.DRAIN: self.drain_polls,
+                RemediationStep.REBOOT: self.reboot_polls}.get(request.step, 0)
+        if polls <= need:
+            return ActionStatus(ref=ref, phase=ActionPhase.RUNNING, message=f"poll {polls}")
+        if request.step == RemediationStep.REBOOT and node.boot < polls:
+            node.boot = polls
+            node.schedulable, node.reason = True, ""  # nextstate=RESUME
+        return ActionStatus(ref=ref, phase=ActionPhase.SUCCEEDED, message="done")
+
+    async def node_state(self, node: NodeName) -> NodeState:
+        state = self._node(node)
+        return NodeState(
+            node=node,
+            schedulable=state.schedulable,
+            reason=state.reason,
+            owned=not state.schedulable and state.reason.startswith(OWNER_PREFIX),
+            opted_out=state.opted_out,
+            boot_id=str(state.boot),
+            state="IDLE" if state.schedulable else "DRAIN",
+        )
