@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from core.clock import FakeClock
 from core.records import (
-    ActionPhase,
     Action,
+    ActionPhase,
     EntityId,
     Evidence,
     Finding,
@@ -101,7 +101,8 @@ def test_xid79_cordon_drain_reboot_probation_resume(tmp_path):
     assert p.policy.out_of_service == frozenset()
     decisions = [(r.decision, r.step.value if r.step else "") for r in
                  read_audit_log(str(tmp_path / "audit.jsonl"))]
-    assert ("submitted", "cordon") in decisions and ("succeeded", "reboot") in decisions
+    assert ("submitted", "cordon") in decisions
+    assert ("succeeded", "reboot") in decisions
     assert ("probation", "reboot") in decisions
     # replaying the same incident does nothing twice
     p.evaluate()
@@ -183,7 +184,8 @@ def test_breaker_opens_on_a_burst_and_holds_until_reset(tmp_path):
     assert p.engine.breaker_open
     assert cluster.history == []  # the breaker opened before anything was submitted
     held = [r for r in read_audit_log(str(tmp_path / "audit.jsonl")) if r.decision == "waiting"]
-    assert held and all("circuit breaker" in r.reason for r in held)
+    assert held
+    assert all("circuit breaker" in r.reason for r in held)
     p.engine.reset_breaker(who="alice")
     run(p, 20, clock)
     assert len({node for step, node in cluster.history if step == "cordon"}) == 50
@@ -220,7 +222,7 @@ def test_approval_then_cancel(tmp_path):
     cancel(p.actions, other.id, who="bob", now=clock())
     run(p, 3, clock)
     assert all(h[1] == "n001" for h in cluster.history)
-    n2 = [a for a in p.actions.actions(node="n002")]
+    n2 = p.actions.actions(node="n002")
     assert all(a.phase == ActionPhase.CANCELLED for a in n2)  # later steps follow the cancel
 
 
@@ -257,11 +259,12 @@ def test_failover_resubmits_and_completes_exactly_once(tmp_path):
     leader["who"] = "b"  # A is gone (its lease expired)
     b.evaluate()
     run(b, 12, clock)
-    assert cluster.effects == {k: 1 for k in cluster.effects}
+    assert cluster.effects == dict.fromkeys(cluster.effects, 1)
     assert [h[0] for h in cluster.history] == ["cordon", "drain", "reboot"]
     store = ActionStore(tmp_path / "actions.db")
     phases = {x.step: x.phase for x in store.actions()}
-    assert phases[S.DRAIN] == ActionPhase.SUCCEEDED and phases[S.REBOOT] == ActionPhase.SUCCEEDED
+    assert phases[S.DRAIN] == ActionPhase.SUCCEEDED
+    assert phases[S.REBOOT] == ActionPhase.SUCCEEDED
     requested = [r for r in read_audit_log(str(tmp_path / "audit.jsonl"))
                  if r.decision == "requested"]
     assert len(requested) == len({r.idempotency_key for r in requested})
