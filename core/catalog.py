@@ -681,6 +681,32 @@ CATALOG: tuple[MetricSpec, ...] = (
         labels=("step", "phase"),
     ),
     MetricSpec(
+        name="gpuhealth_remediation_held_total",
+        type=C,
+        unit="1",
+        help="Remediation steps held back, by why (breaker, rate_limit, approval, human, opt_out)",
+        labels=("reason",),
+    ),
+    MetricSpec(
+        name="gpuhealth_remediation_breaker_open",
+        type=G,
+        unit="1",
+        help="1 while the remediation circuit breaker is open (no automatic action), else 0",
+    ),
+    MetricSpec(
+        name="gpuhealth_remediation_leader",
+        type=G,
+        unit="1",
+        help="1 while this controller is the remediation leader, else 0 (standby)",
+    ),
+    MetricSpec(
+        name="gpuhealth_node_reliability_ratio",
+        type=G,
+        unit="ratio",
+        help="Node reliability score for placement, 0 (fails often) to 1 (most stable)",
+        labels=("node",),
+    ),
+    MetricSpec(
         name="gpuhealth_incidents_resolved_total",
         type=C,
         unit="1",

@@ -12,6 +12,17 @@ Endpoints (JSON; times RFC 3339 where Alertmanager uses them):
 - ``GET /api/v2/silence/{id}``, ``DELETE /api/v2/silence/{id}``: read, expire.
 - ``POST /api/v1/ingest?node=N&file=NAME&context=k=v``: a recorded artifact (its raw
   text as the body) as one snapshot of node ``N``, judged at the next evaluation.
+- ``POST /api/v1/alertmanager``: an Alertmanager webhook payload (version 4), mapped to
+  findings (:mod:`alerting.inbound`) and handed to the service's ``on_alertmanager``
+  callback; 400 names the bad field, 404 when not configured, 503 when the callback
+  fails (Alertmanager retries 5xx).
+- ``POST /api/v1/actions/{ref}/status``: an external automation reports the outcome of
+  an action it was sent (``{"phase": "running|succeeded|failed|cancelled",
+  "message": ...}``), handed to ``on_action_report``; 404 unknown ref or not
+  configured, 409 contradicts an earlier report.
+- ``POST /api/v1/gpu-reset``: the node agent's GPU reset
+  (:class:`remediation.gpu_reset.GpuResetEndpoint`), authenticated by its own
+  Standard-Webhooks HMAC signature (not the bearer token); 404 when not configured.
 
 The silence endpoints take the same JSON as Alertmanager 0.25's, so scripts written
 for ``amtool``'s API work unchanged. Anything that changes state (``POST``,
@@ -33,6 +44,7 @@ from typing import Any
 
 from alerting.alertmanager import rfc3339
 from alerting.alerts import alert_to_json
+from alerting.inbound import InboundBatch, InboundError, batch_summary, parse_alertmanager_body
 from alerting.silences import Matcher, Silence, SilenceStore
 from collectors.artifact import (
     ArtifactParser,
@@ -42,10 +54,11 @@ from collectors.artifact import (
     parse_lines,
 )
 from collectors.parsers import artifact_parsers
-from core.records import NodeName, Record
+from core.records import ActionPhase, ActionStatus, NodeName, Record
 from gpuhealth._serving import ServingThread
 from gpuhealth.config import Settings, alerting_path, api_token
 from gpuhealth.pipeline import Pipeline
+from remediation.gpu_reset import RESET_PATH, GpuResetEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -169,13 +182,24 @@ class AlertingApi:
         pipeline: The running pipeline.
         silences: The silence store the pipeline consults.
         token: Bearer token required for changes, or ``None`` (loopback only).
+        on_alertmanager: Receives each checked Alertmanager batch; ``None`` answers 404.
+        on_action_report: Records an action outcome an external automation reports
+            (``WebhookScheduler.report``): raises ``KeyError`` for an unknown ref and
+            ``ValueError`` for a contradicting report; ``None`` answers 404.
+        gpu_reset: The node agent's reset endpoint; ``None`` answers 404.
     """
 
     def __init__(self, *, pipeline: Pipeline, silences: SilenceStore,
-                 token: str | None = None) -> None:
+                 token: str | None = None,
+                 on_alertmanager: Callable[[InboundBatch], None] | None = None,
+                 on_action_report: Callable[[str, ActionPhase, str], ActionStatus] | None = None,
+                 gpu_reset: GpuResetEndpoint | None = None) -> None:
         self.pipeline = pipeline
         self.silences = silences
         self.token = token
+        self.on_alertmanager = on_alertmanager
+        self.on_action_report = on_action_report
+        self.gpu_reset = gpu_reset
 
     def __repr__(self) -> str:
         """Return a representation that never shows the token."""
@@ -233,7 +257,15 @@ class AlertingApi:
             raise ApiError(404, f"no such endpoint {path}")
         if method not in ("POST", "DELETE"):
             raise ApiError(405, f"method {method} not allowed")
+        if method == "POST" and path == RESET_PATH:  # signed by its own HMAC, not the token
+            if self.gpu_reset is None:
+                raise ApiError(404, "this node serves no GPU reset")
+            return self.gpu_reset.handle(headers, body)
         self._authorize(headers)
+        if method == "POST" and path == "/api/v1/alertmanager":
+            return self._alertmanager(body)
+        if method == "POST" and path.startswith("/api/v1/actions/") and path.endswith("/status"):
+            return self._action_report(path, body)
         if method == "DELETE" and path.startswith("/api/v2/silence/"):
             try:
                 self.silences.expire(path.rsplit("/", 1)[1])
@@ -261,6 +293,46 @@ class AlertingApi:
             name = (query.get("file") or ["ingest"])[0]
             return 200, ingest(self.pipeline, node=node, text=text, file=name, facts=facts)
         raise ApiError(404, f"no such endpoint {path}")
+
+    def _alertmanager(self, body: bytes) -> tuple[int, Any]:
+        if self.on_alertmanager is None:
+            raise ApiError(404, "Alertmanager inbound is not configured")
+        try:
+            batch = parse_alertmanager_body(body, received_at=self.silences.clock())
+        except InboundError as exc:
+            raise ApiError(400, str(exc)) from None
+        try:
+            self.on_alertmanager(batch)
+        except Exception:
+            logger.exception("the Alertmanager callback failed")
+            raise ApiError(503, "could not take the alerts now; retry") from None
+        return 200, batch_summary(batch)
+
+    def _action_report(self, path: str, body: bytes) -> tuple[int, Any]:
+        if self.on_action_report is None:
+            raise ApiError(404, "action reports are not configured")
+        ref = path[len("/api/v1/actions/"):-len("/status")]
+        try:
+            data = json.loads(body or b"null")
+        except ValueError:
+            raise ApiError(400, "body is not JSON") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "expected a JSON object")
+        message = data.get("message", "")
+        if not isinstance(message, str):
+            raise ApiError(400, "message: expected a string")
+        reportable = ("running", "succeeded", "failed", "cancelled")
+        if data.get("phase") not in reportable:
+            raise ApiError(400, f"phase: expected one of {', '.join(reportable)}, "
+                                f"got {data.get('phase')!r}")
+        phase = ActionPhase(data["phase"])
+        try:
+            status = self.on_action_report(ref, phase, message)
+        except KeyError:
+            raise ApiError(404, f"no action {ref!r}") from None
+        except ValueError as exc:
+            raise ApiError(409, str(exc)) from None
+        return 200, {"ref": status.ref, "phase": status.phase.value, "message": status.message}
 
 
 class ApiServer:

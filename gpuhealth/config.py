@@ -39,7 +39,7 @@ from pydantic import (
 from alerting.alerts import AlertPolicy
 from analytics.fault_model import check_facts
 from core.errors import ConfigError, PluginError
-from core.records import Severity
+from core.records import RemediationStep, Severity
 
 logger = logging.getLogger(__name__)
 
@@ -402,18 +402,69 @@ class RemediationSettings(BaseModel):
     model_config = _FROZEN
 
     dry_run: StrictBool = True
-    """Record what would be done and change nothing (architecture principle 3). Only
-    ``true`` is accepted until a scheduler adapter can carry steps out (Slurm, Kubernetes)."""
+    """Record what would be done and change nothing (architecture principle 3). ``false``
+    needs a real ``scheduler`` (``slurm``, ``kubernetes`` or ``webhook``)."""
 
-    @field_validator("dry_run")
-    @classmethod
-    def _only_dry_run(cls, value: bool) -> bool:
-        if not value:
+    scheduler: str = "dry_run"
+    """Scheduler adapter (entry-point group ``gpuhealth.schedulers``) that carries steps out."""
+
+    scheduler_options: dict[str, Any] = Field(default_factory=dict)
+    """``[remediation.scheduler_options]``: keyword arguments of the adapter
+    (``docs/slurm.md``, ``docs/kubernetes.md``, ``docs/remediation-webhook.md``)."""
+
+    node_agent: dict[str, Any] = Field(default_factory=dict)
+    """``[remediation.node_agent]``: options of the ``node_agent`` adapter that asks a
+    node's own gpuhealth to reset a GPU (``url_template``, ``secret_env``); empty: GPU
+    resets go to the scheduler adapter."""
+
+    action_store: Path | None = None
+    """SQLite file of actions and incidents; default ``<data_dir>/actions.db``. A standby
+    controller must see the same file (shared storage) to resume where the leader stopped."""
+
+    breaker_max_nodes: int | None = Field(default=None, ge=1)
+    """The circuit breaker opens when more distinct nodes than this need disruptive steps
+    within ``breaker_window_seconds``; default ``max(3, ceil(20 % of cluster_size))``,
+    above the 15-20 % spare capacity a fleet plans for failures."""
+
+    breaker_window_seconds: float = Field(default=600.0, gt=0)
+    """Window of the circuit breaker, seconds."""
+
+    max_actions_per_minute: float = Field(default=600.0, gt=0)
+    """Fleet-wide rate limit on submitted steps."""
+
+    approval_min_severity: Severity | None = None
+    """Steps for findings at or above this severity wait for ``gpuhealth actions approve``."""
+
+    approval_steps: tuple[RemediationStep, ...] = ()
+    """Steps that always wait for approval (e.g. ``["reboot", "hand_off"]``)."""
+
+    probation_seconds: float = Field(default=3600.0, ge=0)
+    """After a fix (reboot, GPU reset), how long without recurrence before resuming."""
+
+    step_timeout_seconds: float = Field(default=3600.0, gt=0)
+    """A step still running after this long fails (and the incident stops there)."""
+
+    tick_seconds: float = Field(default=0.5, gt=0)
+    """How often running steps are polled."""
+
+    election: str = "local"
+    """Leader election backend (entry-point group ``gpuhealth.electors``): ``local`` (one
+    controller), ``etcd``, ``postgres`` or ``kubernetes`` (``docs/high-availability.md``)."""
+
+    election_options: dict[str, Any] = Field(default_factory=dict)
+    """``[remediation.election_options]``: keyword arguments of the elector."""
+
+    identity: str | None = None
+    """This controller's name in the election and the audit log; default ``<host>:<pid>``."""
+
+    @model_validator(mode="after")
+    def _live_needs_adapter(self) -> RemediationSettings:
+        if not self.dry_run and self.scheduler == "dry_run":
             raise ValueError(
-                "live remediation is not available yet (no scheduler adapter carries steps "
-                "out): keep dry_run = true"
+                "dry_run = false needs a real scheduler adapter: set [remediation] scheduler "
+                '= "slurm", "kubernetes" or "webhook"'
             )
-        return value
+        return self
 
     audit_log: Path | None = None
     """Append-only JSON-lines audit log; default ``<data_dir>/audit.jsonl``."""
@@ -521,6 +572,11 @@ class Settings(BaseModel):
         if s.type == "influxdb":
             return {"url": s.url, "org": s.org, "bucket": s.bucket, "token_env": s.token_env}
         return {"path": str(self.storage_path), "retention_seconds": s.retention_seconds}
+
+    @property
+    def action_store_path(self) -> Path:
+        """Return the action store's SQLite file."""
+        return self.remediation.action_store or self.node.data_dir / "actions.db"
 
     @property
     def audit_log_path(self) -> Path:

@@ -17,9 +17,11 @@ joins the threads, writes every buffered record and closes the store.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import logging
+import math
 import signal
 import threading
 import time
@@ -40,7 +42,7 @@ from core.errors import (
     PluginError,
     TemporaryError,
 )
-from core.protocols import Collector, Notifier, Store, StreamingCollector
+from core.protocols import Collector, Notifier, SchedulerAdapter, Store, StreamingCollector
 from core.records import AlertState, Event, Record, Sample, Severity
 from gpuhealth.api import ApiServer, start_api
 from gpuhealth.config import (
@@ -51,6 +53,7 @@ from gpuhealth.config import (
     pagerduty_routing_key,
     webhook_secret,
 )
+from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
 from storage import open_store, store_stats
@@ -156,6 +159,8 @@ class Service:
         self._errors: dict[str, _Counters] = {}
         self._threads: list[threading.Thread] = []
         self._writer: threading.Thread | None = None
+        self._remediator: threading.Thread | None = None
+        self.elector = build_leader_loop(settings)
         self._unwritten: list[Record] = []
         self._last_value: dict[tuple[Any, ...], float] = {}
         self._seen_findings: set[tuple[str, str, str, str]] = set()
@@ -241,6 +246,10 @@ class Service:
         self._writer = threading.Thread(target=self._writer_loop, name="gpuhealth-writer",
                                         daemon=True)
         self._writer.start()
+        self.elector.start()
+        self._remediator = threading.Thread(target=self._remediation_loop,
+                                            name="gpuhealth-remediation", daemon=True)
+        self._remediator.start()
 
     def _build_collectors(self) -> None:
         for name, table in self.settings.enabled_collectors().items():
@@ -284,8 +293,37 @@ class Service:
                                             expect=Notifier))
             except (PluginError, ValueError) as exc:
                 logger.error("notifier %r disabled: %s", kind, exc)  # noqa: TRY400 (expected: no traceback)
+        r = s.remediation
+        scheduler: SchedulerAdapter | None = None
+        node_agent: SchedulerAdapter | None = None
+        if not r.dry_run:
+            try:
+                scheduler = plugins.build("gpuhealth.schedulers", r.scheduler,
+                                          dict(r.scheduler_options), expect=SchedulerAdapter)
+                if r.node_agent:
+                    node_agent = plugins.build("gpuhealth.schedulers", "node_agent",
+                                               dict(r.node_agent), expect=SchedulerAdapter)
+            except (PluginError, ValueError, TypeError) as exc:
+                raise ConfigError(f"{s.source}: [remediation] scheduler {r.scheduler!r}: {exc}"
+                                  ) from exc
+        self.elector = build_leader_loop(s)
+        breaker = r.breaker_max_nodes or max(3, math.ceil(0.2 * r.cluster_size))
+        engine_options: dict[str, Any] = {
+            "identity": self.elector.identity,
+            "breaker_max_nodes": breaker,
+            "breaker_window_seconds": r.breaker_window_seconds,
+            "max_actions_per_minute": r.max_actions_per_minute,
+            "approval_min_severity": r.approval_min_severity,
+            "approval_steps": frozenset(r.approval_steps),
+            "probation_seconds": r.probation_seconds,
+            "step_timeout_seconds": r.step_timeout_seconds,
+        }
+        gpu_level = bool(getattr(scheduler, "gpu_level_drain", True))
         try:
             return Pipeline(
+                scheduler=scheduler, node_agent=node_agent, gpu_level_drain=gpu_level,
+                action_store_path=str(s.action_store_path), engine_options=engine_options,
+                is_leader=self.elector.is_leader_now, tick_inline=False,
                 facts={"node": s.node.name, **s.inventory}, notifiers=notifiers,
                 audit_log_path=str(s.audit_log_path), dry_run=s.remediation.dry_run,
                 max_disrupted_fraction=s.remediation.max_disrupted_fraction,
@@ -523,9 +561,6 @@ class Service:
             self.exporter.inc("gpuhealth_remediation_decisions_total",
                               {"step": record.step.value if record.step else "none",
                                "decision": record.decision})
-        for request in output.actions:  # decided now: the pending phase (dry-run or not)
-            self.exporter.inc("gpuhealth_remediation_actions_total",
-                              {"step": request.step.value, "phase": "pending"})
         resolved = sum(1 for a in output.alerts if a.state is AlertState.RESOLVED)
         if resolved:
             self.exporter.inc("gpuhealth_incidents_resolved_total", amount=resolved)
@@ -534,6 +569,46 @@ class Service:
                 self._seen_findings.add(finding.key)
                 self.exporter.inc("gpuhealth_findings_total",
                                   {"severity": finding.severity.value})
+        self._dirty = True
+
+    # --- remediation thread ----------------------------------------------------------
+
+    def _remediation_loop(self) -> None:
+        """Advance the remediation engine every ``tick_seconds`` and at once on new work."""
+        asyncio.run(self._aremediate())
+
+    async def _aremediate(self) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        tick = self.settings.remediation.tick_seconds
+        next_tick = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if pipeline.wake.is_set() or now >= next_tick:
+                pipeline.wake.clear()
+                next_tick = now + tick
+                try:
+                    await pipeline.atick()
+                except Exception as exc:
+                    self._log_once("remediate", "remediation tick failed: %s", exc)
+                    logger.debug("remediation tick failed", exc_info=exc)
+                self._export_remediation(pipeline)
+            await asyncio.sleep(0.01)
+
+    def _export_remediation(self, pipeline: Pipeline) -> None:
+        engine = pipeline.engine
+        for (step, phase), count in engine.stats.transitions.items():
+            self.exporter.set("gpuhealth_remediation_actions_total", count,
+                              {"step": step, "phase": phase})
+        for reason, count in engine.stats.held.items():
+            self.exporter.set("gpuhealth_remediation_held_total", count, {"reason": reason})
+        self.exporter.set("gpuhealth_remediation_breaker_open", float(engine.breaker_open))
+        self.exporter.set("gpuhealth_remediation_leader", float(self.elector.is_leader_now()))
+        self.exporter.set("gpuhealth_time_to_remediate_seconds_total",
+                          sum(engine.stats.remediate_seconds))
+        policy = pipeline.policy
+        self.exporter.set("gpuhealth_disrupted_nodes", len(policy.out_of_service))
         self._dirty = True
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:
@@ -553,13 +628,16 @@ class Service:
                     close()
                 except Exception as exc:
                     logger.warning("closing collector %r failed: %s", collector, exc)
-        for thread in [*self._threads, *([self._writer] if self._writer else [])]:
+        threads = [*self._threads, *([self._writer] if self._writer else []),
+                   *([self._remediator] if self._remediator else [])]
+        for thread in threads:
             thread.join(timeout=JOIN_TIMEOUT_SECONDS)
             if thread.is_alive():
                 logger.warning("thread %s did not stop within %.0f s", thread.name,
                                JOIN_TIMEOUT_SECONDS)
         self.buffer.put(self._xid_dedup.flush())
         self._drain()
+        self.elector.stop()
         if self.api is not None:
             self.api.stop()
         if self.pipeline is not None:
