@@ -507,3 +507,13 @@ def dashboards_provision(url: str, token_env: str, folder: str,
         raise click.ClickException(str(exc)) from exc
     for result in results:
         click.echo(f"{result.uid}\t{result.status}\tversion {result.version}")
+
+
+def _register() -> None:
+    """Add the command groups defined in their own modules."""
+    from gpuhealth.actions_cli import actions
+
+    main.add_command(actions)
+
+
+_register()
