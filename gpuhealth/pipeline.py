@@ -410,6 +410,9 @@ class Pipeline:
                     self._predicted.pop(key, None)
                 else:
                     self._predicted[key] = finding
+                self._engine.predictions[prediction.node] = max(
+                    (p.confidence for (n, _), p in self._predicted.items()
+                     if n == prediction.node), default=0.0)
 
     def observe_findings(self, findings: Iterable[Finding], *,
                          hold_seconds: float = 3600.0) -> None:

@@ -607,6 +607,8 @@ class Service:
         self.exporter.set("gpuhealth_remediation_leader", float(self.elector.is_leader_now()))
         self.exporter.set("gpuhealth_time_to_remediate_seconds_total",
                           sum(engine.stats.remediate_seconds))
+        for node, score in engine.stats.reliability.items():
+            self.exporter.set("gpuhealth_node_reliability_ratio", score, {"node": node})
         policy = pipeline.policy
         self.exporter.set("gpuhealth_disrupted_nodes", len(policy.out_of_service))
         self._dirty = True

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from core.clock import Clock, system_clock
 from core.errors import GpuHealthError, PermanentError, TemporaryError
-from core.protocols import NodeInspector, SchedulerAdapter
+from core.protocols import NodeInspector, ReliabilityPublisher, SchedulerAdapter
 from core.records import (
     ActionPhase,
     ActionRequest,
@@ -68,6 +68,7 @@ from remediation.actions import (
     StoredAction,
     StoredIncident,
 )
+from remediation.placement import reliability_scores
 from remediation.policy import (
     DECISION_REQUESTED,
     SCOPE_GPU,
@@ -128,6 +129,8 @@ class EngineStats:
     """Reason class -> steps held back (breaker, rate limit, approval, human, opt-out)."""
     remediate_seconds: list[float] = field(default_factory=list)
     """Seconds from an incident's first request to its node being out of service."""
+    reliability: dict[str, float] = field(default_factory=dict)
+    """Last reliability score per node (:mod:`remediation.placement`)."""
 
 
 class RemediationEngine:
@@ -152,6 +155,8 @@ class RemediationEngine:
         approval_steps: Steps that always wait for approval.
         probation_seconds: How long a fixed node is watched before it is resumed, >= 0.
         step_timeout_seconds: A step still running after this long fails, > 0.
+        placement_interval_seconds: How often node reliability scores are recomputed and
+            published to the scheduler (``ReliabilityPublisher``), > 0.
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -175,6 +180,7 @@ class RemediationEngine:
         approval_steps: frozenset[RemediationStep] = frozenset(),
         probation_seconds: float = 3600.0,
         step_timeout_seconds: float = 3600.0,
+        placement_interval_seconds: float = 300.0,
     ) -> None:
         if breaker_window_seconds <= 0:
             raise ValueError(f"breaker_window_seconds must be > 0, got {breaker_window_seconds}")
@@ -200,6 +206,10 @@ class RemediationEngine:
         self.approval_steps = approval_steps
         self.probation_seconds = probation_seconds
         self.step_timeout_seconds = step_timeout_seconds
+        self.placement_interval_seconds = placement_interval_seconds
+        self.predictions: dict[str, float] = {}
+        """Highest current failure probability per node (set by the pipeline)."""
+        self._placed_at = float("-inf")
         self.stats = EngineStats()
         self._lock = lock or threading.RLock()
         self._tick_lock = threading.Lock()
@@ -394,7 +404,29 @@ class RemediationEngine:
                     break
         out.extend(self._probation(now))
         out.extend(self._settle(now))
+        if now - self._placed_at >= self.placement_interval_seconds:
+            self._placed_at = now
+            await self._place(now)
         return out
+
+    async def _place(self, now: float) -> None:
+        """Recompute reliability scores; publish changed ones through the scheduler."""
+        scores = reliability_scores(
+            self.store.incidents(), predictions=self.predictions,
+            nodes=self.stats.reliability, now=now,
+        )
+        publisher = self.scheduler
+        for node, score in sorted(scores.items()):
+            if self.stats.reliability.get(node) == score:
+                continue
+            self.stats.reliability[node] = score
+            if self.policy.dry_run or not isinstance(publisher, ReliabilityPublisher):
+                continue
+            try:
+                await publisher.set_reliability(NodeName(node), score)
+            except GpuHealthError as exc:
+                self.stats.reliability.pop(node, None)  # retried at the next interval
+                logger.warning("cannot publish the reliability of %s: %s", node, exc)
 
     async def _advance(
         self, incident: str, live: list[StoredAction], now: float, breaker: bool

@@ -73,6 +73,7 @@ class FakeScheduler:
         self.drain_polls = drain_polls
         self.reboot_polls = reboot_polls
         self._refs: dict[str, ActionRequest] = {}
+        self.weights: dict[str, float] = {}
         self._polls: dict[str, int] = {}
 
     def _node(self, name: str) -> FakeNode:
@@ -133,3 +134,7 @@ class FakeScheduler:
             boot_id=str(state.boot),
             state="IDLE" if state.schedulable else "DRAIN",
         )
+
+    async def set_reliability(self, node: NodeName, score: float) -> None:
+        self._node(node)
+        self.weights[node] = score

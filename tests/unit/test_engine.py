@@ -295,3 +295,16 @@ def test_budget_holds_under_a_burst(size, fraction, failing, resolve_every):
             run(p, 2, clock)
             assert len(cluster.out_of_service_by_gpuhealth()) <= limit
     assert p.policy.disruption_limit == limit
+
+
+def test_reliability_scores_are_published_for_placement(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    clock.advance(61)
+    run(p, 1)
+    scheduler = p.engine.scheduler
+    assert scheduler.weights == {"n001": 0.5}
+    assert p.engine.stats.reliability["n001"] == 0.5
