@@ -273,6 +273,21 @@ class AnalyticsSettings(BaseModel):
     anomaly_hold_seconds: Duration = Field(default=3600.0, gt=0)
     """How long an anomaly finding stays open after its last flagged sample."""
 
+    predictor: bool = True
+    """Run the online failure predictor (``analytics.prediction_stage``): features per GPU
+    and InfiniBand port, a probability of failure within the horizon, labels from later
+    critical findings, state checkpointed to ``<data_dir>/predictor.pkl``."""
+
+    predictor_horizon_seconds: Duration = Field(default=86400.0, gt=0)
+    """The prediction horizon: a failure within it after a vector makes the vector positive."""
+
+    predictor_interval_seconds: Duration = Field(default=60.0, gt=0)
+    """One prediction per entity at most this often."""
+
+    predictor_min_positives: int = Field(default=5, ge=0)
+    """Failures the model must have learned before its predictions alert (an untrained
+    model would flag everything)."""
+
 
 class AlertPolicySettings(BaseModel):
     """``[alerting.policies."<class>"]``: when one fault class (``xid:13``) alerts."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from alerting.silences import SilenceStore
 from analytics.online import OnlineAnalytics, to_finding
+from analytics.prediction_stage import PredictionStage
 from collectors.nvml_events import XidDedup
 from core import plugins
 from core.errors import (
@@ -171,6 +172,13 @@ class Service:
             OnlineAnalytics(detector=an.detector, gap_seconds=an.gap_seconds,
                             warmup_samples=an.warmup_samples)
             if an.detectors else None)
+        self.prediction: PredictionStage | None = (
+            PredictionStage(checkpoint_path=settings.node.data_dir / "predictor.pkl",
+                            horizon_seconds=an.predictor_horizon_seconds,
+                            interval_seconds=an.predictor_interval_seconds,
+                            min_positives=an.predictor_min_positives)
+            if an.predictor else None)
+        self._predicted_at = time.monotonic()
 
     # --- start-up ----------------------------------------------------------------------
 
@@ -502,10 +510,34 @@ class Service:
                                   {"detector": result.anomaly.detector})
         self._dirty = True
 
+    def _predict(self, batch: Sequence[Record]) -> None:
+        """Feed the failure predictor; publish its predictions every interval."""
+        stage, pipeline = self.prediction, self.pipeline
+        if stage is None or pipeline is None:
+            return
+        try:
+            stage.observe(r for r in batch if isinstance(r, Sample))
+            interval = self.settings.analytics.predictor_interval_seconds
+            if time.monotonic() - self._predicted_at < min(interval, 10.0):
+                return
+            self._predicted_at = time.monotonic()
+            predictions = stage.step(time.time())
+            if predictions:
+                pipeline.observe_predictions(predictions)
+            horizon = f"{self.settings.analytics.predictor_horizon_seconds:.0f}s"
+            self.exporter.update([
+                Sample(metric="gpu_failure_probability_ratio", value=p.probability,
+                       observed_at=p.predicted_at, node=p.node, entity=p.entity,
+                       labels={"horizon": horizon}) for p in predictions])
+        except Exception as exc:
+            self._log_once("predict", "failure prediction failed: %s", exc)
+            logger.debug("failure prediction failed", exc_info=exc)
+
     def _deliver(self, batch: Sequence[Record]) -> bool:
         """Observe ``batch`` and write it with anything left from before; False on failure."""
         self._observe(batch)
         self._analyse(batch)
+        self._predict(batch)
         self._unwritten.extend(batch)
         if not self._unwritten or self.store is None:
             return True
@@ -561,6 +593,9 @@ class Service:
             self.exporter.inc("gpuhealth_remediation_decisions_total",
                               {"step": record.step.value if record.step else "none",
                                "decision": record.decision})
+        if self.prediction is not None:
+            self.prediction.observe_findings(
+                f for f in output.findings if f.severity is Severity.CRITICAL)
         resolved = sum(1 for a in output.alerts if a.state is AlertState.RESOLVED)
         if resolved:
             self.exporter.inc("gpuhealth_incidents_resolved_total", amount=resolved)
@@ -639,6 +674,8 @@ class Service:
                                JOIN_TIMEOUT_SECONDS)
         self.buffer.put(self._xid_dedup.flush())
         self._drain()
+        if self.prediction is not None:
+            self.prediction.save()
         self.elector.stop()
         if self.api is not None:
             self.api.stop()

@@ -1,0 +1,222 @@
+"""Per-entity feature vectors from the telemetry stream, for the failure predictor.
+
+:class:`FeatureBuilder` keeps a short history per GPU and per InfiniBand port and, every
+``interval_seconds``, turns it into one :class:`~core.records.FeatureVector` per entity
+with the features the literature ties to failures that follow (issue #5; NVIDIA's
+memory error management docs for row remapping, Xid catalog for the Xid classes,
+Liu et al., SYSTOR 2023 for corrected-error trends before uncorrectable ones):
+
+GPU features (names are stable; units per hour unless said):
+
+* ``dram_ce_rate``, ``sram_ce_rate``: corrected (single-bit) ECC errors per hour over the
+  window, from ``gpu_ecc_errors_total{type="corrected",location=...}``;
+* ``ce_rate_trend``: the corrected-error rate in the newer half of the window minus the
+  older half (a rising rate precedes double-bit errors);
+* ``ue_rate``: uncorrected (double-bit) errors per hour;
+* ``remap_pending``, ``remap_failure`` (0/1), ``remapped_rows``, ``retired_pages``;
+* ``xid_rate``: Xid events per hour (``gpu_xid_events_total``);
+* ``temp_dev``, ``power_dev``: temperature (degC) and power (W) minus the median of the
+  other GPUs of the node (robust to a whole node heating up);
+* ``throttle_ratio``: thermal plus power violation seconds per second;
+* ``pcie_replay_rate``, ``nvlink_error_rate``.
+
+InfiniBand port features (entity ``<device>/<port>``): ``ib_symbol_rate``,
+``ib_link_recovery_rate``, ``ib_link_downed_rate``, ``ib_rcv_error_rate``, per hour.
+
+Counters are turned into increases with resets handled as Prometheus ``increase()``
+does (a drop means the counter restarted from zero). Missing signals are absent from
+``values``, never zero-filled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from core.records import EntityId, FeatureVector, NodeName, Sample
+
+HOUR = 3600.0
+
+_GPU_COUNTERS = {
+    "gpu_xid_events_total": "xid_rate",
+    "gpu_pcie_replays_total": "pcie_replay_rate",
+    "gpu_nvlink_errors_total": "nvlink_error_rate",
+}
+_IB_COUNTERS = {
+    "ib_symbol_errors_total": "ib_symbol_rate",
+    "ib_link_error_recovery_total": "ib_link_recovery_rate",
+    "ib_link_downed_total": "ib_link_downed_rate",
+    "ib_port_rcv_errors_total": "ib_rcv_error_rate",
+}
+_GAUGES = {
+    "gpu_row_remap_pending": "remap_pending",
+    "gpu_row_remap_failure": "remap_failure",
+    "gpu_remapped_rows": "remapped_rows",
+    "gpu_retired_pages": "retired_pages",
+}
+
+
+@dataclass(slots=True)
+class _Series:
+    """Points of one counter (time, value), oldest first, within the window."""
+
+    points: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, at: float, value: float, horizon: float) -> None:
+        self.points.append((at, value))
+        while len(self.points) > 2 and self.points[0][0] < at - horizon:
+            self.points.popleft()
+
+    def increase(self, since: float | None = None) -> tuple[float, float] | None:
+        """Return (increase, seconds) over the points at or after ``since``; resets count."""
+        pts = [p for p in self.points if since is None or p[0] >= since]
+        if len(pts) < 2:
+            return None
+        total = 0.0
+        for (_, a), (_, b) in itertools.pairwise(pts):
+            total += b - a if b >= a else b  # a drop: the counter restarted from zero
+        return total, pts[-1][0] - pts[0][0]
+
+
+@dataclass(slots=True)
+class _Entity:
+    node: NodeName
+    entity: EntityId
+    is_link: bool
+    counters: dict[str, _Series] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    last_at: float = 0.0
+
+
+class FeatureBuilder:
+    """Builds per-entity feature vectors from samples (see the module docstring).
+
+    Args:
+        interval_seconds: One vector per entity at most this often, > 0.
+        window_seconds: History the rates and trends look at, > 0.
+
+    Raises:
+        ValueError: A non-positive interval or window.
+    """
+
+    def __init__(self, *, interval_seconds: float = 60.0, window_seconds: float = HOUR) -> None:
+        if interval_seconds <= 0 or window_seconds <= 0:
+            raise ValueError("interval_seconds and window_seconds must be > 0")
+        self.interval_seconds = interval_seconds
+        self.window_seconds = window_seconds
+        self._entities: dict[tuple[str, str], _Entity] = {}
+        self._emitted: dict[tuple[str, str], float] = {}
+
+    def observe(self, samples: Iterable[Sample]) -> None:
+        """Take samples (any order of entities; per series in time order)."""
+        horizon = self.window_seconds
+        for s in samples:
+            if s.observed_at is None:
+                continue  # a snapshot without a time cannot make a rate
+            at = s.observed_at
+            metric = s.metric
+            link = metric.startswith("ib_")
+            if link:
+                if metric not in _IB_COUNTERS:
+                    continue
+                entity = EntityId(f"{s.labels.get('device', '')}/{s.labels.get('port', '')}")
+            elif metric.startswith("gpu_"):
+                entity = s.entity
+            else:
+                continue
+            key = (s.node, entity)
+            ent = self._entities.get(key)
+            if ent is None:
+                ent = self._entities[key] = _Entity(node=s.node, entity=entity, is_link=link)
+            ent.last_at = max(ent.last_at, at)
+            if metric == "gpu_ecc_errors_total":
+                kind = "ce" if s.labels.get("type") == "corrected" else "ue"
+                where = "sram" if "sram" in s.labels.get("location", "").lower() else "dram"
+                name = f"{where}_{kind}" if kind == "ce" else "ue"
+                series_key = f"{name}|{s.labels.get('location', '')}|{s.labels.get('scope', '')}"
+                ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+            elif metric in _GPU_COUNTERS or metric in _IB_COUNTERS:
+                name = _GPU_COUNTERS.get(metric) or _IB_COUNTERS[metric]
+                series_key = f"{name}|{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}"
+                ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+            elif metric in ("gpu_thermal_violation_seconds_total",
+                            "gpu_power_violation_seconds_total"):
+                ent.counters.setdefault(f"throttle|{metric}", _Series()).add(at, s.value,
+                                                                             horizon)
+            elif metric in _GAUGES:
+                ent.gauges[_GAUGES[metric]] = s.value
+            elif metric == "gpu_temperature_celsius":
+                ent.gauges["temp"] = s.value
+            elif metric == "gpu_power_watts":
+                ent.gauges["power"] = s.value
+
+    def vectors(self, now: float) -> list[FeatureVector]:
+        """Return one vector per entity whose last one is ``interval_seconds`` old or more.
+
+        Entities with no sample within the window are skipped (a silent GPU is the gap
+        detector's business, not a feature of zeros).
+        """
+        out: list[FeatureVector] = []
+        by_node: dict[str, list[_Entity]] = {}
+        for ent in self._entities.values():
+            if not ent.is_link:
+                by_node.setdefault(ent.node, []).append(ent)
+        for key, ent in self._entities.items():
+            if now - ent.last_at > self.window_seconds:
+                continue
+            if now - self._emitted.get(key, float("-inf")) < self.interval_seconds:
+                continue
+            values = self._features(ent, now, by_node.get(ent.node, []))
+            if not values:
+                continue
+            self._emitted[key] = now
+            out.append(FeatureVector(node=ent.node, entity=ent.entity, values=values,
+                                     window_end_at=now))
+        return out
+
+    def _features(self, ent: _Entity, now: float, peers: list[_Entity]) -> dict[str, float]:
+        values: dict[str, float] = {}
+        mid = now - self.window_seconds / 2.0
+        rates: dict[str, float] = {}
+        trend_new: dict[str, float] = {}
+        trend_old: dict[str, float] = {}
+        throttle: float | None = None
+        for series_key, series in ent.counters.items():
+            name = series_key.split("|", 1)[0]
+            inc = series.increase()
+            if inc is None or inc[1] <= 0:
+                continue
+            if name == "throttle":
+                throttle = (throttle or 0.0) + inc[0] / inc[1]
+                continue
+            rate = inc[0] / inc[1] * HOUR
+            feature = f"{name}_rate" if name in ("dram_ce", "sram_ce", "ue") else name
+            rates[feature] = rates.get(feature, 0.0) + rate
+            if name in ("dram_ce", "sram_ce"):
+                newer = series.increase(since=mid)
+                older_pts = [p for p in series.points if p[0] <= mid]
+                if newer is not None and newer[1] > 0:
+                    trend_new[name] = trend_new.get(name, 0.0) + newer[0] / newer[1] * HOUR
+                if len(older_pts) >= 2:
+                    total = sum(b - a if b >= a else b for (_, a), (_, b)
+                                in itertools.pairwise(older_pts))
+                    span = older_pts[-1][0] - older_pts[0][0]
+                    if span > 0:
+                        trend_old[name] = trend_old.get(name, 0.0) + total / span * HOUR
+        values.update(rates)
+        if trend_new or trend_old:
+            values["ce_rate_trend"] = sum(trend_new.values()) - sum(trend_old.values())
+        if throttle is not None:
+            values["throttle_ratio"] = throttle
+        for name in ("remap_pending", "remap_failure", "remapped_rows", "retired_pages"):
+            if name in ent.gauges:
+                values[name] = ent.gauges[name]
+        for gauge, feature in (("temp", "temp_dev"), ("power", "power_dev")):
+            own = ent.gauges.get(gauge)
+            others = [p.gauges[gauge] for p in peers if p is not ent and gauge in p.gauges]
+            if own is not None and others:
+                values[feature] = own - statistics.median(others)
+        return values

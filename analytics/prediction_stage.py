@@ -1,0 +1,110 @@
+"""The failure-prediction stage of ``gpuhealth run``: stream -> features -> predictor.
+
+Wraps :class:`~analytics.features.FeatureBuilder` and
+:class:`~analytics.predictor.OnlineFailurePredictor`: samples go in as they arrive;
+:meth:`PredictionStage.step` emits one prediction per GPU and InfiniBand port every
+``interval_seconds``; critical findings label the vectors (a failure within the
+horizon). Predictions are withheld until the model has learned from at least
+``min_positives`` failures: an untrained logistic model answers 0.5 for everything,
+which would page the whole fleet (issue #5: never a false alarm from an unready model).
+The model is checkpointed to ``checkpoint_path`` every ``checkpoint_seconds`` and at
+:meth:`close`, and restored at start, so a restarted or standby controller resumes warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterable
+from pathlib import Path
+
+from analytics.features import FeatureBuilder
+from analytics.predictor import OnlineFailurePredictor
+from core.records import Finding, Prediction, Sample
+
+logger = logging.getLogger(__name__)
+
+
+class PredictionStage:
+    """Stream-fed failure prediction (see the module docstring).
+
+    Args:
+        checkpoint_path: Where the model state is kept, or ``None`` (not persisted).
+        horizon_seconds: Failure horizon, > 0.
+        interval_seconds: One prediction per entity at most this often, > 0.
+        min_positives: Failures learned before predictions are published, >= 0.
+        checkpoint_seconds: How often the state is saved, > 0.
+        seed: Seed of the predictor's subsampling.
+
+    Raises:
+        ValueError: An argument out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_path: Path | None,
+        horizon_seconds: float = 86_400.0,
+        interval_seconds: float = 60.0,
+        min_positives: int = 5,
+        checkpoint_seconds: float = 300.0,
+        seed: int | None = 0,
+    ) -> None:
+        if min_positives < 0 or checkpoint_seconds <= 0:
+            raise ValueError("min_positives must be >= 0 and checkpoint_seconds > 0")
+        self.checkpoint_path = checkpoint_path
+        self.min_positives = min_positives
+        self.checkpoint_seconds = checkpoint_seconds
+        self.features = FeatureBuilder(interval_seconds=interval_seconds)
+        self.predictor = OnlineFailurePredictor(horizon_seconds=horizon_seconds, seed=seed)
+        if checkpoint_path is not None and checkpoint_path.exists():
+            try:
+                self.predictor = OnlineFailurePredictor.restore(checkpoint_path)
+                logger.info("failure predictor restored from %s (%d positives learned)",
+                            checkpoint_path, self.predictor.learned_positive)
+            except (OSError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+                logger.error("cannot restore the failure predictor from %s, starting cold: %s",  # noqa: TRY400
+                             checkpoint_path, exc)
+        self._saved_at: float | None = None
+        self.withheld = 0
+
+    @property
+    def ready(self) -> bool:
+        """Whether predictions are published (enough failures learned)."""
+        return self.predictor.learned_positive >= self.min_positives
+
+    def observe(self, samples: Iterable[Sample]) -> None:
+        """Take samples."""
+        self.features.observe(samples)
+
+    def observe_findings(self, findings: Iterable[Finding]) -> None:
+        """Take findings; critical ones label the entity's recent vectors as failures."""
+        for finding in findings:
+            self.predictor.observe_finding(finding)
+
+    def step(self, now: float) -> list[Prediction]:
+        """Score every entity due; return the predictions to publish (none until ready)."""
+        out: list[Prediction] = []
+        for vector in self.features.vectors(now):
+            prediction = self.predictor.predict(vector)
+            if self.ready:
+                out.append(prediction)
+            else:
+                self.withheld += 1
+        self.predictor.settle(now)
+        if self._saved_at is None:
+            self._saved_at = now
+        elif now - self._saved_at >= self.checkpoint_seconds:
+            self.save()
+            self._saved_at = now
+        return out
+
+    def save(self) -> None:
+        """Checkpoint now (errors are logged: the next checkpoint tries again)."""
+        if self.checkpoint_path is None:
+            return
+        try:
+            self.predictor.save(self.checkpoint_path)
+        except OSError as exc:
+            logger.error("cannot checkpoint the failure predictor to %s: %s",  # noqa: TRY400
+                         self.checkpoint_path, exc)
