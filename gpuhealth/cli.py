@@ -151,16 +151,31 @@ def run(ctx: click.Context, config_path: str | None) -> None:
               help="Nodes in the cluster for the budget (default: the nodes replayed).")
 @click.option("--node-facts", type=click.Path(exists=True, dir_okay=False), default=None,
               help='JSON of facts per node ({file or node: {"context": {k: v}}}).')
+@click.option("--live", is_flag=True,
+              help="Carry the steps out through the [remediation] scheduler of --config "
+                   "(dry_run = false there); default: dry-run.")
+@click.option("--wait", "wait_seconds", type=click.FloatRange(min=0.0), default=600.0,
+              show_default=True, help="With --live: seconds to wait for the steps to finish.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings (the scheduler for --live).")
 def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
            audit_log: str | None, max_disrupted_fraction: float,
-           cluster_size: int | None, node_facts: str | None) -> None:
-    """Feed recorded files through the run pipeline; print findings, alerts and dry-run actions.
+           cluster_size: int | None, node_facts: str | None, live: bool,
+           wait_seconds: float, config_path: str | None) -> None:
+    """Feed recorded files through the run pipeline; print findings, alerts and actions.
 
     Each file is its own node (named after the file) unless --context node=NAME is given.
+    Remediation is dry-run unless --live.
     """
     from gpuhealth.replay import load_node_facts, render_text, to_json
     from gpuhealth.replay import replay as run_replay
 
+    live_options: dict[str, Any] = {}
+    if live:
+        live_options = _live_remediation(config_path)
+        audit_log = audit_log or live_options.pop("audit_log")
+    else:
+        live_options.pop("audit_log", None)
     report = run_replay(
         list(paths),
         facts=_parse_context(context),
@@ -168,6 +183,8 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
         max_disrupted_fraction=max_disrupted_fraction,
         cluster_size=cluster_size,
         node_facts=load_node_facts(node_facts) if node_facts else None,
+        wait_seconds=wait_seconds if live else 0.0,
+        **live_options,
     )
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2))
@@ -193,6 +210,46 @@ def _silence_store(config_path: str | None) -> Any:
 _config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False), default=None,
     envvar="GPUHEALTH_CONFIG", help="TOML settings file (names the silences file).")
+
+
+def _live_remediation(config_path: str | None) -> dict[str, Any]:
+    """Build the scheduler and engine options of ``replay --live`` from the settings."""
+    from core import plugins
+    from core.errors import PluginError
+    from core.protocols import SchedulerAdapter
+    from gpuhealth.config import load_settings
+
+    try:
+        settings = load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    r = settings.remediation
+    if r.dry_run:
+        click.echo(f"error: {settings.source}: --live needs [remediation] dry_run = false and "
+                   "a scheduler", err=True)
+        sys.exit(EXIT_CONFIG)
+    try:
+        scheduler = plugins.build("gpuhealth.schedulers", r.scheduler,
+                                  dict(r.scheduler_options), expect=SchedulerAdapter)
+    except PluginError as exc:
+        click.echo(f"error: {settings.source}: [remediation] scheduler: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    return {
+        "scheduler": scheduler,
+        "dry_run": False,
+        "action_store_path": str(settings.action_store_path),
+        "audit_log": str(settings.audit_log_path),
+        "engine_options": {
+            "probation_seconds": r.probation_seconds,
+            "step_timeout_seconds": r.step_timeout_seconds,
+            "max_actions_per_minute": r.max_actions_per_minute,
+            "breaker_max_nodes": r.breaker_max_nodes,
+            "breaker_window_seconds": r.breaker_window_seconds,
+            "approval_min_severity": r.approval_min_severity,
+            "approval_steps": frozenset(r.approval_steps),
+        },
+    }
 
 
 @main.group()

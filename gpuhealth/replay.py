@@ -18,15 +18,19 @@ that holds a ``context.json`` (or, failing that, the case collection's
 the alerts and the pages (one per node group, ``major`` and worse) each node got;
 undelivered notifications are tried once more at the end.
 
-Remediation is always dry-run here: the report lists, per node, the findings
-worst first, the steps the policy would request and the steps it held back, and why.
+Remediation is dry-run unless ``replay --live`` gives a configured scheduler adapter:
+the report lists, per node, the findings worst first, the steps the policy requested
+(or would request) and the steps it held back, and why; a live replay also waits for
+the steps to finish and lists each action's final phase.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +42,9 @@ from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, Pa
 from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
 from core.clock import Clock, system_clock
-from core.protocols import Notifier
+from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
+    ActionPhase,
     ActionRequest,
     Alert,
     AuditRecord,
@@ -96,9 +101,10 @@ class ReplayReport:
         issues: Inputs or parts of inputs that could not be parsed.
         disruption_limit: Nodes the policy could hold out of service at once.
         audit: Every audit record written, in order.
-        dry_run: Always true for replays.
+        dry_run: Whether the replay was dry-run (``replay --live`` is not).
         undelivered: Notifications still queued per notifier at the end.
         parsed_lines: Input lines a parser understood, over all files.
+        final_actions: Every action of the action store at the end (``to_json`` rows).
     """
 
     nodes: list[NodeReplay] = field(default_factory=list)
@@ -108,6 +114,7 @@ class ReplayReport:
     dry_run: bool = True
     undelivered: dict[str, int] = field(default_factory=dict)
     parsed_lines: int = 0
+    final_actions: list[dict[str, object]] = field(default_factory=list)
 
     def node(self, name: str) -> NodeReplay | None:
         """Return the result for node ``name``, or ``None``."""
@@ -206,6 +213,12 @@ def replay(
     extra_labels: Mapping[str, str] | None = None,
     outbox_path: str | None = None,
     on_file: Callable[[str, int], None] | None = None,
+    scheduler: SchedulerAdapter | None = None,
+    dry_run: bool = True,
+    action_store_path: str | None = None,
+    engine_options: Mapping[str, Any] | None = None,
+    wait_seconds: float = 0.0,
+    poll_seconds: float = 0.5,
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -232,6 +245,13 @@ def replay(
         outbox_path: Durable outbox file; in memory by default.
         on_file: Called after each file with its path and 0-based index (tests
             use it to take a notifier down in the middle).
+        scheduler: Adapter that carries steps out (``dry_run=False``); dry-run by default.
+        dry_run: ``False`` to act for real through ``scheduler`` (``replay --live``).
+        action_store_path: The action store (SQLite); in memory by default.
+        engine_options: Options of the remediation engine (breaker, probation, ...).
+        wait_seconds: After the last file, keep advancing the engine for up to this
+            long (real time), until no action is pending or running.
+        poll_seconds: Pause between two engine ticks while waiting.
 
     Returns:
         Per-node findings, alerts, pages, dry-run actions and held-back steps.
@@ -247,7 +267,6 @@ def replay(
         facts=facts,
         notifiers=notifiers,
         audit_log_path=audit_log_path,
-        dry_run=True,
         max_disrupted_fraction=max_disrupted_fraction,
         cluster_size=size,
         opt_out_nodes=opt_out_nodes,
@@ -260,9 +279,14 @@ def replay(
         alert_policies=alert_policies,
         extra_labels=extra_labels,
         outbox_path=outbox_path,
+        scheduler=scheduler,
+        dry_run=dry_run,
+        action_store_path=action_store_path,
+        engine_options=engine_options,
+        gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
     )
     used_parsers = tuple(parsers) if parsers is not None else artifact_parsers()
-    report = ReplayReport(disruption_limit=pipeline.policy.disruption_limit)
+    report = ReplayReport(disruption_limit=pipeline.policy.disruption_limit, dry_run=dry_run)
     per_node: dict[str, NodeReplay] = {}
 
     def slot(name: str) -> NodeReplay:
@@ -315,6 +339,14 @@ def replay(
         report.audit.extend(output.audit)
         if on_file is not None:
             on_file(path, index)
+    deadline = time.monotonic() + wait_seconds
+    while wait_seconds > 0 and time.monotonic() < deadline:
+        live = pipeline.actions.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING))
+        if not live:
+            break
+        time.sleep(poll_seconds)
+        report.audit.extend(asyncio.run(pipeline.atick()))
+    report.final_actions = [a.to_json() for a in pipeline.actions.actions()]
     pipeline.flush()
     report.undelivered = {k: v for k, v in pipeline.outbox_depths().items() if v}
     pipeline.close()
@@ -329,14 +361,15 @@ def render_text(report: ReplayReport) -> str:
     A node's first line is ``node NAME: step, step, ... (dry-run)`` (``no action``
     when there is none); held-back steps follow with why.
     """
+    mode = "dry-run" if report.dry_run else "LIVE"
     lines = [
-        f"replay: {len(report.nodes)} node(s), dry-run, disruption budget "
+        f"replay: {len(report.nodes)} node(s), {mode}, disruption budget "
         f"{report.disruption_limit} node(s)"
     ]
     for node in report.nodes:
         steps = ", ".join(dict.fromkeys(describe_request(a) for a in node.actions))
         if steps:
-            headline = f"{steps} (dry-run)"
+            headline = f"{steps} ({mode})"
         elif node.held:
             headline = "every step held back (see below)"
         else:
@@ -355,6 +388,10 @@ def render_text(report: ReplayReport) -> str:
             )
         if not node.findings:
             lines.append("  no findings")
+    if not report.dry_run:
+        for a in report.final_actions:
+            lines.append(f"action {a['id']} {a['step']} {a['node']}/{a['entity']}: "
+                         f"{a['phase']} ({a['message']})")
     for issue in report.issues:
         where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
         lines.append(f"error: {where}: {issue.reason}")
