@@ -105,6 +105,60 @@ def test_river_detector_does_not_learn_flagged_points() -> None:
     assert all(flags)
 
 
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"n_trees": 5, "height": 6, "window_size": 100},
+        {"n_trees": 3, "height": 4, "window_size": 20},
+    ],
+)
+def test_shared_half_space_trees_score_exactly_as_river(sizes: dict[str, int]) -> None:
+    """Each entity's model (shared trees, own masses) equals river's HalfSpaceTrees pipeline
+    with the same seed: scores bit for bit, through window pivots, missing features (the
+    first vector lacks one, later ones drop one now and then) and points not learned."""
+    detector = HalfSpaceTreesDetector(seed=11, **sizes)
+    ours = [detector._template() for _ in range(3)]
+    river = [detector.river_pipeline() for _ in range(3)]
+    rng = np.random.default_rng(5)
+    names = [f"f{i}" for i in range(5)]
+    mismatches = []
+    for t in range(700):
+        for e in range(3):
+            x = dict(zip(names, (rng.normal(60.0, 2.0, 5) * (1 + e)).tolist(), strict=True))
+            if t % 13 == 0:
+                del x[names[t % 5]]
+            if t % 97 == 50:
+                x["f1"] = 1e4
+            a, b = ours[e].score_one(x), float(river[e].score_one(x))
+            if a != b:
+                mismatches.append((t, e, a, b))
+            if t % 5 != 1:
+                ours[e].learn_one(x)
+                river[e].learn_one(x)
+    assert not mismatches
+    assert len(detector._forests) == 1  # every entity's first vector had the same names
+    assert 0.0 < ours[0].score_one(dict.fromkeys(names, 60.0)) < 1.0
+
+
+def test_half_space_trees_memory_per_entity_is_small() -> None:
+    """Per-entity state stays far below river's ~150 KB of node objects (goal <= 100 KB)."""
+    import tracemalloc
+
+    detector = HalfSpaceTreesDetector(seed=1, warmup_samples=20)
+    rng = np.random.default_rng(6)
+    names = [f"f{i}" for i in range(12)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for t in range(150):
+        for g in range(20):
+            detector.observe(FeatureVector(
+                node=N1, entity=EntityId(f"GPU-{g}"), window_end_at=float(t),
+                values=dict(zip(names, rng.normal(60.0, 1.0, 12).tolist(), strict=True))))
+    per_entity = (tracemalloc.get_traced_memory()[0] - before) / 20
+    tracemalloc.stop()
+    assert per_entity < 30_000
+
+
 def test_peers_ignore_a_node_that_heats_up_as_a_whole() -> None:
     rng = np.random.default_rng(3)
     nodes = np.repeat(np.arange(20), 8)
