@@ -16,6 +16,7 @@ GROUPS = (
     "gpuhealth.detectors",
     "gpuhealth.notifiers",
     "gpuhealth.schedulers",
+    "gpuhealth.electors",
 )
 """Every entry-point group gpuhealth loads plugins from."""
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
-import time
 from typing import Any
 
 from core import plugins
 from core.errors import ConfigError, PluginError
 from core.protocols import LeaderElector
 from gpuhealth.config import Settings
+from remediation.election import LeaderLoop
 
 logger = logging.getLogger(__name__)
 
@@ -41,71 +40,29 @@ class AlwaysLeader:
 
 
 class ElectionLoop:
-    """Keeps a :class:`~core.protocols.LeaderElector` lease in a thread.
+    """A :class:`~remediation.election.LeaderLoop` in a thread, as the service wants it.
 
-    Tries to acquire every ``ttl/3`` seconds as standby and renews every ``ttl/3`` as
-    leader. Fencing: :meth:`is_leader_now` is true only while the last successful
-    acquire or renew is younger than ``ttl - margin`` by this process's monotonic clock,
-    so a leader that cannot reach the backend stops acting before its lease can have
-    passed to a standby.
-
-    Args:
-        elector: The backend.
-        margin_seconds: Safety margin subtracted from the lease, seconds (>= 0).
+    Fencing is the loop's: :meth:`is_leader_now` is true only while the last successful
+    acquire or renew is younger than the lease minus a safety margin by this process's
+    monotonic clock, so a leader that cannot reach the backend stops acting before its
+    lease can have passed to a standby.
     """
 
-    def __init__(self, elector: LeaderElector, *, margin_seconds: float = 1.0) -> None:
-        self.elector = elector
+    def __init__(self, elector: LeaderElector) -> None:
         self.identity = elector.identity
-        self.margin_seconds = margin_seconds
-        self._valid_until = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._leader = False
+        self.loop = LeaderLoop(elector)
 
     def start(self) -> None:
-        """Start the election thread (one try happens before this returns)."""
-        self._step()
-        self._thread = threading.Thread(target=self._loop, name="gpuhealth-election",
-                                        daemon=True)
-        self._thread.start()
+        """Start the election thread."""
+        self.loop.start()
 
     def stop(self) -> None:
         """Stop the thread and release the lease if held."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        if self._leader:
-            try:
-                self.elector.release()
-            except Exception as exc:
-                logger.warning("releasing the leader lease failed: %s", exc)
-        self._leader = False
-        self._valid_until = 0.0
+        self.loop.stop()
 
     def is_leader_now(self) -> bool:
-        """Whether this controller may act now (lease held and not stale)."""
-        return self._leader and time.monotonic() < self._valid_until
-
-    def _loop(self) -> None:
-        while not self._stop.wait(max(0.1, self.elector.ttl_seconds / 3.0)):
-            self._step()
-
-    def _step(self) -> None:
-        started = time.monotonic()
-        try:
-            ok = self.elector.renew() if self._leader else self.elector.try_acquire()
-        except Exception as exc:
-            logger.warning("leader election: %s", exc)
-            ok = False
-        was = self._leader
-        self._leader = ok
-        if ok:
-            self._valid_until = started + self.elector.ttl_seconds - self.margin_seconds
-        if ok and not was:
-            logger.warning("leader election: %s is leader", self.identity)
-        elif was and not ok:
-            logger.error("leader election: %s lost leadership; stops acting", self.identity)
+        """Whether this controller may act now."""
+        return self.loop.is_leader
 
 
 def default_identity() -> str:
