@@ -409,12 +409,23 @@ def _handler(
     return Handler
 
 
-def start_api(settings: Settings, pipeline: Pipeline) -> ApiServer | None:
+def start_api(
+    settings: Settings,
+    pipeline: Pipeline,
+    *,
+    on_alertmanager: Callable[[InboundBatch], None] | None = None,
+    on_action_report: Callable[[str, ActionPhase, str], ActionStatus] | None = None,
+    gpu_reset: GpuResetEndpoint | None = None,
+) -> ApiServer | None:
     """Start the alerting API of ``gpuhealth run`` as ``[alerting]`` configures it.
 
     Args:
         settings: The loaded settings.
         pipeline: The service's pipeline (its silence store is shared with the API).
+        on_alertmanager: Takes Alertmanager batches (``POST /api/v1/alertmanager``).
+        on_action_report: Takes action outcomes reported by an external automation
+            (``WebhookScheduler.report``).
+        gpu_reset: Serves ``POST /api/v1/gpu-reset`` on a GPU node.
 
     Returns:
         The running server, or ``None`` when ``api_enabled`` is false.
@@ -427,7 +438,9 @@ def start_api(settings: Settings, pipeline: Pipeline) -> ApiServer | None:
         return None
     silences = pipeline.silences or SilenceStore(path=alerting_path(settings, "silences"))
     server = ApiServer(
-        api=AlertingApi(pipeline=pipeline, silences=silences, token=api_token(settings)),
+        api=AlertingApi(pipeline=pipeline, silences=silences, token=api_token(settings),
+                        on_alertmanager=on_alertmanager, on_action_report=on_action_report,
+                        gpu_reset=gpu_reset),
         listen_address=a.api_listen_address,
         port=a.api_port,
     )
