@@ -432,6 +432,11 @@ class RemediationSettings(BaseModel):
     node's own gpuhealth to reset a GPU (``url_template``, ``secret_env``); empty: GPU
     resets go to the scheduler adapter."""
 
+    gpu_reset_agent: dict[str, Any] = Field(default_factory=dict)
+    """``[remediation.gpu_reset_agent]``: serve ``POST /api/v1/gpu-reset`` on this GPU node
+    so a controller can ask it to reset a GPU (``secret_env`` or ``secret_file``: the shared
+    signing secret; ``nvidia_smi``: the command). Empty: not served."""
+
     action_store: Path | None = None
     """SQLite file of actions and incidents; default ``<data_dir>/actions.db``. A standby
     controller must see the same file (shared storage) to resume where the leader stopped."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from alerting.inbound import InboundBatch
 from alerting.silences import SilenceStore
 from analytics.online import OnlineAnalytics, to_finding
 from analytics.prediction_stage import PredictionStage
@@ -57,6 +58,8 @@ from gpuhealth.config import (
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
+from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
+from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
 
 logger = logging.getLogger(__name__)
@@ -161,6 +164,7 @@ class Service:
         self._threads: list[threading.Thread] = []
         self._writer: threading.Thread | None = None
         self._remediator: threading.Thread | None = None
+        self._inbound: dict[str, tuple[str, str, str, str]] = {}
         self.elector = build_leader_loop(settings)
         self._unwritten: list[Record] = []
         self._last_value: dict[tuple[Any, ...], float] = {}
@@ -224,7 +228,10 @@ class Service:
                     f"{exc.strerror} (set [metrics] port or listen_address)"
                 ) from exc
         try:
-            self.api = start_api(s, self.pipeline)
+            self.api = start_api(s, self.pipeline, on_alertmanager=self._on_alertmanager,
+                                 on_action_report=getattr(self.pipeline.engine.scheduler,
+                                                          "report", None),
+                                 gpu_reset=self._gpu_reset_endpoint())
         except OSError as exc:
             raise StartupError(
                 f"[alerting] cannot listen on {s.alerting.api_listen_address}:"
@@ -605,6 +612,36 @@ class Service:
                 self.exporter.inc("gpuhealth_findings_total",
                                   {"severity": finding.severity.value})
         self._dirty = True
+
+    def _gpu_reset_endpoint(self) -> GpuResetEndpoint | None:
+        """The node side of GPU resets, when ``[remediation.gpu_reset_agent]`` is set."""
+        agent = dict(self.settings.remediation.gpu_reset_agent)
+        if not agent:
+            return None
+        try:
+            secret = resolve_secret(secret=None, secret_env=agent.pop("secret_env", None),
+                                    secret_file=agent.pop("secret_file", None),
+                                    what="[remediation.gpu_reset_agent]")
+            return GpuResetEndpoint(resetter=GpuResetter(**agent), secrets=(secret,),
+                                    node=self.settings.node.name)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{self.settings.source}: [remediation.gpu_reset_agent]: {exc}"
+                              ) from exc
+
+    def _on_alertmanager(self, batch: InboundBatch) -> None:
+        """Alerts from a site's own Prometheus rules drive remediation like our findings."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        for alert in batch.firing:
+            self._inbound[alert.fingerprint] = alert.finding.key
+        if batch.firing:
+            pipeline.observe_findings([a.finding for a in batch.firing],
+                                      hold_seconds=self.settings.analytics.event_window_seconds)
+        keys = [self._inbound.pop(fp) for fp in batch.resolved if fp in self._inbound]
+        if keys:
+            pipeline.clear_findings(keys)
+        pipeline.wake.set()
 
     # --- remediation thread ----------------------------------------------------------
 
