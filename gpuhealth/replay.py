@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -284,7 +285,23 @@ def replay(
         action_store_path=action_store_path,
         engine_options=engine_options,
         gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
+        tick_inline=dry_run,
     )
+    # A live adapter may keep work running on its event loop between ticks (a drain's
+    # evictions): every tick of a live replay runs on one loop, in its own thread.
+    loop: asyncio.AbstractEventLoop | None = None
+    loop_thread: threading.Thread | None = None
+    if not dry_run:
+        loop = asyncio.new_event_loop()
+        loop_thread = threading.Thread(target=loop.run_forever, name="gpuhealth-replay-loop",
+                                       daemon=True)
+        loop_thread.start()
+
+    def tick() -> list[AuditRecord]:
+        if loop is None:
+            return []
+        return asyncio.run_coroutine_threadsafe(pipeline.atick(), loop).result()
+
     used_parsers = tuple(parsers) if parsers is not None else artifact_parsers()
     report = ReplayReport(disruption_limit=pipeline.policy.disruption_limit, dry_run=dry_run)
     per_node: dict[str, NodeReplay] = {}
@@ -326,6 +343,7 @@ def replay(
                 slot(node).healthy_files.append(path)
             report.issues.extend(result.issues)
         output = pipeline.evaluate()
+        output.audit.extend(tick())
         findings = output.findings
         for alert in output.alerts:
             slot(alert.labels.get("node", node)).alerts.append(alert)
@@ -345,8 +363,19 @@ def replay(
         if not live:
             break
         time.sleep(poll_seconds)
-        report.audit.extend(asyncio.run(pipeline.atick()))
+        report.audit.extend(tick())
     report.final_actions = [a.to_json() for a in pipeline.actions.actions()]
+    if loop is not None and loop_thread is not None:
+        close = getattr(scheduler, "aclose", None)
+        if callable(close):
+            asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(timeout=30)
+        loop.close()
+    if scheduler is not None:
+        sync_close = getattr(scheduler, "close", None)
+        if callable(sync_close):
+            sync_close()
     pipeline.flush()
     report.undelivered = {k: v for k, v in pipeline.outbox_depths().items() if v}
     pipeline.close()
