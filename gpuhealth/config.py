@@ -500,6 +500,42 @@ class RemediationSettings(BaseModel):
     """Nodes never acted on (only alerted about)."""
 
 
+class ReportSettings(BaseModel):
+    """``[report]``: the weekly reliability report (``docs/report.md``)."""
+
+    model_config = _FROZEN
+
+    enabled: StrictBool = True
+    """Run the weekly report from ``gpuhealth run``."""
+    history: Path | None = None
+    """Incident history file; default ``<data_dir>/history.sqlite``."""
+    folder: Path | None = None
+    """Where weekly reports are written; default ``<data_dir>/reports``."""
+    webhook_url: str | None = None
+    """Where the JSON summary is POSTed; none: files only."""
+    link_base: str | None = None
+    """URL under which ``folder`` is served, for links in the webhook message."""
+    weekday: Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"] = "mon"
+    """Report day: the week's figures are on the desk when the week starts."""
+    time: str = Field(default="06:00", pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
+    """HH:MM (24 h) in ``timezone``, before the working day."""
+    timezone: str = "UTC"
+    """IANA zone of ``time``."""
+    spare_fraction: float = Field(default=0.15, ge=0, le=1)
+    """Spare capacity as a fraction of the fleet; 15 % is the low end of the usual 15-20 %."""
+    formats: tuple[Literal["html", "md", "json"], ...] = ("html", "json")
+    """Formats written each week: HTML for people, JSON for machines."""
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name like UTC)") from None
+        return value
+
+
 class TimeSettings(BaseModel):
     """``[time]``: how time stamps that lack a time zone or a year are read."""
 
@@ -543,6 +579,8 @@ class Settings(BaseModel):
     """``[alerting]``: severity floors, grouping, policies, notifiers, silences, outbox, API."""
     remediation: RemediationSettings = RemediationSettings()
     """``[remediation]``: dry-run, audit log and disruption budget."""
+    report: ReportSettings = ReportSettings()
+    """``[report]``: the weekly reliability report."""
     inventory: dict[str, str] = Field(default_factory=dict)
     """Free-form machine facts for the rules (``nvlink = "absent"``, ``ib_unused = "mlx5_1:1"``)."""
     time: TimeSettings = TimeSettings()
@@ -592,6 +630,11 @@ class Settings(BaseModel):
         if s.type == "influxdb":
             return {"url": s.url, "org": s.org, "bucket": s.bucket, "token_env": s.token_env}
         return {"path": str(self.storage_path), "retention_seconds": s.retention_seconds}
+
+    @property
+    def history_path(self) -> Path:
+        """Return the incident history file (``storage.history``)."""
+        return self.report.history or self.node.data_dir / "history.sqlite"
 
     @property
     def action_store_path(self) -> Path:

@@ -55,12 +55,14 @@ from gpuhealth.config import (
     pagerduty_routing_key,
     webhook_secret,
 )
+from gpuhealth.history_sync import HistoryRecorder
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
 from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
 from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
+from storage.history import IncidentHistory
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +167,8 @@ class Service:
         self._writer: threading.Thread | None = None
         self._remediator: threading.Thread | None = None
         self._inbound: dict[str, tuple[str, str, str, str]] = {}
+        self.recorder: HistoryRecorder | None = None
+        self._report_scheduler: Any = None
         self.elector = build_leader_loop(settings)
         self._unwritten: list[Record] = []
         self._last_value: dict[tuple[Any, ...], float] = {}
@@ -215,6 +219,13 @@ class Service:
         else:
             self.collectors = dict(self._given)
         self.pipeline = self._build_pipeline()
+        try:
+            self.recorder = HistoryRecorder(IncidentHistory(s.history_path))
+        except Exception as exc:
+            raise StartupError(f"[report] cannot open the incident history {s.history_path}: "
+                               f"{exc}") from exc
+        if s.report.enabled:
+            self._start_weekly_report()
         if s.metrics.enabled:
             self.server = MetricsServer(exporter=self.exporter,
                                         listen_address=s.metrics.listen_address,
@@ -531,6 +542,8 @@ class Service:
             predictions = stage.step(time.time())
             if predictions:
                 pipeline.observe_predictions(predictions)
+                if self.recorder is not None:
+                    self.recorder.record_predictions(predictions)
             horizon = f"{self.settings.analytics.predictor_horizon_seconds:.0f}s"
             self.exporter.update([
                 Sample(metric="gpu_failure_probability_ratio", value=p.probability,
@@ -545,6 +558,8 @@ class Service:
         self._observe(batch)
         self._analyse(batch)
         self._predict(batch)
+        if self.recorder is not None:
+            self.recorder.observe(r for r in batch if isinstance(r, Sample))
         self._unwritten.extend(batch)
         if not self._unwritten or self.store is None:
             return True
@@ -613,6 +628,22 @@ class Service:
                                   {"severity": finding.severity.value})
         self._dirty = True
 
+    def _start_weekly_report(self) -> None:
+        """Schedule the weekly reliability report (apscheduler, in its own thread)."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        from gpuhealth.report_cli import schedule_weekly_report
+
+        r = self.settings.report
+        scheduler = BackgroundScheduler(timezone=r.timezone)
+        schedule_weekly_report(
+            scheduler, history_path=self.settings.history_path,
+            folder=r.folder or self.settings.node.data_dir / "reports",
+            webhook_url=r.webhook_url, weekday=r.weekday, at=r.time, timezone=r.timezone,
+            spare_fraction=r.spare_fraction, formats=r.formats, link_base=r.link_base)
+        scheduler.start()
+        self._report_scheduler = scheduler
+
     def _gpu_reset_endpoint(self) -> GpuResetEndpoint | None:
         """The node side of GPU resets, when ``[remediation.gpu_reset_agent]`` is set."""
         agent = dict(self.settings.remediation.gpu_reset_agent)
@@ -655,6 +686,7 @@ class Service:
             return
         tick = self.settings.remediation.tick_seconds
         next_tick = 0.0
+        next_history = 0.0
         while not self.stop.is_set():
             now = time.monotonic()
             if pipeline.wake.is_set() or now >= next_tick:
@@ -666,6 +698,9 @@ class Service:
                     self._log_once("remediate", "remediation tick failed: %s", exc)
                     logger.debug("remediation tick failed", exc_info=exc)
                 self._export_remediation(pipeline)
+                if self.recorder is not None and now >= next_history:
+                    next_history = now + 30.0
+                    self.recorder.sync(pipeline.actions, time.time())
             await asyncio.sleep(0.01)
 
     def _export_remediation(self, pipeline: Pipeline) -> None:
@@ -713,6 +748,11 @@ class Service:
         self._drain()
         if self.prediction is not None:
             self.prediction.save()
+        if self.recorder is not None and self.pipeline is not None:
+            self.recorder.sync(self.pipeline.actions, time.time())
+            self.recorder.history.close()
+        if self._report_scheduler is not None:
+            self._report_scheduler.shutdown(wait=False)
         self.elector.stop()
         if self.api is not None:
             self.api.stop()

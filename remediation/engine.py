@@ -252,7 +252,7 @@ class RemediationEngine:
                     incident=incident,
                     fingerprint=details.get("fingerprint", fingerprint_of(incident)),
                     node=request.node,
-                    entity=request.entity,
+                    entity=details.get("finding_entity", request.entity),
                     kind=details.get("kind", ""),
                     code=details.get("code", ""),
                     severity=severity,

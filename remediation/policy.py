@@ -436,6 +436,7 @@ class RemediationPolicy:
             "action": finding.action.value,
             "kind": finding.kind,
             "code": finding.code,
+            "finding_entity": finding.entity,
             **(extra or {}),
         }
         result = PolicyResult()

@@ -1,0 +1,871 @@
+"""The weekly reliability report: figures from the incident history as HTML, Markdown or JSON.
+
+:func:`build_report` reads an :class:`storage.history.IncidentHistory` for a window and
+computes every figure with :mod:`analytics.reliability`; :func:`render` turns the result
+into one of three formats:
+
+* ``json``: the full figures, with stable keys (``schema`` = :data:`SCHEMA`), for machines;
+* ``md``: Markdown tables for chat and tickets;
+* ``html``: one self-contained page (inline CSS, plots as inline PNG data URIs drawn by
+  matplotlib's ``Agg`` backend, no external resource, no JavaScript).
+
+The sections are those of issue #8, in its order (:data:`SECTIONS`), followed by the inputs
+and the caveats. A figure that cannot be computed is never invented: its section carries a
+``note`` that says why ("no predictions recorded in this window"). ``docs/report.md``
+explains each section and formula.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import pandas as pd
+
+from analytics import reliability as rel
+from storage.history import IncidentHistory
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "gpuhealth.report/1"
+"""The JSON report's schema name; bumped when a key changes meaning or disappears."""
+
+SECTIONS = (
+    ("availability", "Availability and GPU-hours lost"),
+    ("mtbf", "MTBF by GPU model, node and driver version"),
+    ("mttr", "MTTR: detection to back in service"),
+    ("causes", "Failures by cause"),
+    ("repeat_offenders", "Repeat offenders and slots that fail again and again"),
+    ("cohorts", "Driver and firmware cohort comparison"),
+    ("predictions", "Prediction quality"),
+    ("remediation", "Remediation"),
+    ("checkpointing", "Recommended checkpoint interval per job size"),
+    ("spare_capacity", "Spare capacity"),
+    ("week_over_week", "Change from the previous window"),
+)
+"""Section keys and titles, in the order issue #8 lists them."""
+
+Format = Literal["html", "md", "json"]
+
+_WOW_KEYS = ("failures", "exposure_hours", "lost_hours", "availability", "mtbf_hours",
+             "mttr_median_hours")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportOptions:
+    """What to report on and how.
+
+    Attributes:
+        since: Window start (epoch s); ``None``: the start of the data.
+        until: Window end (epoch s, excluded); ``None``: now if ``since`` is set, else the
+            end of the data.
+        source: Only this source (``gpuhealth``, ``titan``, ``lanl``); ``None``: all.
+        spare_fraction: Spare capacity as a fraction of the fleet (0-1).
+        confidence: Two-sided confidence level of every interval (0-1).
+        job_sizes: Job sizes (nodes) for the checkpoint table.
+        checkpoint_seconds: Time to write one checkpoint (s).
+        prediction_threshold: Probability at or above which a prediction is positive.
+        timezone: IANA zone for calendar periods and printed times.
+        top: Rows shown in the long tables of the HTML/Markdown report.
+        repeat_k: Failures that make a repeat offender.
+        lemon_k: Failures that make a lemon slot (spread over at least two GPUs).
+        cohort_columns: Inventory columns compared as cohorts, in order.
+    """
+
+    since: float | None = None
+    until: float | None = None
+    source: str | None = None
+    spare_fraction: float = 0.15
+    confidence: float = 0.90
+    job_sizes: tuple[int, ...] = (1, 8, 64, 512, 4096)
+    checkpoint_seconds: float = 300.0
+    prediction_threshold: float = 0.5
+    timezone: str = "UTC"
+    top: int = 10
+    repeat_k: int = 2
+    lemon_k: int = 2
+    cohort_columns: tuple[str, ...] = ("driver_version", "vbios_version", "batch")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.spare_fraction <= 1.0:
+            raise ValueError(f"spare_fraction must be within 0-1, got {self.spare_fraction}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
+        if self.checkpoint_seconds <= 0:
+            raise ValueError("checkpoint_seconds must be > 0")
+        if any(n < 1 for n in self.job_sizes):
+            raise ValueError("job sizes must be >= 1 node")
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {self.timezone!r} (use an IANA name like "
+                             "UTC or America/New_York)") from None
+
+
+@dataclass(slots=True)
+class _Caveats:
+    items: list[str] = field(default_factory=list)
+
+    def add(self, text: str) -> None:
+        if text not in self.items:
+            self.items.append(text)
+
+
+def _iso(at: float | None, tz: str = "UTC") -> str | None:
+    if at is None:
+        return None
+    return pd.Timestamp(round(at), unit="s", tz="UTC").tz_convert(tz).isoformat()
+
+
+def _clean(value: Any) -> Any:
+    """Turn numpy scalars and NaN into JSON values (NaN -> None)."""
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [_clean(row) for row in frame.astype(object).where(frame.notna(), None)
+            .to_dict("records")]
+
+
+def _window(options: ReportOptions, inventory: pd.DataFrame, incidents: pd.DataFrame,
+            now: float) -> rel.Window:
+    if options.since is not None:
+        until = options.until if options.until is not None else now
+        return rel.Window(start=options.since, end=until)
+    data = rel.data_window(inventory, incidents)
+    if data is None:
+        end = options.until if options.until is not None else now
+        return rel.Window(start=end - 7 * 86400.0, end=end)
+    end = options.until if options.until is not None else data.end
+    return rel.Window(start=min(data.start, end - 1.0), end=end)
+
+
+def _period(window: rel.Window) -> str:
+    days = window.hours / 24.0
+    if days <= 14:
+        return "day"
+    if days <= 120:
+        return "week"
+    if days <= 3 * 366:
+        return "month"
+    return "year"
+
+
+def _core_figures(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+                  confidence: float) -> dict[str, Any]:
+    fleet = rel.fleet_summary(inventory, incidents, window, confidence)
+    avail = rel.availability(inventory, incidents, window)
+    in_window = incidents[(incidents["detected_at"] >= window.start)
+                          & (incidents["detected_at"] < window.end)]
+    repair = rel.mttr(in_window)
+    return {"failures": fleet["failures"], "exposure_hours": fleet["exposure_hours"],
+            "lost_hours": avail["lost_hours"], "availability": avail["availability"],
+            "mtbf_hours": fleet["mtbf_hours"], "mttr_median_hours": repair["median_hours"]}
+
+
+def build_report(history: IncidentHistory, options: ReportOptions | None = None, *,
+                 now: Callable[[], float] = time.time,
+                 history_path: str | None = None) -> dict[str, Any]:
+    """Compute every figure of the report.
+
+    Args:
+        history: The incident history to read.
+        options: Window, source and parameters (:class:`ReportOptions`).
+        now: Clock (epoch s) for ``generated_at`` and an open-ended window.
+        history_path: Shown in the inputs.
+
+    Returns:
+        A JSON-ready dict: ``schema``, ``generated_at``, ``title``, ``inputs``,
+        ``sections`` (keyed as :data:`SECTIONS`) and ``caveats`` (list of sentences).
+    """
+    opts = options or ReportOptions()
+    generated = now()
+    inventory = history.inventory(source=opts.source)
+    incidents_all = history.incidents(source=opts.source)
+    predictions = history.predictions()
+    if opts.source is not None and len(predictions):
+        nodes = set(inventory["node"]) | set(incidents_all["node"])
+        predictions = predictions[predictions["node"].isin(nodes)]
+    window = _window(opts, inventory, incidents_all, generated)
+    in_window = incidents_all[(incidents_all["detected_at"] >= window.start)
+                              & (incidents_all["detected_at"] < window.end)]
+    caveats = _Caveats()
+    fleet = rel.fleet_summary(inventory, incidents_all, window, opts.confidence)
+    if fleet["exposure_hours"] == 0:
+        caveats.add("No GPU or node was in the inventory during this window: exposure-based "
+                    "figures (availability, MTBF, failure rates) are not available.")
+    missing_start = int(pd.to_numeric(inventory["first_seen_at"], errors="coerce").isna().sum())
+    if missing_start:
+        caveats.add(f"{missing_start:,} residencies have no start time and contribute no "
+                    "operating time (as in the source's own GPU-years).")
+    sections: dict[str, Any] = {
+        "availability": _availability(inventory, incidents_all, window, fleet),
+        "mtbf": _mtbf(inventory, incidents_all, window, opts, fleet, caveats),
+        "mttr": _mttr(in_window, caveats),
+        "causes": _causes(in_window, opts, window),
+        "repeat_offenders": _repeat(in_window, opts),
+        "cohorts": _cohorts(inventory, incidents_all, window, opts, caveats),
+        "predictions": _predictions(predictions, incidents_all, window, opts, caveats),
+        "remediation": _remediation(in_window, caveats),
+        "checkpointing": _checkpointing(fleet, opts, caveats),
+        "spare_capacity": _spare(inventory, incidents_all, window, fleet, opts),
+        "week_over_week": _wow(inventory, incidents_all, window, opts),
+    }
+    sources = sorted(set(inventory["source"]) | set(incidents_all["source"]))
+    if "titan" in sources:
+        caveats.add("Titan: back in service is the time the next GPU was inserted into the "
+                    "same slot (the data set does not record node repairs), so MTTR and "
+                    "GPU-hours lost are slot-level figures.")
+    if "lanl" in sources:
+        caveats.add("LANL: every record is a node interruption with its root cause; the "
+                    "population is each system's declared node count over the system's "
+                    "logging span.")
+    inputs = {
+        "window_start": _iso(window.start), "window_end": _iso(window.end),
+        "window_hours": window.hours, "source": opts.source or "all",
+        "sources_present": sources, "history": history_path,
+        "incidents_in_window": len(in_window), "incidents_total": len(incidents_all),
+        "inventory_residencies": len(inventory), "predictions_total": len(predictions),
+        "options": _clean(asdict(opts)),
+    }
+    title = "GPU fleet reliability report"
+    result: dict[str, Any] = _clean({
+        "schema": SCHEMA, "title": title, "generated_at": _iso(generated),
+        "inputs": inputs, "sections": sections, "caveats": caveats.items,
+    })
+    return result
+
+
+def _availability(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+                  fleet: Mapping[str, Any]) -> dict[str, Any]:
+    avail = rel.availability(inventory, incidents, window)
+    out = {**avail, "units": fleet["units"], "nodes": fleet["nodes"],
+           "retired_after_failure": rel.retired_after_failure(inventory, incidents, window)}
+    if avail["availability"] is None:
+        out["note"] = "no exposure in this window: availability is not defined"
+    return out
+
+
+def _mtbf(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+          opts: ReportOptions, fleet: Mapping[str, Any], caveats: _Caveats) -> dict[str, Any]:
+    out: dict[str, Any] = {"fleet": dict(fleet)}
+    for by in ("model", "driver_version", "vbios_version", "batch"):
+        table = rel.mtbf_by(inventory, incidents, by, window, opts.confidence)
+        table = table[table["group"] != ""]
+        out[f"by_{by}"] = _records(table)
+    by_node = rel.mtbf_by(inventory, incidents, "node", window, opts.confidence)
+    out["nodes_total"] = len(by_node)
+    out["by_node"] = _records(by_node[by_node["failures"] > 0])
+    if not out["by_driver_version"]:
+        caveats.add("No driver versions are recorded in the inventory: MTBF by driver "
+                    "version is not available.")
+    if fleet["failures"] == 0:
+        out["note"] = ("no failure in this window: MTBF has only a lower bound "
+                       f"({round(opts.confidence * 100)}% one-sided interval shown)")
+    return out
+
+
+def _mttr(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
+    out = rel.mttr(in_window)
+    out["by_cause"] = {
+        str(cause): rel.mttr(group)["median_hours"]
+        for cause, group in in_window.groupby("cause")} if len(in_window) else {}
+    if not len(in_window):
+        out["note"] = "no failure in this window"
+    elif out["repaired"] == 0:
+        out["note"] = "no incident of this window is back in service yet"
+    if out["unrepaired"]:
+        caveats.add(f"{out['unrepaired']:,} incidents of the window have no back-in-service "
+                    "time (still out, or not recorded) and are left out of MTTR.")
+    return out
+
+
+def _causes(in_window: pd.DataFrame, opts: ReportOptions, window: rel.Window) -> dict[str, Any]:
+    out = rel.failures_by_cause(in_window)
+    freq = _period(window)
+    table = rel.failures_by_period(in_window, freq, opts.timezone)
+    out["period"] = freq
+    out["by_period"] = {str(k): {str(c): int(v) for c, v in row.items()}
+                        for k, row in table.iterrows()}
+    xid = in_window[in_window["kind"] == "xid"]["code"].value_counts()
+    out["by_xid"] = {str(k): int(v) for k, v in xid.items()}
+    if not len(in_window):
+        out["note"] = "no failure in this window"
+    return out
+
+
+def _repeat(in_window: pd.DataFrame, opts: ReportOptions) -> dict[str, Any]:
+    offenders = rel.repeat_offenders(in_window, opts.repeat_k, "entity", limit=None)
+    nodes = rel.repeat_offenders(in_window, opts.repeat_k, "node", limit=None)
+    lemons = rel.lemon_slots(in_window, opts.lemon_k, 2, limit=0)
+    return {"k": opts.repeat_k, "lemon_k": opts.lemon_k,
+            "entities": _records(offenders), "nodes": _records(nodes),
+            "lemon_slots": _records(lemons),
+            "entities_count": len(offenders), "nodes_count": len(nodes),
+            "lemon_slots_count": len(lemons)}
+
+
+def _cohorts(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+             opts: ReportOptions, caveats: _Caveats) -> dict[str, Any]:
+    comparisons = []
+    for by in opts.cohort_columns:
+        result = rel.cohort_comparison(inventory, incidents, by, window,
+                                       confidence=opts.confidence)
+        if result is not None:
+            comparisons.append(result)
+    out: dict[str, Any] = {"comparisons": comparisons}
+    if not comparisons:
+        out["note"] = ("fewer than two driver, firmware or batch cohorts had exposure in "
+                       "this window: no comparison")
+        caveats.add("No cohort comparison: the inventory records fewer than two driver, "
+                    "VBIOS or batch versions in this window.")
+    return out
+
+
+def _predictions(predictions: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+                 opts: ReportOptions, caveats: _Caveats) -> dict[str, Any]:
+    quality = rel.prediction_quality(predictions, incidents, window,
+                                     threshold=opts.prediction_threshold)
+    in_window = predictions[(predictions["at"] >= window.start)
+                            & (predictions["at"] < window.end)]
+    quality["recorded"] = len(in_window)
+    if not len(in_window):
+        quality["note"] = "no predictions recorded in this window"
+        caveats.add("No predictions were recorded in this window: precision, recall and "
+                    "lead time are not available.")
+    return quality
+
+
+def _remediation(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
+    steps: Counter[str] = Counter()
+    approvals: Counter[str] = Counter()
+    budget = breaker = with_actions = 0
+    for actions, attrs in zip(in_window["actions"], in_window["attrs"], strict=True):
+        if actions:
+            with_actions += 1
+            steps.update(actions)
+        if attrs.get("approval"):
+            approvals[str(attrs["approval"])] += 1
+        if attrs.get("budget_blocked", "").lower() == "true":
+            budget += 1
+        if attrs.get("circuit_breaker"):
+            breaker += 1
+    out: dict[str, Any] = {
+        "incidents_with_actions": with_actions, "actions": dict(sorted(steps.items())),
+        "approvals": dict(sorted(approvals.items())), "budget_blocked": budget,
+        "circuit_breaker_events": breaker,
+    }
+    if not with_actions and not approvals and not budget and not breaker:
+        out["note"] = "no remediation recorded for the incidents of this window"
+    return out
+
+
+def _checkpointing(fleet: Mapping[str, Any], opts: ReportOptions,
+                   caveats: _Caveats) -> dict[str, Any]:
+    node_mtbf = fleet.get("node_mtbf_hours")
+    rows = rel.checkpoint_table(node_mtbf, opts.job_sizes, opts.checkpoint_seconds)
+    out: dict[str, Any] = {
+        "node_mtbf_hours": node_mtbf, "checkpoint_seconds": opts.checkpoint_seconds,
+        "formulas": {"young": "sqrt(2 C M) (Young 1974)",
+                     "daly": "sqrt(2 C M)[1 + sqrt(C/2M)/3 + (C/2M)/9] - C, C < 2M "
+                             "(Daly 2006)",
+                     "job_mtbf": "M = node MTBF / nodes"},
+        "rows": rows,
+    }
+    if not rows:
+        out["note"] = "no node MTBF measured in this window (no failure): no recommendation"
+        caveats.add("No failure in the window, so no measured MTBF to size checkpoints by.")
+    return out
+
+
+def _spare(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+           fleet: Mapping[str, Any], opts: ReportOptions) -> dict[str, Any]:
+    avail = rel.availability(inventory, incidents, window)
+    peak = rel.peak_concurrent_out(rel.fleet_incidents(inventory, incidents, window), window)
+    out = rel.spare_capacity(avail, peak, int(fleet["units"]), opts.spare_fraction)
+    if out["fits"] is None:
+        out["note"] = "no fleet size known in this window"
+    return out
+
+
+def _wow(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
+         opts: ReportOptions) -> dict[str, Any]:
+    previous = window.previous()
+    now = _core_figures(inventory, incidents, window, opts.confidence)
+    before = _core_figures(inventory, incidents, previous, opts.confidence)
+    out: dict[str, Any] = {
+        "previous_start": _iso(previous.start), "previous_end": _iso(previous.end),
+        "rows": rel.week_over_week(now, before, _WOW_KEYS),
+    }
+    if before["exposure_hours"] == 0 and before["failures"] == 0:
+        out["note"] = "no data in the previous window: no comparison"
+    return out
+
+
+# ---------------------------------------------------------------------------- formatting
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _pct(value: Any, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def _when(value: Any, tz: str) -> str:
+    if value is None:
+        return "n/a"
+    return pd.Timestamp(float(value), unit="s", tz="UTC").tz_convert(tz).strftime(
+        "%Y-%m-%d %H:%M")
+
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]]]:
+    """Return, per section, its blocks: ``(caption, table)`` or ``("", paragraph)``."""
+    s = report["sections"]
+    opts = report["inputs"]["options"]
+    tz = str(opts["timezone"])
+    top = int(opts["top"])
+    level = round(float(opts["confidence"]) * 100)
+    out: dict[str, list[tuple[str, Table | str]]] = {}
+
+    a = s["availability"]
+    out["availability"] = [("", (["Figure", "Value"], [
+        ["Availability", _pct(a["availability"], 3)],
+        ["GPU-hours in service (exposure)", _num(a["exposure_hours"])],
+        ["GPU-hours lost to failures", _num(a["lost_hours"])],
+        ["GPUs / nodes", f"{_num(a['units'])} / {_num(a['nodes'])}"],
+        ["Incidents that took a unit out of service", _num(a["incidents_out_of_service"])],
+        ["Still out at the end of the window", _num(a["open_at_end"])],
+        ["GPUs retired after a failure", _num(a["retired_after_failure"])],
+    ]))]
+
+    m = s["mtbf"]
+    f = m["fleet"]
+    blocks: list[tuple[str, Table | str]] = [("Fleet", (["Figure", "Value"], [
+        ["Failures", _num(f["failures"])],
+        ["MTBF per GPU (hours)", _num(f["mtbf_hours"])],
+        [f"{level}% interval (hours)",
+         f"{_num(f['mtbf_lower_hours'])} - {_num(f['mtbf_upper_hours'])}"],
+        ["Mean time between failures anywhere in the fleet (hours)",
+         _num(f["system_mtbf_hours"], 2)],
+        ["MTBF per node (hours)", _num(f["node_mtbf_hours"])],
+    ]))]
+    head = ["Group", "Units", "GPU-hours", "Failures", "MTBF (h)", f"{level}% interval (h)",
+            "Fleet interval (h)"]
+
+    def mtbf_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+        return [[str(r["group"]), _num(r["units"]), _num(r["exposure_hours"]),
+                 _num(r["failures"]), _num(r["mtbf_hours"]),
+                 f"{_num(r['mtbf_lower_hours'])} - {_num(r['mtbf_upper_hours'])}",
+                 _num(r["system_mtbf_hours"], 2)] for r in rows]
+
+    for key, caption in (("by_model", "By model"), ("by_driver_version", "By driver version"),
+                         ("by_vbios_version", "By VBIOS version"), ("by_batch", "By batch")):
+        if m[key]:
+            blocks.append((caption, (head, mtbf_rows(m[key][:top]))))
+        elif key == "by_driver_version":
+            blocks.append(("", "No driver versions recorded: MTBF by driver version is not "
+                               "available."))
+    if m["by_node"]:
+        blocks.append((f"Worst {min(top, len(m['by_node']))} of {len(m['by_node']):,} nodes "
+                       f"with failures ({m['nodes_total']:,} nodes in all)",
+                       (head, mtbf_rows(m["by_node"][:top]))))
+    if m.get("note"):
+        blocks.append(("", m["note"]))
+    out["mtbf"] = blocks
+
+    r = s["mttr"]
+    blocks = [("", (["Figure", "Value"], [
+        ["Repaired incidents", _num(r["repaired"])], ["Not yet repaired", _num(r["unrepaired"])],
+        ["Mean (hours)", _num(r["mean_hours"], 2)], ["Median (hours)", _num(r["median_hours"], 2)],
+        ["90th percentile (hours)", _num(r["p90_hours"], 2)],
+        ["Longest (hours)", _num(r["max_hours"], 2)],
+    ]))]
+    if r["by_cause"]:
+        blocks.append(("Median by cause", (["Cause", "Median (hours)"], [
+            [c, _num(v, 2)] for c, v in r["by_cause"].items()])))
+    if r.get("note"):
+        blocks.append(("", r["note"]))
+    out["mttr"] = blocks
+
+    c = s["causes"]
+    blocks = [("By cause", (["Cause", "Failures"], [
+        [k, _num(v)] for k, v in c["by_cause"].items()]))]
+    if c["top_codes"]:
+        blocks.append(("Most frequent kinds and codes", (["Kind", "Code", "Failures"], [
+            [t["kind"], t["code"], _num(t["failures"])] for t in c["top_codes"][:top]])))
+    if c["by_period"]:
+        causes = sorted({k for row in c["by_period"].values() for k in row})
+        blocks.append((f"By {c['period']} ({tz})", (["Period", *causes], [
+            [p, *[_num(row.get(k, 0)) for k in causes]] for p, row in c["by_period"].items()])))
+    if c.get("note"):
+        blocks.append(("", c["note"]))
+    out["causes"] = blocks
+
+    ro = s["repeat_offenders"]
+    blocks = []
+    for key, caption, label in (("entities", "GPUs", "GPU (node/entity)"),
+                                ("nodes", "Nodes", "Node")):
+        rows = ro[key]
+        if rows:
+            blocks.append((f"{caption} with at least {ro['k']} failures "
+                           f"({ro[key + '_count']:,})",
+                           ([label, "Failures", "First", "Last", "Causes"], [
+                               [x["key"], _num(x["failures"]), _when(x["first_at"], tz),
+                                _when(x["last_at"], tz), x["causes"]] for x in rows[:top]])))
+    if ro["lemon_slots"]:
+        blocks.append((f"Slots where two or more GPUs failed, one after another "
+                       f"({ro['lemon_slots_count']:,})",
+                       (["Slot", "Failures", "GPUs", "First", "Last"], [
+                           [x["slot"], _num(x["failures"]), _num(x["entities"]),
+                            _when(x["first_at"], tz), _when(x["last_at"], tz)]
+                           for x in ro["lemon_slots"][:top]])))
+    if not blocks:
+        blocks.append(("", f"No GPU, node or slot failed {ro['k']} times or more in this "
+                           "window."))
+    out["repeat_offenders"] = blocks
+
+    co = s["cohorts"]
+    blocks = []
+    for comp in co["comparisons"]:
+        rows = [[name, _num(v["failures"]), _num(v["exposure_hours"]),
+                 _num(v["rate_per_million_hours"], 3),
+                 f"{_num(v['rate_lower'], 3)} - {_num(v['rate_upper'], 3)}",
+                 _num(v["hours_per_failure"])] for name, v in comp["cohorts"].items()]
+        blocks.append((f"By {comp['by']}: {comp['candidate']} (candidate) against "
+                       f"{comp['baseline']} (baseline)",
+                       (["Cohort", "Failures", "GPU-hours", "Failures per 1M h",
+                         f"{level}% interval", "Hours per failure"], rows)))
+        blocks.append(("", f"Rate ratio {_num(comp['rate_ratio'], 3)} ({level}% interval "
+                           f"{_num(comp['ratio_lower'], 3)} - {_num(comp['ratio_upper'], 3)},"
+                           f" p = {_num(comp['p_value'], 4)}; {comp['method']}): "
+                           f"{comp['verdict']}."))
+    if co.get("note"):
+        blocks.append(("", co["note"]))
+    out["cohorts"] = blocks
+
+    p = s["predictions"]
+    blocks = [("", (["Figure", "Value"], [
+        ["Predictions recorded", _num(p["recorded"])],
+        [f"Positive (probability >= {p['threshold']})", _num(p["predictions"])],
+        ["Followed by a failure within the horizon", _num(p["hits"])],
+        ["Precision", _pct(p["precision"], 1)],
+        ["Failures in the window", _num(p["incidents"])],
+        ["Failures predicted beforehand", _num(p["caught"])],
+        ["Recall", _pct(p["recall"], 1)],
+        ["Median lead time (hours)", _num(p["lead_time_median_hours"], 2)],
+    ]))]
+    if p.get("note"):
+        blocks.append(("", p["note"]))
+    out["predictions"] = blocks
+
+    rm = s["remediation"]
+    blocks = [("", (["Figure", "Value"], [
+        ["Incidents with actions", _num(rm["incidents_with_actions"])],
+        ["Actions", ", ".join(f"{k} {v}" for k, v in rm["actions"].items()) or "none"],
+        ["Approvals", ", ".join(f"{k} {v}" for k, v in rm["approvals"].items()) or "none"],
+        ["Held back by the disruption budget", _num(rm["budget_blocked"])],
+        ["Circuit-breaker events", _num(rm["circuit_breaker_events"])],
+    ]))]
+    if rm.get("note"):
+        blocks.append(("", rm["note"]))
+    out["remediation"] = blocks
+
+    ck = s["checkpointing"]
+    blocks = [("", f"Inputs: node MTBF {_num(ck['node_mtbf_hours'])} h (measured, this "
+                   f"window), checkpoint cost C = {_num(ck['checkpoint_seconds'])} s. "
+                   f"Young: {ck['formulas']['young']}; Daly: {ck['formulas']['daly']}; "
+                   f"{ck['formulas']['job_mtbf']}.")]
+    if ck["rows"]:
+        blocks.append(("", (["Job size (nodes)", "Job MTBF (h)", "Young (min)", "Daly (min)"],
+                            [[_num(x["nodes"]), _num(x["job_mtbf_hours"], 2),
+                              _num(x["young_minutes"], 1), _num(x["daly_minutes"], 1)]
+                             for x in ck["rows"]])))
+    if ck.get("note"):
+        blocks.append(("", ck["note"]))
+    out["checkpointing"] = blocks
+
+    sp = s["spare_capacity"]
+    verdict = {True: "fits", False: "does NOT fit", None: "cannot be judged"}[sp["fits"]]
+    out["spare_capacity"] = [("", (["Figure", "Value"], [
+        ["Configured spare capacity", _pct(sp["spare_fraction"], 1)],
+        ["Mean unavailable to failures", _pct(sp["mean_unavailable_fraction"], 3)],
+        ["Peak out of service at once", f"{_num(sp['peak_out'])} of {_num(sp['units'])} "
+                                        f"({_pct(sp['peak_unavailable_fraction'], 2)})"],
+        ["Verdict", f"failure-driven unavailability {verdict} the spare capacity"],
+    ]))]
+
+    w = s["week_over_week"]
+    blocks = [(f"Previous window {w['previous_start']} to {w['previous_end']}",
+               (["Figure", "Previous", "This window", "Change"], [
+                   [x["figure"], _num(x["previous"], 3), _num(x["current"], 3),
+                    "n/a" if x["change_ratio"] is None else f"{x['change_ratio'] * 100:+.1f}%"]
+                   for x in w["rows"]]))]
+    if w.get("note"):
+        blocks.append(("", w["note"]))
+    out["week_over_week"] = blocks
+    return out
+
+
+def _inputs_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    i = report["inputs"]
+    o = i["options"]
+    return [
+        ["Window", f"{i['window_start']} to {i['window_end']} ({_num(i['window_hours'])} h)"],
+        ["Source", f"{i['source']} (present: {', '.join(i['sources_present']) or 'none'})"],
+        ["History", str(i["history"] or "n/a")],
+        ["Incidents in window / in history", f"{i['incidents_in_window']:,} / "
+                                             f"{i['incidents_total']:,}"],
+        ["Inventory residencies", f"{i['inventory_residencies']:,}"],
+        ["Confidence level", _pct(o["confidence"], 0)],
+        ["Spare fraction", _pct(o["spare_fraction"], 1)],
+        ["Prediction threshold", str(o["prediction_threshold"])],
+        ["Time zone", str(o["timezone"])],
+    ]
+
+
+def render_json(report: Mapping[str, Any]) -> str:
+    """Return the report as JSON (sorted keys, two-space indent, trailing newline)."""
+    return json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """Return the report as Markdown (headings, pipe tables, the caveats as a list)."""
+    lines = [f"# {report['title']}", "",
+             f"Generated {report['generated_at']}; window {report['inputs']['window_start']} "
+             f"to {report['inputs']['window_end']}.", ""]
+    blocks = _tables(report)
+    for key, title in SECTIONS:
+        lines += [f"## {title}", ""]
+        for caption, body in blocks[key]:
+            if caption:
+                lines += [f"**{caption}**", ""]
+            if isinstance(body, str):
+                lines += [body, ""]
+                continue
+            head, rows = body
+            lines.append("| " + " | ".join(_md_cell(h) for h in head) + " |")
+            lines.append("|" + "|".join("---" for _ in head) + "|")
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+            lines.append("")
+    lines += ["## Inputs", "", "| Input | Value |", "|---|---|"]
+    lines += [f"| {_md_cell(a)} | {_md_cell(b)} |" for a, b in _inputs_rows(report)]
+    lines += ["", "## Caveats", ""]
+    lines += [f"- {c}" for c in report["caveats"]] or ["- none"]
+    return "\n".join(lines) + "\n"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;
+color:#1d2330;background:#fff;max-width:1100px}
+h1{font-size:24px;margin-bottom:4px}h2{font-size:18px;margin-top:28px;
+border-bottom:2px solid #d8dde6;padding-bottom:4px}h3{font-size:14px;margin:14px 0 6px}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
+th,td{border:1px solid #d8dde6;padding:3px 8px;text-align:left}
+th{background:#f0f3f8}td.n{text-align:right;font-variant-numeric:tabular-nums}
+p.note{color:#6a4d00;background:#fff6db;padding:6px 10px;border-radius:4px}
+p.meta{color:#5a6374;margin-top:0}img{max-width:100%;height:auto;display:block;
+margin:8px 0}ul.caveats li{margin:4px 0}
+"""
+
+
+def _is_number(text: str) -> bool:
+    t = text.replace(",", "").replace("%", "").replace("+", "").replace(" - ", "")
+    try:
+        float(t)
+    except ValueError:
+        return False
+    return True
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    out = ["<table><thead><tr>", *[f"<th>{html.escape(h)}</th>" for h in head],
+           "</tr></thead><tbody>"]
+    for row in rows:
+        out.append("<tr>" + "".join(
+            f'<td class="n">{html.escape(c)}</td>' if _is_number(c)
+            else f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def render_html(report: Mapping[str, Any], *, plots: bool = True) -> str:
+    """Return the report as one self-contained HTML page.
+
+    Args:
+        report: :func:`build_report`'s result.
+        plots: Draw the plots (matplotlib ``Agg``, inline PNG data URIs).
+
+    Returns:
+        HTML5 text with inline CSS, no script and no external reference.
+    """
+    images = _plots(report) if plots else {}
+    blocks = _tables(report)
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(report['title'])}</title>",
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>{html.escape(report['title'])}</h1>",
+             f'<p class="meta">Generated {html.escape(str(report["generated_at"]))}; window '
+             f"{html.escape(str(report['inputs']['window_start']))} to "
+             f"{html.escape(str(report['inputs']['window_end']))}; source "
+             f"{html.escape(str(report['inputs']['source']))}.</p>"]
+    for key, title in SECTIONS:
+        parts.append(f'<section id="{key}"><h2>{html.escape(title)}</h2>')
+        for caption, body in blocks[key]:
+            if caption:
+                parts.append(f"<h3>{html.escape(caption)}</h3>")
+            if isinstance(body, str):
+                css = "note" if body.startswith("no ") or body.startswith("No ") else ""
+                parts.append(f'<p class="{css}">{html.escape(body)}</p>' if css
+                             else f"<p>{html.escape(body)}</p>")
+            else:
+                parts.append(_html_table(*body))
+        for name, (alt, uri) in images.items():
+            if name.split(":", 1)[0] == key:
+                parts.append(f'<img src="{uri}" alt="{html.escape(alt)}">')
+        parts.append("</section>")
+    parts.append('<section id="inputs"><h2>Inputs</h2>')
+    parts.append(_html_table(["Input", "Value"], _inputs_rows(report)))
+    parts.append('</section><section id="caveats"><h2>Caveats</h2><ul class="caveats">')
+    parts += [f"<li>{html.escape(c)}</li>" for c in report["caveats"]] or ["<li>none</li>"]
+    parts.append("</ul></section></body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=96, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _plots(report: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Draw the report's plots; return ``section:name -> (alt text, data URI)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    s = report["sections"]
+    out: dict[str, tuple[str, str]] = {}
+    causes = s["causes"]
+    if causes["by_period"]:
+        periods = list(causes["by_period"])
+        names = sorted({k for row in causes["by_period"].values() for k in row})
+        fig = Figure(figsize=(8, 3.2))
+        ax = fig.subplots()
+        bottom = [0.0] * len(periods)
+        for name in names:
+            values = [float(causes["by_period"][p].get(name, 0)) for p in periods]
+            ax.bar(periods, values, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.set_ylabel("failures")
+        ax.set_title(f"Failures by {causes['period']} and cause")
+        ax.legend(fontsize=8)
+        if len(periods) > 12:
+            ax.tick_params(axis="x", labelrotation=90, labelsize=7)
+        out["causes:timeline"] = ("Failures per period, stacked by cause", _png(fig))
+    groups = [r for r in s["mtbf"]["by_model"] + s["mtbf"]["by_batch"]
+              + s["mtbf"]["by_driver_version"] if r["mtbf_hours"] is not None][:12]
+    if groups:
+        fig = Figure(figsize=(8, 0.5 + 0.4 * len(groups)))
+        ax = fig.subplots()
+        labels = [str(r["group"]) for r in groups]
+        point = [float(r["mtbf_hours"]) for r in groups]
+        lo = [p - float(r["mtbf_lower_hours"]) for p, r in zip(point, groups, strict=True)]
+        hi = [float(r["mtbf_upper_hours"]) - p for p, r in zip(point, groups, strict=True)]
+        ax.errorbar(point, range(len(groups)), xerr=[lo, hi], fmt="o", capsize=4)
+        ax.set_yticks(range(len(groups)), labels)
+        ax.set_xscale("log")
+        ax.set_xlabel("MTBF per GPU (hours, log scale), with confidence interval")
+        out["mtbf:groups"] = ("MTBF by group with confidence intervals", _png(fig))
+    comps = s["cohorts"]["comparisons"]
+    if comps:
+        fig = Figure(figsize=(8, 0.8 + 0.45 * sum(len(c["cohorts"]) for c in comps)))
+        ax = fig.subplots()
+        labels, point, lo, hi = [], [], [], []
+        for comp in comps:
+            for name, v in comp["cohorts"].items():
+                labels.append(f"{comp['by']}={name}")
+                point.append(float(v["rate_per_million_hours"]))
+                lo.append(point[-1] - float(v["rate_lower"]))
+                hi.append(float(v["rate_upper"]) - point[-1])
+        ax.errorbar(point, range(len(labels)), xerr=[lo, hi], fmt="s", capsize=4,
+                    color="#b04030")
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_xlabel("failures per million GPU-hours, with exact Poisson interval")
+        out["cohorts:rates"] = ("Failure rate by cohort with confidence intervals", _png(fig))
+    return out
+
+
+def render(report: Mapping[str, Any], fmt: Format) -> str:
+    """Render ``report`` as ``html``, ``md`` or ``json``.
+
+    Raises:
+        ValueError: An unknown format.
+    """
+    if fmt == "json":
+        return render_json(report)
+    if fmt == "md":
+        return render_markdown(report)
+    if fmt == "html":
+        return render_html(report)
+    raise ValueError(f"unknown report format {fmt!r} (html, md or json)")
+
+
+def summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the few headline figures (for a webhook or a log line)."""
+    s = report["sections"]
+    result: dict[str, Any] = _clean({
+        "schema": report["schema"], "generated_at": report["generated_at"],
+        "window_start": report["inputs"]["window_start"],
+        "window_end": report["inputs"]["window_end"],
+        "failures": s["mtbf"]["fleet"]["failures"],
+        "availability": s["availability"]["availability"],
+        "lost_hours": s["availability"]["lost_hours"],
+        "mtbf_hours": s["mtbf"]["fleet"]["mtbf_hours"],
+        "mttr_median_hours": s["mttr"]["median_hours"],
+        "spare_capacity_fits": s["spare_capacity"]["fits"],
+        "caveats": len(report["caveats"]),
+    })
+    return result
+
+
+def utc_now_iso() -> str:
+    """Return the current UTC time, ISO 8601, for file names."""
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
