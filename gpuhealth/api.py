@@ -375,6 +375,8 @@ def _handler(
     handle: Callable[[str, str, dict[str, str], bytes], tuple[int, Any]],
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        disable_nagle_algorithm = True  # no delayed-ACK wait between headers and body
+
         def _serve(self, method: str) -> None:
             length = int(self.headers.get("content-length") or 0)
             if length > MAX_INGEST_BYTES:

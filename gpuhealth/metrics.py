@@ -173,6 +173,7 @@ class MetricsExporter:
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    disable_nagle_algorithm = True  # headers and body go out without a delayed-ACK wait
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

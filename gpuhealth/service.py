@@ -90,6 +90,7 @@ class RecordBuffer:
         self.dropped = 0
         self._items: collections.deque[Record] = collections.deque()
         self._cond = threading.Condition()
+        self._urgent = False
 
     def __len__(self) -> int:
         with self._cond:
@@ -101,6 +102,8 @@ class RecordBuffer:
             return
         with self._cond:
             self._items.extend(records)
+            if not self._urgent and any(isinstance(r, Event) for r in records):
+                self._urgent = True  # an event (an Xid) is judged at once, not at the next flush
             over = len(self._items) - self.max_records
             if over > 0:
                 for _ in range(over):
@@ -121,10 +124,13 @@ class RecordBuffer:
         deadline = time.monotonic() + wait_seconds
         with self._cond:
             while len(self._items) < max_records and not (stop is not None and stop.is_set()):
+                if self._urgent:
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(min(left, 0.2))
+            self._urgent = False
             count = min(max_records, len(self._items))
             return [self._items.popleft() for _ in range(count)]
 
@@ -472,7 +478,8 @@ class Service:
                                      wait_seconds=s.storage.flush_interval_seconds,
                                      stop=self.stop)
             self._deliver(batch)
-            if time.monotonic() >= next_eval:
+            urgent = any(isinstance(r, Event) for r in batch)
+            if urgent or time.monotonic() >= next_eval:
                 next_eval = time.monotonic() + s.analytics.evaluate_interval_seconds
                 self._evaluate()
             if self._dirty:

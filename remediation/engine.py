@@ -39,6 +39,7 @@ incident goes out within milliseconds).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import uuid
@@ -157,6 +158,7 @@ class RemediationEngine:
         step_timeout_seconds: A step still running after this long fails, > 0.
         placement_interval_seconds: How often node reliability scores are recomputed and
             published to the scheduler (``ReliabilityPublisher``), > 0.
+        concurrency: Incidents advanced at the same time within one tick, >= 1.
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -181,6 +183,7 @@ class RemediationEngine:
         probation_seconds: float = 3600.0,
         step_timeout_seconds: float = 3600.0,
         placement_interval_seconds: float = 300.0,
+        concurrency: int = 64,
     ) -> None:
         if breaker_window_seconds <= 0:
             raise ValueError(f"breaker_window_seconds must be > 0, got {breaker_window_seconds}")
@@ -207,6 +210,7 @@ class RemediationEngine:
         self.probation_seconds = probation_seconds
         self.step_timeout_seconds = step_timeout_seconds
         self.placement_interval_seconds = placement_interval_seconds
+        self.concurrency = max(1, concurrency)
         self.predictions: dict[str, float] = {}
         """Highest current failure probability per node (set by the pipeline)."""
         self._placed_at = float("-inf")
@@ -389,19 +393,29 @@ class RemediationEngine:
         for action in live:
             by_incident.setdefault(action.incident, []).append(action)
         breaker = self.breaker_open
-        for incident, actions in by_incident.items():
-            for _ in range(16):  # steps that finish at once are followed in the same tick
-                records = await self._advance(incident, actions, now, breaker)
-                out.extend(records)
-                if not any(r.decision == SUCCEEDED for r in records):
-                    break
-                actions = self.store.actions(
-                    incident=incident,
-                    phases=(ActionPhase.PENDING, ActionPhase.RUNNING,
-                            ActionPhase.AWAITING_APPROVAL),
-                )
-                if not actions:
-                    break
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def follow(incident: str, actions: list[StoredAction]) -> list[AuditRecord]:
+            done: list[AuditRecord] = []
+            async with gate:
+                checked: set[str] = set()  # nodes read in this follow-up (see _start)
+                for _ in range(16):  # steps that finish at once are followed in the same tick
+                    records = await self._advance(incident, actions, now, breaker, checked)
+                    done.extend(records)
+                    if not any(r.decision == SUCCEEDED for r in records):
+                        break
+                    actions = self.store.actions(
+                        incident=incident,
+                        phases=(ActionPhase.PENDING, ActionPhase.RUNNING,
+                                ActionPhase.AWAITING_APPROVAL),
+                    )
+                    if not actions:
+                        break
+            return done
+
+        # incidents advance concurrently (a burst of 100 nodes is one round trip, not 100)
+        for records in await asyncio.gather(*(follow(i, a) for i, a in by_incident.items())):
+            out.extend(records)
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         if now - self._placed_at >= self.placement_interval_seconds:
@@ -429,7 +443,8 @@ class RemediationEngine:
                 logger.warning("cannot publish the reliability of %s: %s", node, exc)
 
     async def _advance(
-        self, incident: str, live: list[StoredAction], now: float, breaker: bool
+        self, incident: str, live: list[StoredAction], now: float, breaker: bool,
+        checked: set[str] | None = None,
     ) -> list[AuditRecord]:
         """Advance one incident: poll its running step, or start its next pending one."""
         out: list[AuditRecord] = []
@@ -455,11 +470,19 @@ class RemediationEngine:
             if action.phase == ActionPhase.RUNNING:
                 out.extend(await self._poll(action, now))
             elif action.phase == ActionPhase.PENDING:
-                out.extend(await self._start(action, now, breaker))
+                out.extend(await self._start(action, now, breaker, checked))
             return out
         return out
 
-    async def _start(self, action: StoredAction, now: float, breaker: bool) -> list[AuditRecord]:
+    async def _start(self, action: StoredAction, now: float, breaker: bool,
+                     checked: set[str] | None = None) -> list[AuditRecord]:
+        """Submit ``action`` unless a guard holds it.
+
+        ``checked`` holds the nodes read earlier in the same follow-up of this incident:
+        the step before finished moments ago on a node read just before it, so the node
+        is not read again (a human's change between two steps of one tick cannot be told
+        from our own; it is seen at the next tick).
+        """
         if action.not_before is not None and now < action.not_before:
             return self._wait(action, f"deferred until {action.not_before:.0f}", now)
         if action.step == RemediationStep.NOTIFY:
@@ -469,16 +492,20 @@ class RemediationEngine:
             )
             return []
         if breaker:
-            self._count_held("breaker")
-            return self._wait(action, "circuit breaker open: waits for a human reset", now)
+            return self._wait(action, "circuit breaker open: waits for a human reset", now,
+                              held="breaker")
         adapter = self._adapter_for(action)
-        if not action.dry_run and isinstance(self.scheduler, NodeInspector):
+        if (not action.dry_run and isinstance(self.scheduler, NodeInspector)
+                and (checked is None or action.node not in checked
+                     or action.step == RemediationStep.RESUME)):
             verdict = await self._check_node(action, now)
             if verdict is not None:
                 return verdict
+            if checked is not None:
+                checked.add(action.node)
         if not self._take_token(now):
-            self._count_held("rate_limit")
-            return self._wait(action, "rate limit: waits for the next slot", now)
+            return self._wait(action, "rate limit: waits for the next slot", now,
+                              held="rate_limit")
         try:
             ref = await adapter.submit(action.request())
         except TemporaryError as exc:
@@ -694,11 +721,14 @@ class RemediationEngine:
             return True
         return False
 
-    def _wait(self, action: StoredAction, why: str, now: float) -> list[AuditRecord]:
-        """Keep ``action`` waiting; audit the reason once per change of reason."""
+    def _wait(self, action: StoredAction, why: str, now: float,
+              held: str | None = None) -> list[AuditRecord]:
+        """Keep ``action`` waiting; audit (and count, as ``held``) once per change of reason."""
         if self._said.get(action.id) == why:
             return []
         self._said[action.id] = why
+        if held is not None:
+            self._count_held(held)
         self.store.update(action.id, now=now, message=why)
         return [self._audit(action, WAITING, why, now)]
 
