@@ -1,7 +1,7 @@
 """river anomaly models behind the ``Detector`` Protocol, one model per ``(node, entity)``.
 
 The only module that imports ``river`` for anomaly detection (style.md C.1). Each entity gets
-its own model, cloned from a template (``river.base.Base.clone``), and its own adaptive
+its own model, made by the detector's template, and its own adaptive
 threshold: the running ``quantile`` of its past scores (river ``stats.Quantile``, the P²
 algorithm of Jain & Chlamtac, CACM 1985, O(1) per update). Each feature vector is scored
 first, compared with the threshold in force, and learned only when it was not flagged
@@ -148,7 +148,7 @@ class SharedHalfSpaceTrees:
         value = x.get(self._forest.features[base + at])
         if value is None:
             left, right = 2 * at + 1, 2 * at + 2
-            return left if self._l[base + left] < self._l[base + right] else right
+            return right if self._l[base + left] < self._l[base + right] else left
         return 2 * at + 1 if value < self._forest.thresholds[base + at] else 2 * at + 2
 
     def learn_one(self, x: dict[str, float]) -> None:
@@ -319,7 +319,9 @@ class HalfSpaceTreesDetector(_RiverDetector):
         window_size: Points per reference window, >= 1.
         quantile: Score quantile above which a point is anomalous, in (0, 1).
         warmup_samples: Vectors per entity learned before any detection.
-        seed: Seed for the random trees; always set in tests.
+        seed: Seed for the random trees; always set in tests. The trees are drawn once per
+            feature set and shared by every entity (river's per-entity models with one seed
+            draw the same trees anyway); ``None`` draws them once at random.
 
     Raises:
         ValueError: An argument is out of range.

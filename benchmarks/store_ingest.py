@@ -6,18 +6,25 @@ VictoriaMetrics), the serialisation cost of our encoder against a plain formatte
 and influxdb-client's ``Point``, SQLite ingest in batches, the GPU-week read, and the share
 of one core that 30,000 samples/s (10,000 GPUs x 30 metrics every 10 s) costs.
 
-Run: ``.venv/bin/python benchmarks/store_ingest.py [--seconds 5]`` (VictoriaMetrics from
-PATH for the remote figures; without it they are skipped).
+The remote figures break the backend down stage by stage (the raw ``http.client`` POST,
+influxdb-client's HTTP layer on the same body, our check and encoding, the whole backend),
+each the median of ``--repeats`` interleaved runs.
+
+Run: ``.venv/bin/python benchmarks/store_ingest.py [--seconds 5] [--only remote]``
+(VictoriaMetrics from PATH for the remote figures; without it they are skipped).
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from core.clock import FakeClock
@@ -38,36 +45,74 @@ def batch(round_no: int, gpus: int = 166) -> list[Sample]:
             for g in range(gpus) for m in METRICS]  # 4,980 samples: one 5,000-line body
 
 
-def rate(fn, seconds: float) -> float:
+def rate(fn: Callable[[], int], seconds: float) -> float:
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         n += fn()
     return n / (time.perf_counter() - start)
 
 
-def serialisation(samples: list[Sample]) -> None:
-    plain = rate(lambda: len([f"{s.metric},node={s.node},entity={s.entity} value={s.value} "
-                              f"{int(s.observed_at * 1e9)}" for s in samples]), 1.0)
+def serialisation(samples: list[Sample], repeats: int = 3) -> None:
+    """Our encoder against a plain formatted string (and ``Point``), medians of ``repeats``."""
     n = len(samples)
-    ours = rate(lambda: (LineEncoder(precision="ms").samples(samples), n)[1], 1.0)
     encoder = LineEncoder(precision="ms")
-    cached = rate(lambda: (encoder.samples(samples), n)[1], 1.0)
     single = LineEncoder(precision="ms", merge_fields=False)
-    one_per_line = rate(lambda: (single.samples(samples), n)[1], 1.0)
+    stages: dict[str, Callable[[], int]] = {
+        "plain": lambda: len([f"{s.metric},node={s.node},entity={s.entity} value={s.value} "
+                              f"{int(s.observed_at * 1e9)}"  # type: ignore[operator]
+                              for s in samples]),
+        "cold": lambda: (LineEncoder(precision="ms").samples(samples), n)[1],
+        "warm": lambda: (encoder.samples(samples), n)[1],
+        "single": lambda: (single.samples(samples), n)[1],
+    }
+    runs: dict[str, list[float]] = {name: [] for name in stages}
+    for _ in range(repeats):
+        for name, fn in stages.items():
+            runs[name].append(rate(fn, 1.0))
+    got = {name: statistics.median(values) for name, values in runs.items()}
+    plain, ours, cached, one_per_line = got["plain"], got["cold"], got["warm"], got["single"]
     print(f"serialise: plain f-string {plain:,.0f}/s; LineEncoder cold {ours:,.0f}/s "
           f"(cost {plain / ours:.2f}x), warm cache {cached:,.0f}/s (cost {plain / cached:.2f}x;"
           f" one line per sample {one_per_line:,.0f}/s, {plain / one_per_line:.2f}x)")
     try:
-        from influxdb_client import Point
+        from influxdb_client.client.write.point import Point
     except ImportError:
         return
-    point = rate(lambda: len([Point(s.metric).tag("node", s.node).tag("entity", s.entity)
-                              .field("value", s.value).time(int(s.observed_at * 1e9))
+    point = rate(lambda: len([Point(s.metric)  # type: ignore[no-untyped-call]
+                              .tag("node", s.node).tag("entity", s.entity)
+                              .field("value", s.value)
+                              .time(int(s.observed_at * 1e9))  # type: ignore[operator]
                               .to_line_protocol() for s in samples]), 1.0)
     print(f"serialise: influxdb-client Point {point:,.0f}/s (cost {plain / point:.2f}x)")
 
 
-def remote(seconds: float) -> None:
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used, from ``/proc/<pid>/stat`` (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _staged(fn: Callable[[], int], seconds: float, pid: int) -> tuple[float, float, float]:
+    """Run ``fn`` for ``seconds``; return (samples/s, our CPU ns/sample, server CPU ns/sample)."""
+    ours0, theirs0 = time.process_time(), _cpu_seconds(pid)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        n += fn()
+    wall = time.perf_counter() - start
+    ours, theirs = time.process_time() - ours0, _cpu_seconds(pid) - theirs0
+    return n / wall, ours / n * 1e9, theirs / n * 1e9
+
+
+def remote(seconds: float, repeats: int = 3) -> None:
+    """The influxdb backend against a local VictoriaMetrics, stage by stage.
+
+    Each figure is the median of ``repeats`` interleaved runs of ``seconds`` each (the
+    machine is shared): the raw limit (the bodies of 20 batches, encoded beforehand, posted
+    in turn with ``http.client``), the same bodies through influxdb-client's HTTP layer
+    (urllib3, its retry wrapper), our check and encoding alone, and the whole backend on the
+    same 20 batches; beside each, the CPU this process and the server spent per sample (the
+    wall time is about their sum where they cannot overlap, as on a busy 2-core machine).
+    """
     if shutil.which("victoria-metrics") is None:
         print("victoria-metrics not on PATH: remote figures skipped")
         return
@@ -77,36 +122,75 @@ def remote(seconds: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = start_victoria_metrics(Path(tmp))
         try:
+            assert server.proc is not None
+            pid = server.proc.pid
             host, port = server.url.removeprefix("http://").split(":")
-            samples = batch(0)  # the raw body is the same encoding the backend sends
-            body = "\n".join(LineEncoder(precision="ms").samples(samples)).encode()
+            # Every stage sends the same 20 batches in turn: the server's cost depends on the
+            # data (posting one body again and again costs it about a third less per sample).
+            batches = [batch(i) for i in range(20)]
+            n = len(batches[0])
+            texts = [LineEncoder(precision="ms").samples(b) for b in batches]
+            bodies = ["\n".join(lines).encode() for lines in texts]
             conn = http.client.HTTPConnection(host, int(port))
+            rounds = iter(range(1, 10**9))
 
             def post() -> int:
+                body = bodies[next(rounds) % 20]
                 conn.request("POST", "/api/v2/write?org=o&bucket=b&precision=ms", body)
                 conn.getresponse().read()
-                return len(samples)
+                return n
 
-            raw = rate(post, seconds)
+            def post_one() -> int:  # the raw limit as first measured: one body, again and again
+                conn.request("POST", "/api/v2/write?org=o&bucket=b&precision=ms", bodies[0])
+                conn.getresponse().read()
+                return n
+
             store = InfluxDbStore(url=server.url, org="o", bucket="b", token="x")
-            rounds = iter(range(1, 10**9))
-            batches = [batch(i) for i in range(20)]
-            ours = rate(lambda: (store.write(batches[next(rounds) % 20], []), 4980)[1], seconds)
-            lines = store.encode(samples, [])
-            client_only = rate(lambda: (store.write_lines(lines), len(samples))[1], seconds)
-            cpu0 = time.process_time()
-            wall0 = time.perf_counter()
-            for b in batches:
-                store.write(b, [])
-            cpu = (time.process_time() - cpu0) / (len(batches) * len(samples))
+            lines = texts[0]
+
+            def client() -> int:
+                store.write_lines(texts[next(rounds) % 20])
+                return n
+
+            def encode() -> int:
+                store.encode(batches[next(rounds) % 20], [])
+                return n
+
+            def backend() -> int:
+                store.write(batches[next(rounds) % 20], [])
+                return n
+
+            stages: dict[str, tuple[str, Callable[[], int]]] = {
+                "raw": ("raw limit: pre-built bodies, http.client", post),
+                "one": ("  (one pre-built body again and again)", post_one),
+                "client": ("same bodies through influxdb-client's HTTP layer", client),
+                "encode": ("check + encode alone (no HTTP)", encode),
+                "backend": ("influxdb backend: check + encode + client POST", backend),
+            }
+            for _ in range(2 * len(bodies)):  # untimed: the server creates its series first
+                post()
+            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in stages}
+            for _ in range(repeats):
+                for name, (_, fn) in stages.items():
+                    runs[name].append(_staged(fn, seconds, pid))
+            got = {name: tuple(statistics.median(v[i] for v in values) for i in range(3))
+                   for name, values in runs.items()}
             store.close()
-            print(f"remote raw limit (pre-built body, http.client): {raw:,.0f} samples/s")
-            print(f"influxdb backend (check + encode + influxdb-client POST): {ours:,.0f} "
-                  f"samples/s = {ours / raw:.0%} of raw")
-            print(f"influxdb-client HTTP layer alone (pre-encoded lines): {client_only:,.0f} "
-                  f"samples/s = {client_only / raw:.0%} of raw")
-            print(f"influxdb backend CPU: {cpu * 1e6:.2f} us/sample -> 30,000 samples/s uses "
-                  f"{cpu * 30000:.0%} of one core (wall {time.perf_counter() - wall0:.2f} s)")
+            raw = got["raw"][0]
+            print(f"remote, medians of {repeats} interleaved runs of {seconds:g} s "
+                  f"({n:,}-sample batches, {len(lines)} lines per body, 30 fields a line):")
+            print(f"  {'stage':<50}{'samples/s':>12}{'of raw':>8}{'wall ns':>9}"
+                  f"{'our CPU':>9}{'server CPU':>11}")
+            for name, (label, _) in stages.items():
+                per_s, ours, theirs = got[name]
+                print(f"  {label:<50}{per_s:>12,.0f}{per_s / raw:>8.0%}{1e9 / per_s:>9.0f}"
+                      f"{ours:>9.0f}{theirs:>11.0f}")
+            whole = got["backend"]
+            print(f"  influxdb backend = {whole[0] / raw:.0%} of the raw limit (goal >= 60%); "
+                  f"influxdb-client's HTTP layer costs {got['client'][1] - got['raw'][1]:+.0f} ns "
+                  f"of our CPU per sample over http.client, check + encode "
+                  f"{got['encode'][1]:.0f} ns; 30,000 samples/s use "
+                  f"{whole[1] * 1e-9 * 30000:.1%} of one core")
         finally:
             server.stop()
 
@@ -161,10 +245,16 @@ def sqlite(seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--only", choices=("serialise", "sqlite", "remote"),
+                        help="run one part only")
     args = parser.parse_args()
-    serialisation(batch(0))
-    sqlite(args.seconds)
-    remote(args.seconds)
+    if args.only in (None, "serialise"):
+        serialisation(batch(0), args.repeats)
+    if args.only in (None, "sqlite"):
+        sqlite(args.seconds)
+    if args.only in (None, "remote"):
+        remote(args.seconds, args.repeats)
 
 
 if __name__ == "__main__":

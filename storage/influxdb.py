@@ -22,6 +22,12 @@ memory, and reports failures on another thread, which would lose batches that th
 was told were written. When one body of a multi-body batch fails, the spool re-sends the
 whole batch; identical points are deduplicated by the server.
 
+Cost: ``benchmarks/store_ingest.py`` prints each stage (check and encoding, the client's HTTP
+layer on a pre-built body, a bare ``http.client`` POST of the same body). Encoding piece
+``i + 1`` while piece ``i`` is posted from a second thread was measured and dropped: it was
+slower than encode-then-post (the posting thread needs the GIL, which the encoder holds for
+up to the 5 ms switch interval, longer than a piece takes to encode).
+
 Reads: Flux through the client's query API (``from |> range |> filter |>
 aggregateWindow``), parsed from annotated CSV by the client. No InfluxDB 2 server runs in
 CI; the reader is tested against a local stand-in answering ``/api/v2/query``.
