@@ -175,33 +175,46 @@ def kubernetes(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callabl
                   "would cap them at 5/s)")
 
 
+class _Pool(list[str]):
+    """Slurm's configured nodes, resumed and reused between trials."""
+
+    def __init__(self, names: list[str], resume: Callable[[list[str]], None]) -> None:
+        super().__init__(names)
+        self.all = list(names)
+        self.resume = resume
+
+    def pop(self, index: Any = -1) -> str:
+        if not self:
+            self.resume(self.all)
+            self.extend(self.all)
+        return super().pop(index)
+
+
 @contextlib.contextmanager
 def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[list[str]],
                                                                               None]]]:
+    """A real slurmctld (``tests/slurm_server.py``); its 100 slurmd-less nodes are reused."""
     from remediation.slurm import SlurmScheduler
     from tests.slurm_server import slurm_cluster
 
-    with slurm_cluster(extra_nodes=total) as cluster:
-        names = list(cluster.extra_nodes)
-        state: dict[str, bool] = {}
+    with slurm_cluster() as cluster:
+        names = list(cluster.fake_nodes)
 
-        def add(nodes: list[str]) -> None:
-            return None
-
-        def refresh() -> None:
-            out = cluster.run(["sinfo", "-h", "-N", "-o", "%N %T"]).split("\n")
-            for line in out:
-                parts = line.split()
-                if len(parts) == 2:
-                    state[parts[0]] = "drain" in parts[1]
+        def resume(nodes: list[str]) -> None:
+            cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
+                        check=False)
+            cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=DOWN",
+                        "Reason=benchmark reset", check=False)
+            cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
+                        check=False)
 
         def is_out(node: str) -> bool:
-            refresh()
-            return state.get(node, False)
+            return "drain" in cluster.sinfo_state(node)
 
+        resume(names)
         adapter = SlurmScheduler(env=cluster.env, grace_seconds=0.0)
-        adapter.pool = names  # type: ignore[attr-defined]
-        yield adapter, is_out, add
+        adapter.pool = _Pool(names, resume)  # type: ignore[attr-defined]
+        yield adapter, is_out, lambda nodes: None
 
 
 def make_pipeline(adapter: Any, size: int, *, default_guards: bool) -> Pipeline:

@@ -159,6 +159,8 @@ class RemediationEngine:
         placement_interval_seconds: How often node reliability scores are recomputed and
             published to the scheduler (``ReliabilityPublisher``), > 0.
         concurrency: Incidents advanced at the same time within one tick, >= 1.
+        inspect_seconds: While a node drain runs, how often the node is read to notice a
+            human returning it to service, seconds.
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -184,6 +186,7 @@ class RemediationEngine:
         step_timeout_seconds: float = 3600.0,
         placement_interval_seconds: float = 300.0,
         concurrency: int = 64,
+        inspect_seconds: float = 1.0,
     ) -> None:
         if breaker_window_seconds <= 0:
             raise ValueError(f"breaker_window_seconds must be > 0, got {breaker_window_seconds}")
@@ -211,6 +214,8 @@ class RemediationEngine:
         self.step_timeout_seconds = step_timeout_seconds
         self.placement_interval_seconds = placement_interval_seconds
         self.concurrency = max(1, concurrency)
+        self.inspect_seconds = inspect_seconds
+        self._inspected: dict[int, float] = {}
         self.predictions: dict[str, float] = {}
         """Highest current failure probability per node (set by the pipeline)."""
         self._placed_at = float("-inf")
@@ -548,6 +553,9 @@ class RemediationEngine:
             self.store.update(action.id, now=now, ref=ref, epoch=self._epoch,
                               message="taken over from another controller")
             action = self.store.get(action.id) or action
+        overridden = await self._human_took_over(action, now)
+        if overridden is not None:
+            return overridden
         try:
             status = await adapter.status(action.ref)
         except TemporaryError as exc:
@@ -640,6 +648,35 @@ class RemediationEngine:
             return self._human(action, now, f"a human returned node {action.node} to service "
                                "after gpuhealth took it out: not taken out again")
         return None
+
+    async def _human_took_over(self, action: StoredAction, now: float) -> list[AuditRecord] | None:
+        """While a node-level drain runs, notice a human returning the node to service.
+
+        Read at most every ``inspect_seconds`` per action. The running step is cancelled
+        (it is no longer polled, so an adapter that requeues jobs on a later poll, as
+        Slurm's after its grace period, does not) and the incident stops.
+        """
+        if (action.dry_run or action.step not in (RemediationStep.DRAIN, RemediationStep.CORDON)
+                or action.attrs.get("scope") == SCOPE_GPU
+                or not isinstance(self.scheduler, NodeInspector)):
+            return None
+        if now - self._inspected.get(action.id, float("-inf")) < self.inspect_seconds:
+            return None
+        self._inspected[action.id] = now
+        incident = self.store.incident(action.incident)
+        if incident is None or incident.out_of_service_at is None or not incident.claimed:
+            return None
+        try:
+            state = await self.scheduler.node_state(action.node)
+        except GpuHealthError:
+            return None
+        if not state.schedulable:
+            return None
+        why = (f"a human returned node {action.node} to service while gpuhealth's "
+               f"{action.step.value} ran: stopped, not taken out again")
+        self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
+                          message=why, expect=(ActionPhase.RUNNING,))
+        return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]
 
     def _human(self, action: StoredAction, now: float, why: str) -> list[AuditRecord]:
         """Stop the incident of ``action``: a human's state wins; free its budget slot."""

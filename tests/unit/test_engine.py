@@ -126,7 +126,7 @@ def test_human_resume_in_between_is_respected(tmp_path):
     assert "human returned" in inc.note
     assert p.policy.out_of_service == frozenset()  # its budget slot is free again
     cancelled = [a for a in p.actions.actions() if a.phase == ActionPhase.CANCELLED]
-    assert [a.step for a in cancelled] == [S.REBOOT]
+    assert [a.step for a in cancelled] == [S.DRAIN, S.REBOOT]  # the running drain stops too
 
 
 def test_a_humans_drain_is_left_to_the_human(tmp_path):
