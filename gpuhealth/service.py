@@ -173,6 +173,7 @@ class Service:
         self._writer: threading.Thread | None = None
         self._remediator: threading.Thread | None = None
         self._inbound: dict[str, tuple[str, str, str, str]] = {}
+        self._gpus: set[tuple[str, str]] = set()
         self.recorder: HistoryRecorder | None = None
         self._report_scheduler: Any = None
         self.elector = build_leader_loop(settings)
@@ -493,6 +494,8 @@ class Service:
         changed: list[Record] = []
         for record in batch:
             if isinstance(record, Sample):
+                if record.metric.startswith("gpu_") and record.entity != "node":
+                    self._gpus.add((str(record.node), str(record.entity)))
                 key = (record.metric, record.node, record.entity,
                        tuple(sorted(record.labels.items())))
                 if self._last_value.get(key) == record.value:
@@ -611,6 +614,23 @@ class Service:
                           {"stage": "evaluate"})
         for name, depth in self.pipeline.outbox_depths(every_notifier=True).items():
             self.exporter.set("gpuhealth_outbox_depth", depth, {"notifier": name})
+        worst: dict[tuple[str, str], int] = {}
+        order = {sev: i for i, sev in enumerate(Severity)}
+        for f in output.findings:
+            key = (str(f.node), str(f.entity))
+            if key in self._gpus:
+                worst[key] = max(worst.get(key, -1), order[f.severity])
+        out_nodes = self.pipeline.policy.out_of_service
+        states: collections.Counter[str] = collections.Counter()
+        for node, entity in self._gpus:
+            if node in out_nodes:
+                states["out_of_service"] += 1
+            else:
+                level = worst.get((node, entity), -1)
+                states["healthy" if level <= order[Severity.INFO]
+                       else list(Severity)[level].value] += 1
+        for state in ("healthy", "warning", "major", "critical", "out_of_service"):
+            self.exporter.set("gpuhealth_gpus", states.get(state, 0), {"state": state})
         open_by_severity = collections.Counter(f.severity.value for f in output.findings)
         for severity in Severity:
             self.exporter.set("gpuhealth_open_findings", open_by_severity.get(severity.value, 0),
@@ -721,6 +741,14 @@ class Service:
         self.exporter.set("gpuhealth_remediation_leader", float(self.elector.is_leader_now()))
         self.exporter.set("gpuhealth_time_to_remediate_seconds_total",
                           sum(engine.stats.remediate_seconds))
+        incidents = collections.Counter(
+            (inc.severity or "none", inc.state)
+            for inc in pipeline.actions.incidents(states=("open", "probation")))
+        for severity in Severity:
+            for phase in ("open", "probation"):
+                self.exporter.set("gpuhealth_open_incidents",
+                                  incidents.get((severity.value, phase), 0),
+                                  {"severity": severity.value, "phase": phase})
         for node, score in engine.stats.reliability.items():
             self.exporter.set("gpuhealth_node_reliability_ratio", score, {"node": node})
         policy = pipeline.policy

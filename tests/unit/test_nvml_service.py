@@ -65,6 +65,17 @@ fast_interval_seconds = "100ms"
             ),
             10,
         )
+        # the GPU counts among the healthy ones once an evaluation ran (evaluate every 5 s)
+        def gpus() -> float:
+            return sum(service.exporter.value("gpuhealth_gpus", {"state": state}) or 0
+                       for state in ("healthy", "warning", "major", "critical",
+                                     "out_of_service"))
+
+        assert _wait_for(lambda: gpus() == 1, 10), [
+            (st, service.exporter.value("gpuhealth_gpus", {"state": st}))
+            for st in ("healthy", "warning", "major", "critical", "out_of_service")]
+        assert service.exporter.value("gpuhealth_open_incidents",
+                                      {"severity": "critical", "phase": "open"}) == 0
     finally:
         service.shutdown()
     assert not fake.gaps
