@@ -203,13 +203,9 @@ def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[li
         def resume(nodes: list[str]) -> None:
             cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
                         check=False)
-            cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=DOWN",
-                        "Reason=benchmark reset", check=False)
-            cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
-                        check=False)
 
         def is_out(node: str) -> bool:
-            return "drain" in cluster.sinfo_state(node)
+            return "DRAIN" in cluster.node(node).get("State", "")
 
         resume(names)
         adapter = SlurmScheduler(env=cluster.env, grace_seconds=0.0)

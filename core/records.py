@@ -355,8 +355,10 @@ class NodeState:
     Attributes:
         node: The node.
         exists: Whether the scheduler knows the node at all.
-        schedulable: Whether new work may start on it (Slurm: not DRAIN/DOWN; Kubernetes:
-            not ``spec.unschedulable``).
+        schedulable: Whether nobody took it out of service (Slurm: no DRAIN/FAIL flag and
+            not DOWN by a person; Kubernetes: not ``spec.unschedulable``). A node the
+            scheduler itself marked DOWN or NotReady counts as schedulable here: gpuhealth
+            still takes it out, so it does not return to service by itself.
         reason: Why it is out of service, as the scheduler shows it (Slurm ``Reason=``;
             Kubernetes annotation ``gpuhealth.io/reason``, or ``""``).
         owned: Whether gpuhealth took it out of service: the reason starts with

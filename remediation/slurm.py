@@ -105,6 +105,10 @@ UNSCHEDULABLE_FLAGS = frozenset({"DRAIN", "FAIL"})
 UNSCHEDULABLE_STATES = frozenset({"DOWN", "FUTURE"})
 """Base node states in which no job starts."""
 
+SLURM_DOWN_REASONS = ("Not responding", "Node unexpectedly rebooted", "reboot timed out",
+                      "Kill task failed", "Prolog error", "Epilog error")
+"""Reasons slurmctld itself gives a node it sets DOWN (slurmctld/node_mgr.c, ping_nodes.c)."""
+
 _UNAVAILABLE_MARKERS = (
     "unable to contact slurm controller",
     "socket timed out",
@@ -854,8 +858,10 @@ class SlurmScheduler:
     async def node_state(self, node: NodeName) -> NodeState:
         """Return the node as Slurm shows it now (:class:`~core.records.NodeState`).
 
-        ``schedulable``: no DRAIN/FAIL flag and not DOWN/FUTURE; ``owned``: unschedulable
-        with a reason starting ``gpuhealth:``; ``opted_out``: feature
+        ``schedulable``: not taken out of service by anybody: no DRAIN/FAIL flag, and not
+        DOWN/FUTURE with a person's reason (Slurm's own DOWN, :data:`SLURM_DOWN_REASONS`,
+        counts as schedulable here, so that gpuhealth still drains such a node); ``owned``:
+        taken out with a reason starting ``gpuhealth:``; ``opted_out``: feature
         :data:`OPT_OUT_FEATURE`; ``running``: jobs running, suspended or completing on
         it; ``boot_id``: ``BootTime`` as epoch seconds (``""`` if unknown); ``state``:
         ``IDLE+DRAIN``-style words. A node Slurm does not know gives ``exists=False``.
@@ -868,12 +874,18 @@ class SlurmScheduler:
         except NodeNotFound:
             return NodeState(node=node, exists=False, schedulable=False, state="")
         jobs = await self.jobs_on(node)
+        # Out of service *by someone*: a DRAIN/FAIL flag, or DOWN with a person's reason.
+        # Slurm's own DOWN ("Not responding", no reason) is not a decision anybody made:
+        # gpuhealth still drains such a node so it does not return to service by itself.
+        by_slurm = found.state in UNSCHEDULABLE_STATES and (
+            not found.reason or found.reason.startswith(SLURM_DOWN_REASONS))
+        taken_out = not found.schedulable and not by_slurm
         return NodeState(
             node=node,
             exists=True,
-            schedulable=found.schedulable,
+            schedulable=not taken_out,
             reason=found.reason,
-            owned=found.owned,
+            owned=taken_out and found.reason.startswith(OWNER_PREFIX),
             opted_out=found.opted_out,
             running=len(jobs),
             boot_id=str(found.boot_time) if found.boot_time else "",

@@ -124,3 +124,53 @@ def test_a_human_resume_in_between_is_not_undone(slurm, tmp_path):  # noqa: F811
     assert "drain" not in cluster.sinfo_state(cluster.host)
     assert not cluster.node(cluster.host).get("Reason", "").startswith("gpuhealth:")
     cluster.run("scancel", job, check=False)
+
+
+def test_the_budget_holds_under_a_burst_of_50_failing_nodes(slurm, tmp_path):  # noqa: F811
+    """50 nodes report Xid 79 at once on a 100-node cluster (real slurmctld; the nodes have no
+    slurmd, which scontrol drains and resumes all the same): 10 % budget -> 10 drained."""
+    import asyncio
+
+    from gpuhealth.pipeline import Pipeline
+    from remediation.slurm import SlurmScheduler
+    from tests.unit.test_engine import xid79
+
+    cluster = slurm
+    nodes = cluster.fake_nodes[:50]
+    cluster.run("scontrol", "update", f"NodeName={','.join(cluster.fake_nodes)}",
+                "State=RESUME", check=False)
+    adapter = SlurmScheduler(env=cluster.env, grace_seconds=0.0)
+    p = Pipeline(facts={}, notifiers=[], audit_log_path=str(tmp_path / "audit.jsonl"),
+                 dry_run=False, scheduler=adapter, cluster_size=100,
+                 max_disrupted_fraction=0.10, gpu_level_drain=False, rules=[],
+                 engine_options={"breaker_max_nodes": 1000, "probation_seconds": 3600})
+    p.observe_findings([xid79(n) for n in nodes], hold_seconds=1e6)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(p.aevaluate())
+        for _ in range(10):
+            loop.run_until_complete(p.atick())
+        drained = [n for n in cluster.fake_nodes if "DRAIN" in cluster.node(n).get("State", "")]
+        assert len(drained) == 10, [(a.step.value, a.node, a.phase.value, a.message)
+                                    for a in p.actions.actions()][:12]
+        assert set(drained) <= set(nodes)
+        assert len(p.policy.held) == 40
+        held = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        assert sum(1 for r in held if r["decision"] == "held"
+                   and "disruption budget" in r["reason"]) >= 40
+        # the default breaker (above max(3, ceil(20 % of 100)) = 20 nodes) stops everything
+        q = Pipeline(facts={}, notifiers=[], audit_log_path=None, dry_run=False,
+                     scheduler=adapter, cluster_size=100, max_disrupted_fraction=0.10,
+                     gpu_level_drain=False, rules=[],
+                     engine_options={"breaker_max_nodes": 20})
+        others = cluster.fake_nodes[50:]
+        q.observe_findings([xid79(n) for n in others], hold_seconds=1e6)
+        loop.run_until_complete(q.aevaluate())
+        for _ in range(3):
+            loop.run_until_complete(q.atick())
+        assert q.engine.breaker_open
+        assert not [n for n in others if "DRAIN" in cluster.node(n).get("State", "")]
+    finally:
+        loop.close()
+        cluster.run("scontrol", "update", f"NodeName={','.join(cluster.fake_nodes)}",
+                    "State=RESUME", check=False)
