@@ -464,6 +464,24 @@ def evaluate_nab(data_dir: str | None, profiles: tuple[str, ...], max_files: int
     click.echo(nab.format_table(results, nab.load_scoreboard(root)))
 
 
+@evaluate.command("titan")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Titan folder (default: $GPUHEALTH_TEST_DATA/titan-gpu-lifetimes).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the report.")
+def evaluate_titan(data_dir: str | None, as_json: bool) -> None:
+    """Rank Titan GPUs and slots by failure risk; concordance beside a location-only Cox."""
+    from analytics import survival
+
+    try:
+        result = survival.evaluate_titan(survival.data_dir(data_dir))
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        click.echo(survival.render(result), nl=False)
+
+
 @main.group()
 def config() -> None:
     """Inspect the configuration."""
