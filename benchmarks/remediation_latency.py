@@ -204,8 +204,17 @@ def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[li
             cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
                         check=False)
 
+        snapshot: dict[str, Any] = {"at": 0.0, "drained": set()}
+
         def is_out(node: str) -> bool:
-            return "DRAIN" in cluster.node(node).get("State", "")
+            # one `scontrol show node -o` for every node per poll round (5 ms apart at most)
+            if time.perf_counter() - snapshot["at"] > 0.005:
+                text = cluster.run("scontrol", "show", "node", "-o").stdout
+                snapshot["drained"] = {
+                    line.split()[0].removeprefix("NodeName=") for line in text.splitlines()
+                    if line.strip() and "DRAIN" in line.split(" State=", 1)[-1].split()[0]}
+                snapshot["at"] = time.perf_counter()
+            return node in snapshot["drained"]
 
         resume(names)
         adapter = SlurmScheduler(env=cluster.env, grace_seconds=0.0)
