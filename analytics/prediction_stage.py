@@ -9,10 +9,16 @@ horizon). Predictions are withheld until the model has learned from at least
 which would page the whole fleet (issue #5: never a false alarm from an unready model).
 The model is checkpointed to ``checkpoint_path`` every ``checkpoint_seconds`` and at
 :meth:`close`, and restored at start, so a restarted or standby controller resumes warm.
+
+Every ``refit_seconds`` a scikit-learn model is refitted from the labelled history
+(:mod:`analytics.refit`) and serves the probabilities instead of the online model only
+while it beat it on the most recent vectors; the decision is logged and kept in
+:attr:`PredictionStage.last_refit`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 from collections.abc import Iterable
@@ -20,6 +26,7 @@ from pathlib import Path
 
 from analytics.features import FeatureBuilder
 from analytics.predictor import OnlineFailurePredictor
+from analytics.refit import BatchModel, RefitDecision, refit
 from core.records import Finding, Prediction, Sample
 
 logger = logging.getLogger(__name__)
@@ -35,6 +42,7 @@ class PredictionStage:
         min_positives: Failures learned before predictions are published, >= 0.
         checkpoint_seconds: How often the state is saved, > 0.
         seed: Seed of the predictor's subsampling.
+        refit_seconds: How often the scikit-learn batch model is refitted and compared, > 0.
 
     Raises:
         ValueError: An argument out of range.
@@ -49,6 +57,7 @@ class PredictionStage:
         min_positives: int = 5,
         checkpoint_seconds: float = 300.0,
         seed: int | None = 0,
+        refit_seconds: float = 3600.0,
     ) -> None:
         if min_positives < 0 or checkpoint_seconds <= 0:
             raise ValueError("min_positives must be >= 0 and checkpoint_seconds > 0")
@@ -67,6 +76,11 @@ class PredictionStage:
                              checkpoint_path, exc)
         self._saved_at: float | None = None
         self.withheld = 0
+        self.refit_seconds = refit_seconds
+        self.batch: BatchModel | None = None
+        """The scikit-learn model serving now, or ``None`` (the online model serves)."""
+        self.last_refit: RefitDecision | None = None
+        self._refit_at: float | None = None
 
     @property
     def ready(self) -> bool:
@@ -85,8 +99,16 @@ class PredictionStage:
     def step(self, now: float) -> list[Prediction]:
         """Score every entity due; return the predictions to publish (none until ready)."""
         out: list[Prediction] = []
+        if self._refit_at is None:
+            self._refit_at = now
+        elif now - self._refit_at >= self.refit_seconds:
+            self._refit_at = now
+            self.refresh_batch_model()
         for vector in self.features.vectors(now):
             prediction = self.predictor.predict(vector)
+            if self.batch is not None:
+                prediction = dataclasses.replace(
+                    prediction, probability=self.batch.probability(dict(vector.values)))
             if self.ready:
                 out.append(prediction)
             else:
@@ -98,6 +120,14 @@ class PredictionStage:
             self.save()
             self._saved_at = now
         return out
+
+    def refresh_batch_model(self) -> RefitDecision:
+        """Refit the batch model now; adopt it only if it beats the online model."""
+        decision = refit(list(self.predictor.history))
+        self.last_refit = decision
+        self.batch = decision.model if decision.adopted else None
+        logger.info("failure predictor refit: %s", decision.why)
+        return decision
 
     def save(self) -> None:
         """Checkpoint now (errors are logged: the next checkpoint tries again)."""

@@ -53,6 +53,7 @@ class OnlineFailurePredictor:
         negative_rate: Fraction of negative vectors learned, in (0, 1].
         top_features: Features reported per prediction, >= 1.
         seed: Seed of the negative subsampling; always set in tests.
+        history_size: Labelled vectors kept for the batch refit (oldest dropped first).
 
     Raises:
         ValueError: An argument is out of range.
@@ -68,6 +69,7 @@ class OnlineFailurePredictor:
         negative_rate: float = 0.2,
         top_features: int = 5,
         seed: int | None = None,
+        history_size: int = 50_000,
     ) -> None:
         if horizon_seconds <= 0:
             raise ValueError(f"horizon_seconds must be > 0, got {horizon_seconds!r}")
@@ -89,6 +91,12 @@ class OnlineFailurePredictor:
         self._rng = random.Random(seed)
         self.learned_positive = 0
         self.learned_negative = 0
+        self._scored: dict[tuple[NodeName, EntityId, float], float] = {}
+        self.history: deque[tuple[dict[str, float], bool, float, float]] = deque(
+            maxlen=history_size)
+        """Labelled vectors in the order learned: ``(features, label, probability the online
+        model gave before learning it, window end)``, for the batch refit
+        (:mod:`analytics.refit`) to train on and to compare against, prequentially."""
 
     def predict(self, x: FeatureVector) -> Prediction:
         """Predict failure of ``x``'s entity within the horizon, then queue ``x`` for labelling."""
@@ -100,6 +108,7 @@ class OnlineFailurePredictor:
         top = sorted(terms.items(), key=lambda kv: -abs(kv[1]))[: self.top_features]
         self._scaler.learn_one(features)
         self._pending.append(x)
+        self._scored[(x.node, x.entity, x.window_end_at)] = probability
         self._settle(x.window_end_at)
         return Prediction(
             node=x.node,
@@ -133,10 +142,11 @@ class OnlineFailurePredictor:
             if label is None and now - x.window_end_at < self.horizon_seconds:
                 break  # the oldest is still open; later ones are younger
             self._pending.popleft()
+            scored = self._scored.pop((x.node, x.entity, x.window_end_at), None)
             if label:
-                self._learn(x, True)
+                self._learn(x, True, scored)
             elif self._rng.random() < self.negative_rate:
-                self._learn(x, False)
+                self._learn(x, False, scored)
         # Vectors after a failure in the queue may already be positive; they wait their turn.
         oldest = self._pending[0].window_end_at if self._pending else now
         for key, times in list(self._failed_at.items()):
@@ -146,7 +156,9 @@ class OnlineFailurePredictor:
             else:
                 del self._failed_at[key]
 
-    def _learn(self, x: FeatureVector, label: bool) -> None:
+    def _learn(self, x: FeatureVector, label: bool, scored: float | None = None) -> None:
+        if scored is not None:
+            self.history.append((dict(x.values), label, scored, x.window_end_at))
         self._model.learn_one(self._scaler.transform_one(dict(x.values)), label)
         if label:
             self.learned_positive += 1
@@ -171,6 +183,8 @@ class OnlineFailurePredictor:
             "scaler": self._scaler,
             "model": self._model,
             "pending": list(self._pending),
+            "scored": dict(self._scored),
+            "history": list(self.history),
             "failed_at": self._failed_at,
             "rng": self._rng.getstate(),
             "counts": (self.learned_positive, self.learned_negative),
@@ -202,6 +216,8 @@ class OnlineFailurePredictor:
         predictor._scaler = state["scaler"]
         predictor._model = state["model"]
         predictor._pending = deque(state["pending"])
+        predictor._scored = dict(state.get("scored", {}))
+        predictor.history.extend(state.get("history", []))
         predictor._failed_at = state["failed_at"]
         predictor._rng.setstate(state["rng"])
         predictor.learned_positive, predictor.learned_negative = state["counts"]
