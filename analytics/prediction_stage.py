@@ -25,9 +25,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from analytics.features import FeatureBuilder
+from analytics.hst import HalfSpaceTreesDetector
 from analytics.predictor import OnlineFailurePredictor
 from analytics.refit import BatchModel, RefitDecision, refit
-from core.records import Finding, Prediction, Sample
+from core.records import Anomaly, Finding, Prediction, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class PredictionStage:
         checkpoint_seconds: How often the state is saved, > 0.
         seed: Seed of the predictor's subsampling.
         refit_seconds: How often the scikit-learn batch model is refitted and compared, > 0.
+        vector_detector: Also score every feature vector with river's HalfSpaceTrees
+            (:class:`~analytics.hst.HalfSpaceTreesDetector`, trees shared per feature set,
+            seeded): a GPU or port whose whole feature vector is unusual gives an anomaly.
 
     Raises:
         ValueError: An argument out of range.
@@ -58,6 +62,7 @@ class PredictionStage:
         checkpoint_seconds: float = 300.0,
         seed: int | None = 0,
         refit_seconds: float = 3600.0,
+        vector_detector: bool = False,
     ) -> None:
         if min_positives < 0 or checkpoint_seconds <= 0:
             raise ValueError("min_positives must be >= 0 and checkpoint_seconds > 0")
@@ -81,6 +86,9 @@ class PredictionStage:
         """The scikit-learn model serving now, or ``None`` (the online model serves)."""
         self.last_refit: RefitDecision | None = None
         self._refit_at: float | None = None
+        self.vector_detector = HalfSpaceTreesDetector(seed=0) if vector_detector else None
+        self.anomalies: list[Anomaly] = []
+        """Anomalies of the vector detector since the last :meth:`take_anomalies`."""
 
     @property
     def ready(self) -> bool:
@@ -105,6 +113,10 @@ class PredictionStage:
             self._refit_at = now
             self.refresh_batch_model()
         for vector in self.features.vectors(now):
+            if self.vector_detector is not None:
+                anomaly = self.vector_detector.observe(vector)
+                if anomaly is not None:
+                    self.anomalies.append(anomaly)
             prediction = self.predictor.predict(vector)
             if self.batch is not None:
                 prediction = dataclasses.replace(
@@ -119,6 +131,11 @@ class PredictionStage:
         elif now - self._saved_at >= self.checkpoint_seconds:
             self.save()
             self._saved_at = now
+        return out
+
+    def take_anomalies(self) -> list[Anomaly]:
+        """Return and forget the vector detector's anomalies."""
+        out, self.anomalies = self.anomalies, []
         return out
 
     def refresh_batch_model(self) -> RefitDecision:

@@ -284,6 +284,11 @@ class AnalyticsSettings(BaseModel):
     predictor_interval_seconds: Duration = Field(default=60.0, gt=0)
     """One prediction per entity at most this often."""
 
+    vector_detector: bool = False
+    """Also score each GPU's and port's whole feature vector with river's HalfSpaceTrees
+    (``warning`` anomalies); off by default: its precision on the labelled stream is low
+    (``docs/analytics.md``)."""
+
     predictor_min_positives: int = Field(default=5, ge=0)
     """Failures the model must have learned before its predictions alert (an untrained
     model would flag everything)."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from alerting.inbound import InboundBatch
 from alerting.silences import SilenceStore
-from analytics.online import OnlineAnalytics, to_finding
+from analytics.online import OnlineAnalytics, OnlineResult, to_finding
 from analytics.prediction_stage import PredictionStage
 from collectors.nvml_events import XidDedup
 from core import plugins
@@ -191,7 +191,8 @@ class Service:
             PredictionStage(checkpoint_path=settings.node.data_dir / "predictor.pkl",
                             horizon_seconds=an.predictor_horizon_seconds,
                             interval_seconds=an.predictor_interval_seconds,
-                            min_positives=an.predictor_min_positives)
+                            min_positives=an.predictor_min_positives,
+                            vector_detector=an.vector_detector)
             if an.predictor else None)
         self._predicted_at = time.monotonic()
 
@@ -550,6 +551,14 @@ class Service:
                 return
             self._predicted_at = time.monotonic()
             predictions = stage.step(time.time())
+            anomalies = stage.take_anomalies()
+            if anomalies:
+                pipeline.observe_findings(
+                    [to_finding(OnlineResult(kind="anomaly", metric="feature_vector",
+                                             anomaly=a)) for a in anomalies],
+                    hold_seconds=self.settings.analytics.anomaly_hold_seconds)
+                for a in anomalies:
+                    self.exporter.inc("gpuhealth_anomalies_total", {"detector": a.detector})
             if predictions:
                 pipeline.observe_predictions(predictions)
                 if self.recorder is not None:
