@@ -302,7 +302,8 @@ def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
     The file is opened once, so pipes and process substitutions work. gzip files
     (rotated ``kern.log.2.gz``) are decompressed; a UTF-8 or UTF-16 byte-order mark
     picks the encoding; other text is read as UTF-8 with undecodable bytes replaced.
-    Binary data (NUL bytes), empty input and unreadable files become issues.
+    Binary data, empty input and unreadable files become issues; runs of NUL bytes in
+    text (a syslog's padding after a crash) are removed, with one issue saying so.
     """
     with contextlib.ExitStack() as stack:
         try:
@@ -328,14 +329,27 @@ def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
             return
         encoding = next((enc for bom, enc in _BOMS if head.startswith(bom)), "utf-8")
         if encoding == "utf-8" and b"\x00" in head:
-            reason = "binary file (NUL bytes), not text"
-            result.issues.append(ParseIssue(file=path, line=None, reason=reason))
-            return
+            # A syslog after a hard crash or power cycle holds runs of NUL padding between
+            # lines of text: keep the text. Binary data has control bytes besides NULs.
+            rest = head.replace(b"\x00", b"")
+            control = sum(1 for b in rest if b < 32 and b not in (9, 10, 13))
+            if control > 0.02 * len(rest):
+                reason = "binary file (NUL bytes), not text"
+                result.issues.append(ParseIssue(file=path, line=None, reason=reason))
+                return
         text = io.TextIOWrapper(buffered, encoding=encoding, errors="replace", newline=None)
         number = 0
+        nul_noted = False
         try:
             while chunk := text.readline(MAX_LINE_CHARS):
                 number += 1
+                if "\x00" in chunk:
+                    chunk = chunk.replace("\x00", "")
+                    if not nul_noted:
+                        nul_noted = True
+                        result.add_issues([ParseIssue(
+                            file=path, line=number,
+                            reason="NUL bytes removed (padding left by a crash or power cycle)")])
                 if len(chunk) >= MAX_LINE_CHARS and not chunk.endswith("\n"):
                     while (rest := text.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
                         pass

@@ -85,7 +85,8 @@ def expand_paths(paths: Sequence[str]) -> Iterator[str]:
     """Yield the files named by ``paths``; folders are walked in sorted order.
 
     ``README.md`` and ``*.json`` files inside folders are skipped: they are the
-    case collection's notes and expectations, not artifacts.
+    case collection's notes and expectations, not artifacts; so are anything but regular
+    files (a named pipe in a walked folder would block the reader forever).
     """
     for path in paths:
         if os.path.isdir(path):
@@ -94,7 +95,10 @@ def expand_paths(paths: Sequence[str]) -> Iterator[str]:
                 for name in sorted(files):
                     if name.startswith(".") or name == "README.md" or name.endswith(".json"):
                         continue
-                    yield os.path.join(root, name)
+                    full = os.path.join(root, name)
+                    if not os.path.isfile(full):
+                        continue  # a FIFO or socket in a walked folder would block forever
+                    yield full
         else:
             yield path
 

@@ -138,3 +138,31 @@ def test_binary_empty_and_missing_files_are_issues(tmp_path: Path) -> None:
         assert list(read_artifact(str(path), ctx, [], result)) == []
         assert reason in result.issues[0].reason
         assert result.issues[0].file == str(path)
+
+
+def test_nul_padding_after_a_crash_keeps_the_text(tmp_path: Path) -> None:
+    """A syslog after a power cycle: text, a run of NUL bytes, text. The Xid survives."""
+    from gpuhealth.diagnose import diagnose as run_diagnose
+
+    log = tmp_path / "syslog"
+    xid = ("Apr  6 10:00:00 n kernel: NVRM: Xid (PCI:0000:b1:00): 79, pid='<unknown>', "
+           "name=<unknown>, GPU has fallen off the bus.\n")
+    log.write_bytes(xid.encode() + b"\x00" * 4096 + b"Apr  6 10:05:01 n kernel: Linux version\n")
+    report = run_diagnose([str(log)])
+    assert any(f.code == "79" for f in report.findings)
+    assert any("NUL bytes removed" in i.reason for i in report.issues)
+    binary = tmp_path / "blob"
+    binary.write_bytes(bytes(range(256)) * 16)
+    report = run_diagnose([str(binary)])
+    assert not report.findings
+    assert any("binary file" in i.reason for i in report.issues)
+
+
+def test_a_named_pipe_in_a_folder_is_skipped(tmp_path: Path) -> None:
+    import os
+
+    from gpuhealth.diagnose import expand_paths
+
+    (tmp_path / "kern.log").write_text("hello\n")
+    os.mkfifo(tmp_path / "pipe")
+    assert list(expand_paths([str(tmp_path)])) == [str(tmp_path / "kern.log")]
