@@ -540,10 +540,16 @@ class Pipeline:
                 for finding, fp in fresh:
                     decided.extend(self._policy.decide(finding, fingerprint=fp))
                 for alert in changed:  # the fault came back while its node was on probation
-                    if (alert.state == AlertState.FIRING and alert.fingerprint in before
-                            and self._engine.on_probation(alert.fingerprint) is not None):
+                    if alert.state != AlertState.FIRING or alert.fingerprint not in before:
+                        continue
+                    probation = self._engine.on_probation(alert.fingerprint)
+                    if probation is not None:
                         finding = self._tracker.finding_of(alert.fingerprint)
-                        if finding is not None:
+                        # only an occurrence *after* the fix is a recurrence: a backlog line
+                        # or a second copy of the same old event is not
+                        if (finding is not None and finding.last_seen_at is not None
+                                and probation.fixed_at is not None
+                                and finding.last_seen_at > probation.fixed_at):
                             why = "the fault recurred on probation after its fix"
                             decided.extend(self._policy.escalate(
                                 finding, fingerprint=alert.fingerprint, why=why))

@@ -308,3 +308,19 @@ def test_reliability_scores_are_published_for_placement(tmp_path):
     scheduler = p.engine.scheduler
     assert scheduler.weights == {"n001": 0.5}
     assert p.engine.stats.reliability["n001"] == 0.5
+
+
+def test_an_old_copy_of_the_event_is_not_a_recurrence(tmp_path):
+    """Two backlog lines of one old Xid (kernel log read at start) must not escalate."""
+    clock = FakeClock(now=10_000.0)
+    cluster = cluster_of(3)
+    p = make(tmp_path, cluster, clock)
+    p.observe_findings([xid79("n001", occurrences=1, at=5_000.0)], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 6, clock)
+    assert p.actions.incidents()[0].state == INCIDENT_PROBATION
+    p.observe_findings([xid79("n001", occurrences=2, at=5_018.0)], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 6, clock)
+    assert "hand_off" not in [h[0] for h in cluster.history]
+    assert p.actions.incidents()[0].state == INCIDENT_PROBATION
