@@ -39,6 +39,7 @@ from pydantic import (
 from alerting.alerts import AlertPolicy
 from analytics.fault_model import check_facts
 from core.errors import ConfigError, PluginError
+from core.plugins import available
 from core.records import RemediationStep, Severity
 
 logger = logging.getLogger(__name__)
@@ -416,6 +417,14 @@ class AlertingSettings(BaseModel):
         return self
 
 
+def _known_plugin(group: str, name: str) -> str:
+    """Refuse a plugin name that is not installed (a typo shows at ``config check``)."""
+    installed = available(group)
+    if name not in installed:
+        raise ValueError(f"no plugin {name!r} in {group}; installed: {', '.join(installed)}")
+    return name
+
+
 class RemediationSettings(BaseModel):
     """``[remediation]``: the guard rails around actions (all dry-run by default)."""
 
@@ -481,6 +490,16 @@ class RemediationSettings(BaseModel):
 
     identity: str | None = None
     """This controller's name in the election and the audit log; default ``<host>:<pid>``."""
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, value: str) -> str:
+        return _known_plugin("gpuhealth.schedulers", value)
+
+    @field_validator("election")
+    @classmethod
+    def _known_elector(cls, value: str) -> str:
+        return _known_plugin("gpuhealth.electors", value)
 
     @model_validator(mode="after")
     def _live_needs_adapter(self) -> RemediationSettings:

@@ -281,6 +281,11 @@ class Service:
                                         daemon=True)
         self._writer.start()
         self.elector.start()
+        if s.remediation.election != "local" and not self.elector.is_leader_now():
+            logger.warning(
+                "remediation: %s is standby (leader election %r: not leader now); it alerts "
+                "but takes no remediation action until it leads", self.elector.identity,
+                s.remediation.election)
         self._remediator = threading.Thread(target=self._remediation_loop,
                                             name="gpuhealth-remediation", daemon=True)
         self._remediator.start()

@@ -224,3 +224,14 @@ def test_parse_duration(text: str | int, seconds: float) -> None:
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+def test_unknown_scheduler_or_elector_is_refused_at_check(tmp_path):
+    from core.errors import ConfigError
+    from gpuhealth.config import load_settings
+
+    for key, value in (("scheduler", "nosuch"), ("election", "zookeeper")):
+        path = tmp_path / f"{key}.toml"
+        path.write_text(f'[remediation]\n{key} = "{value}"\n')
+        with pytest.raises(ConfigError, match=f"no plugin '{value}'"):
+            load_settings(path, env={})
