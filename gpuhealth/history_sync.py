@@ -8,7 +8,8 @@
   (the first cordon or node drain that succeeded), back in service and resolved (its
   close), the steps carried out, and ``attrs`` the report's remediation section reads:
   ``approval`` (a step waited for a human), ``budget_blocked`` and ``circuit_breaker``
-  (a step waited for them).
+  (a step waited for them), ``dry_run`` (only dry-run steps: the node was never taken
+  out, so no out-of-service time and no repair are recorded).
 * **Predictions**: every published prediction at or above 0.5 (those that alert).
 """
 
@@ -107,13 +108,18 @@ class HistoryRecorder:
             if inc.note:
                 attrs["note"] = inc.note
             closed = inc.state in (INCIDENT_CLOSED, INCIDENT_HUMAN)
+            dry = bool(actions) and all(a.dry_run for a in actions)
+            if dry:
+                # nothing was done to the node: no time out of service, no repair
+                attrs["dry_run"] = "true"
             gpu = self._inventory.get((inc.node, inc.entity))
             out.append(IncidentRecord(
                 incident_id=f"{inc.node}/{inc.incident}", node=inc.node, entity=inc.entity,
                 kind=inc.kind, code=inc.code, severity=inc.severity,
                 cause=cause_of(inc.kind, inc.code), detected_at=inc.opened_at,
-                out_of_service_at=inc.out_of_service_at,
-                back_in_service_at=inc.closed_at if closed and inc.out_of_service_at else None,
+                out_of_service_at=None if dry else inc.out_of_service_at,
+                back_in_service_at=(inc.closed_at if closed and inc.out_of_service_at
+                                    and not dry else None),
                 resolved_at=inc.closed_at if closed else None,
                 model=gpu.model if gpu else "", driver_version=gpu.driver_version if gpu else "",
                 vbios_version=gpu.vbios_version if gpu else "", slot=gpu.slot if gpu else "",
