@@ -69,6 +69,9 @@ _TITAN_EVENTS = {"DBE": ("48", "memory"), "OTB": ("79", "gpu_lost")}
 _TITAN_COLUMNS = ("SN", "location", "insert", "remove", "duration", "out", "event")
 _LANL_CATEGORIES = ("Facilities", "Hardware", "Human Error", "Network", "Undetermined",
                     "Software")
+_LANL_LAST_RECORD = 1_167_609_600.0
+"""2007-01-01 UTC: the LANL records end in 2005 (LA-UR-05-7318); later stamps are errors."""
+
 _LANL_COLUMNS = ("System", "machine type", "nodes", "nodenumz", "Prob Started", "Prob Fixed",
                  "Down Time", *_LANL_CATEGORIES)
 _MAX_PROBLEMS = 20
@@ -347,8 +350,15 @@ def import_lanl(path: str | Path, *, strict: bool = True,
         except ValueError as exc:
             reader.problem(line, "bad_value", f"bad nodenumz, time or Down Time: {exc}")
             continue
-        if not system or (node_number is not None and node_number < 0):
-            reader.problem(line, "bad_value", "empty System or negative nodenumz")
+        if not system.isdigit() or (node_number is not None and node_number < 0):
+            reader.problem(line, "bad_value", f"System must be a number, got {system!r}, "
+                           "or negative nodenumz")
+            continue
+        if down is not None and (not math.isfinite(down) or down < 0):
+            reader.problem(line, "bad_value", f"negative or non-finite Down Time {down_text!r}")
+            continue
+        if started > _LANL_LAST_RECORD:
+            reader.problem(line, "bad_time", "Prob Started after the data set's end (2006)")
             continue
         if fixed is None and down is not None and math.isfinite(down):
             fixed = started + down * 60.0

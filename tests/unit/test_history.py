@@ -311,3 +311,22 @@ def test_lanl_malformed_row(tmp_path: Path) -> None:
     lenient = import_lanl(tmp_path, strict=False)
     assert lenient.skipped["bad_value"] == 1
     assert len(lenient.incidents) == 5
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({0: "banana"}, "System must be a number"),
+    ({18: "-6"}, "negative or non-finite Down Time"),
+    ({16: "2/3/2030 8:00"}, "after the data set's end"),
+])
+def test_lanl_garbage_values_are_refused(tmp_path: Path, change: dict[int, str],
+                                         why: str) -> None:
+    text = (FIXTURES / "lanl" / "LA-UR-05-7318-sample.csv").read_text()
+    good = ("18,cluster,4,16,4,3,3,2-Mar,2-May,current,part,16,1,1,2,compute,3/4/2003 "
+            "8:00,,30,,CPU,,,,,No")
+    fields = good.split(",")
+    for index, value in change.items():
+        fields[index] = value
+    path = tmp_path / "LA-UR-05-7318-bad.csv"
+    path.write_text(text + ",".join(fields) + "\n")
+    with pytest.raises(ArtifactError, match=why):
+        import_lanl(path)
