@@ -204,6 +204,8 @@ def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[li
         names = list(cluster.fake_nodes)
 
         def resume(nodes: list[str]) -> None:
+            # the reboots the earlier trials asked for never happen (no slurmd): cancel them
+            cluster.run("scontrol", "cancel_reboot", ",".join(nodes), check=False)
             cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
                         check=False)
 
@@ -300,6 +302,9 @@ def main() -> int:
     print(f"one event: {len(one)} trials, p50 {statistics.median(one):.3f} s, "
           f"p99 {pct(one, 99):.3f} s (goal p99 < {GOAL_ONE_P99} s; "
           f"{pct(one, 99) / GOAL_ONE_P99:.2f}x of the goal)")
+    if not burst_node or not burst_all:
+        print(f"burst of {args.burst}: no complete burst (nodes out: {len(burst_node)})")
+        return 1
     print(f"burst of {args.burst}: {args.burst_trials} trials, per node p50 "
           f"{statistics.median(burst_node):.3f} s, p99 {pct(burst_node, 99):.3f} s; whole burst "
           f"p50 {statistics.median(burst_all):.3f} s, p99 {pct(burst_all, 99):.3f} s "

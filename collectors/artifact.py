@@ -331,9 +331,9 @@ def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
         if encoding == "utf-8" and b"\x00" in head:
             # A syslog after a hard crash or power cycle holds runs of NUL padding between
             # lines of text: keep the text. Binary data has control bytes besides NULs.
-            rest = head.replace(b"\x00", b"")
-            control = sum(1 for b in rest if b < 32 and b not in (9, 10, 13))
-            if control > 0.02 * len(rest):
+            without_nul = head.replace(b"\x00", b"")
+            control = sum(1 for b in without_nul if b < 32 and b not in (9, 10, 13))
+            if control > 0.02 * len(without_nul):
                 reason = "binary file (NUL bytes), not text"
                 result.issues.append(ParseIssue(file=path, line=None, reason=reason))
                 return
