@@ -528,6 +528,7 @@ class RemediationEngine:
         ):
             return []  # a human cancelled it meanwhile
         self._said.pop(action.id, None)
+        self._inspected[action.id] = now  # the node was read just before: next read later
         self._count(action.step, SUBMITTED)
         out = [self._audit(action, SUBMITTED, f"{adapter.name} ref {ref}", now)]
         running = self.store.get(action.id)
