@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, servers_required
+
 READY_TIMEOUT_SECONDS = 30.0
 
 
-def servers_required() -> bool:
-    return os.environ.get("GPUHEALTH_TEST_SERVERS", "").strip().lower() == "required"
 
 
 def etcd_binary() -> str:
@@ -46,10 +45,6 @@ def etcd_binary() -> str:
     raise AssertionError("unreachable")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -17,7 +17,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, servers_required
+
 STOP_TIMEOUT_SECONDS = 15.0
 
 
-def servers_required() -> bool:
-    return os.environ.get("GPUHEALTH_TEST_SERVERS", "").strip().lower() == "required"
 
 
 def _missing(message: str) -> None:
@@ -59,10 +58,6 @@ def pg_bindir() -> Path:
     return Path(str(found)).parent
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -44,6 +44,9 @@ from typing import Any
 
 import pytest
 
+from tests.servers import free_port as _free_port
+from tests.servers import servers_required
+
 READY_TIMEOUT_SECONDS = 30.0
 FAKE_NODES = "gpu[001-100]"
 FAKE_NODE_NAMES = [f"gpu{i:03d}" for i in range(1, 101)]
@@ -55,10 +58,6 @@ class SlurmUnavailable(RuntimeError):
     """The cluster cannot run here (binary missing, not root); the message says why."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -473,8 +472,6 @@ def slurm_cluster(folder: Path | None = None, *, resume_timeout: int = 60,
         yield cluster
 
 
-def servers_required() -> bool:
-    return os.environ.get("GPUHEALTH_TEST_SERVERS", "").strip().lower() == "required"
 
 
 @pytest.fixture(scope="session")
