@@ -186,11 +186,15 @@ class _Pool(list[str]):
         self.all = list(names)
         self.resume = resume
 
-    def pop(self, index: Any = -1) -> str:
-        if not self:
+    def take(self, n: int) -> list[str]:
+        """``n`` nodes nobody used since the last refill; all resumed and reused when short."""
+        if len(self) < n:
+            if n > len(self.all):
+                raise SystemExit(f"slurm: {n} nodes asked for, the cluster has {len(self.all)}")
             self.resume(self.all)
-            self.extend(self.all)
-        return super().pop(index)
+            self[:] = self.all
+        taken, self[:] = self[:n], self[n:]
+        return taken
 
 
 @contextlib.contextmanager
@@ -212,8 +216,8 @@ def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[li
         snapshot: dict[str, Any] = {"at": 0.0, "drained": set()}
 
         def is_out(node: str) -> bool:
-            # one `scontrol show node -o` for every node per poll round (5 ms apart at most)
-            if time.perf_counter() - snapshot["at"] > 0.005:
+            # one `scontrol show node -o` for every node per poll round (20 ms apart at most)
+            if time.perf_counter() - snapshot["at"] > 0.02:
                 text = cluster.run("scontrol", "show", "node", "-o").stdout
                 snapshot["drained"] = {
                     line.split()[0].removeprefix("NodeName=") for line in text.splitlines()
@@ -256,6 +260,9 @@ def main() -> int:
         pool: list[str] = adapter.pool
 
         def fresh(n: int) -> list[str]:
+            take = getattr(pool, "take", None)
+            if take is not None:
+                return list(take(n))
             return [pool.pop(0) for _ in range(n)]
 
         def tick(p: Pipeline) -> Callable[[], None]:

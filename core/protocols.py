@@ -134,8 +134,11 @@ class NodeInspector(Protocol):
     undoing one, so that a human's change always wins (``docs/remediation.md``).
     """
 
-    async def node_state(self, node: NodeName) -> NodeState:
+    async def node_state(self, node: NodeName, *, workload: bool = True) -> NodeState:
         """Return the node as the scheduler shows it now.
+
+        ``workload=False`` skips counting the work on the node (``running`` is then 0): the
+        engine's checks before a step need only ownership and opt-out, one call fewer.
 
         Raises:
             SchedulerUnavailable: The scheduler cannot be reached now.

@@ -366,7 +366,8 @@ class NodeState:
             annotation (Kubernetes). ``False`` when schedulable.
         opted_out: The node opts out of automatic remediation (Slurm feature
             ``gpuhealth-opt-out``, Kubernetes label ``gpuhealth.io/opt-out=true``).
-        running: Jobs (Slurm) or non-DaemonSet pods (Kubernetes) running on it now.
+        running: Jobs (Slurm) or non-DaemonSet pods (Kubernetes) running on it now (0 when
+            read with ``workload=False``).
         boot_id: Changes when the node reboots (Kubernetes ``nodeInfo.bootID``; Slurm
             ``BootTime``); ``""`` if unknown.
         state: The scheduler's own state words (``"DRAIN"``, ``"IDLE+DRAIN"``, ``"Ready"``).

@@ -399,28 +399,35 @@ class RemediationEngine:
             by_incident.setdefault(action.incident, []).append(action)
         breaker = self.breaker_open
         gate = asyncio.Semaphore(self.concurrency)
+        checked: dict[str, set[str]] = {}  # nodes read in this tick, per incident (_start)
 
-        async def follow(incident: str, actions: list[StoredAction]) -> list[AuditRecord]:
-            done: list[AuditRecord] = []
+        async def advance(incident: str, actions: list[StoredAction]) -> list[AuditRecord]:
             async with gate:
-                checked: set[str] = set()  # nodes read in this follow-up (see _start)
-                for _ in range(16):  # steps that finish at once are followed in the same tick
-                    records = await self._advance(incident, actions, now, breaker, checked)
-                    done.extend(records)
-                    if not any(r.decision == SUCCEEDED for r in records):
-                        break
-                    actions = self.store.actions(
-                        incident=incident,
-                        phases=(ActionPhase.PENDING, ActionPhase.RUNNING,
-                                ActionPhase.AWAITING_APPROVAL),
-                    )
-                    if not actions:
-                        break
-            return done
+                return await self._advance(incident, actions, now, breaker,
+                                           checked.setdefault(incident, set()))
 
-        # incidents advance concurrently (a burst of 100 nodes is one round trip, not 100)
-        for records in await asyncio.gather(*(follow(i, a) for i, a in by_incident.items())):
-            out.extend(records)
+        # Breadth first: every incident takes its next step in one concurrent round (a
+        # burst of 100 nodes is one round trip, not 100), and steps that finished at once
+        # are followed in the next round of the same tick, so one incident's drain never
+        # delays another's cordon.
+        waiting = by_incident
+        for _ in range(16):
+            rounds = await asyncio.gather(*(advance(i, a) for i, a in waiting.items()))
+            following: dict[str, list[StoredAction]] = {}
+            for incident, records in zip(waiting, rounds, strict=True):
+                out.extend(records)
+                if not any(r.decision == SUCCEEDED for r in records):
+                    continue
+                actions = self.store.actions(
+                    incident=incident,
+                    phases=(ActionPhase.PENDING, ActionPhase.RUNNING,
+                            ActionPhase.AWAITING_APPROVAL),
+                )
+                if actions:
+                    following[incident] = actions
+            if not following:
+                break
+            waiting = following
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         if now - self._placed_at >= self.placement_interval_seconds:
@@ -624,7 +631,7 @@ class RemediationEngine:
         inspector = self.scheduler
         assert isinstance(inspector, NodeInspector)
         try:
-            state: NodeState = await inspector.node_state(action.node)
+            state: NodeState = await inspector.node_state(action.node, workload=False)
         except TemporaryError as exc:
             return self._wait(action, f"cannot read node {action.node}: {exc}", now)
         except PermanentError as exc:
@@ -668,7 +675,7 @@ class RemediationEngine:
         if incident is None or incident.out_of_service_at is None or not incident.claimed:
             return None
         try:
-            state = await self.scheduler.node_state(action.node)
+            state = await self.scheduler.node_state(action.node, workload=False)
         except GpuHealthError:
             return None
         if not state.schedulable:

@@ -79,6 +79,8 @@ from core.records import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SEEN_SECONDS = 1.0
+"""How long a node read by ``node_state`` may start the next read-modify-write (seconds)."""
 
 CORDONED_ANNOTATION = f"{OWNER_KEY_PREFIX}cordoned"
 REASON_ANNOTATION = f"{OWNER_KEY_PREFIX}reason"
@@ -668,6 +670,8 @@ class KubernetesScheduler:
         self._actions: dict[str, _Action] = {}
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
+        # nodes read by node_state moments ago, reused once by the next read-modify-write
+        self._seen: dict[str, tuple[float, client.V1Node]] = {}
 
     # --- lifecycle ---
     def close(self) -> None:
@@ -711,12 +715,24 @@ class KubernetesScheduler:
         """Read-modify-write one node.
 
         Patches ``change(node)`` with the node's ``resourceVersion`` as precondition; on
-        409 re-reads and retries. Returns (node, whether it changed).
+        409 re-reads and retries. The first attempt may start from the node that
+        :meth:`node_state` read less than :data:`SEEN_SECONDS` ago (the engine reads it just
+        before each step): the precondition makes a stale copy fail with 409 rather than
+        overwrite anything, and a stale copy that asks for no change is read again.
+        Returns (node, whether it changed).
         """
+        with self._lock:
+            seen = self._seen.pop(name, None)
         for _ in range(attempts):
-            node = self._read_node(name)
+            if seen is not None and time.monotonic() - seen[0] < SEEN_SECONDS:
+                node, fresh = seen[1], False
+            else:
+                node, fresh = self._read_node(name), True
+            seen = None
             patch = change(node)
             if patch is None:
+                if not fresh:
+                    continue  # decided on the copy: decide again on the node as it is now
                 return node, False
             patch.setdefault("metadata", {})["resourceVersion"] = meta(node).resource_version
             try:
@@ -1096,8 +1112,8 @@ class KubernetesScheduler:
         return f" ({'; '.join(parts)})" if parts else ""
 
     # --- NodeInspector / ReliabilityPublisher ---
-    async def node_state(self, node: NodeName) -> NodeState:
-        """Read the node and its pods.
+    async def node_state(self, node: NodeName, *, workload: bool = True) -> NodeState:
+        """Read the node and, unless ``workload=False``, its pods (``running``).
 
         Raises:
             SchedulerUnavailable: The API server cannot be reached.
@@ -1109,7 +1125,9 @@ class KubernetesScheduler:
             obj = await self._run(self._read_node, node)
         except NodeNotFound:
             return NodeState(node=node, exists=False, schedulable=False)
-        pods = await self._run(self._list_pods, node)
+        with self._lock:
+            self._seen[node] = (time.monotonic(), obj)
+        pods = await self._run(self._list_pods, node) if workload else []
         annotations = annotations_of(obj)
         labels = labels_of(obj)
         unschedulable = is_unschedulable(obj)

@@ -855,7 +855,7 @@ class SlurmScheduler:
                                 admin_comment=comment))
         return out
 
-    async def node_state(self, node: NodeName) -> NodeState:
+    async def node_state(self, node: NodeName, *, workload: bool = True) -> NodeState:
         """Return the node as Slurm shows it now (:class:`~core.records.NodeState`).
 
         ``schedulable``: not taken out of service by anybody: no DRAIN/FAIL flag, and not
@@ -863,8 +863,9 @@ class SlurmScheduler:
         counts as schedulable here, so that gpuhealth still drains such a node); ``owned``:
         taken out with a reason starting ``gpuhealth:``; ``opted_out``: feature
         :data:`OPT_OUT_FEATURE`; ``running``: jobs running, suspended or completing on
-        it; ``boot_id``: ``BootTime`` as epoch seconds (``""`` if unknown); ``state``:
-        ``IDLE+DRAIN``-style words. A node Slurm does not know gives ``exists=False``.
+        it (0 without ``squeue`` when ``workload=False``); ``boot_id``: ``BootTime`` as
+        epoch seconds (``""`` if unknown); ``state``: ``IDLE+DRAIN``-style words. A node
+        Slurm does not know gives ``exists=False``.
 
         Raises:
             SchedulerUnavailable: slurmctld cannot be reached.
@@ -873,7 +874,7 @@ class SlurmScheduler:
             found = await self.read_node(node)
         except NodeNotFound:
             return NodeState(node=node, exists=False, schedulable=False, state="")
-        jobs = await self.jobs_on(node)
+        jobs = await self.jobs_on(node) if workload else []
         # Out of service *by someone*: a DRAIN/FAIL flag, or DOWN with a person's reason.
         # Slurm's own DOWN ("Not responding", no reason) is not a decision anybody made:
         # gpuhealth still drains such a node so it does not return to service by itself.

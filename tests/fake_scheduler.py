@@ -123,7 +123,7 @@ class FakeScheduler:
             node.schedulable, node.reason = True, ""  # nextstate=RESUME
         return ActionStatus(ref=ref, phase=ActionPhase.SUCCEEDED, message="done")
 
-    async def node_state(self, node: NodeName) -> NodeState:
+    async def node_state(self, node: NodeName, *, workload: bool = True) -> NodeState:
         state = self._node(node)
         return NodeState(
             node=node,

@@ -49,7 +49,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -277,6 +277,10 @@ class K8sApi:
         self.revision = 1
         self.nodes: dict[str, JsonObj] = {}
         self.pods: dict[tuple[str, str], JsonObj] = {}
+        # pods by spec.nodeName, as kube-apiserver's watch cache indexes them for the
+        # kubelets' and drains' field selectors (pkg/registry/core/pod: NodeNameIndexFunc);
+        # a candidate list only: _select still checks every selector term on each pod
+        self._pods_by_node: dict[str, set[tuple[str, str]]] = {}
         self.leases: dict[tuple[str, str], JsonObj] = {}
         self.pdb_blocks: dict[tuple[str, str], int | None] = {}
         self.requests: Counter[str] = Counter()
@@ -308,8 +312,13 @@ class K8sApi:
             pod = make_pod(name, node, **kw)
             pod["metadata"]["creationTimestamp"] = rfc3339(self.clock())
             self._bump(pod)
-            self.pods[(pod["metadata"]["namespace"], name)] = pod
+            self._put_pod(pod)
             return pod
+
+    def _put_pod(self, pod: JsonObj) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        self.pods[key] = pod
+        self._pods_by_node.setdefault(pod["spec"].get("nodeName", ""), set()).add(key)
 
     def node(self, name: str) -> JsonObj:
         with self.lock:
@@ -372,7 +381,7 @@ class K8sApi:
         new["spec"]["nodeName"] = self.reschedule_to
         new["status"] = {"phase": "Running"}
         self._bump(new)
-        self.pods[(meta["namespace"], meta["name"])] = new
+        self._put_pod(new)
 
     # --- request handling ---
     def handle(self, method: str, raw_path: str, headers: dict[str, str],
@@ -466,8 +475,15 @@ class K8sApi:
                 raise ApiError(400, "BadRequest",
                                f'"{field}" is not a known field selector: only '
                                f'"{", ".join(getters)}"')
+        keys: Iterable[tuple[str, str]] = self.pods.keys()
+        on_node = [v for f, eq, v in terms if f == "spec.nodeName" and eq]
+        if on_node:
+            index = self._pods_by_node.get(on_node[0], set())
+            index.intersection_update(self.pods.keys())  # forget deleted pods
+            keys = index
         out = []
-        for (ns, _), pod in sorted(self.pods.items()):
+        for ns, name in sorted(keys):
+            pod = self.pods[(ns, name)]
             if namespace is not None and ns != namespace:
                 continue
             if all((getters[f](pod) == v) == eq for f, eq, v in terms):

@@ -114,6 +114,50 @@ def test_cordon_retries_on_conflict_and_keeps_the_concurrent_change(api: K8sApi)
     sched.close()
 
 
+def test_cordon_starts_from_the_node_the_engine_just_read(api: K8sApi) -> None:
+    # The engine reads the node (without its pods) before a step; the cordon's
+    # read-modify-write starts from that copy: one GET and one PATCH in all.
+    api.add_node("n1")
+    api.add_pod("a", "n1")
+    sched = KubernetesScheduler(host=api.url)
+    state = run(sched.node_state(NodeName("n1"), workload=False))
+    status = run(submit_and_wait(sched, request(RemediationStep.CORDON)))
+
+    assert (state.schedulable, state.running) == (True, 0)
+    assert status.phase == ActionPhase.SUCCEEDED
+    assert (api.requests["GET node"], api.requests["GET pod"], api.requests["PATCH node"]) \
+        == (1, 0, 1)
+    assert api.node("n1")["spec"]["unschedulable"] is True
+    sched.close()
+
+
+def test_a_stale_copy_costs_a_retry_never_a_lost_change(api: K8sApi) -> None:
+    api.add_node("n1")
+    api.add_node("n2")
+    sched = KubernetesScheduler(host=api.url)
+    # another client labels n1 after the engine read it: 409 on the copy, then a re-read
+    run(sched.node_state(NodeName("n1"), workload=False))
+    api.edit_node("n1", lambda n: n["metadata"].setdefault("labels", {}).update(
+        {"site/rack": "r7"}))
+    status = run(submit_and_wait(sched, request(RemediationStep.CORDON, node="n1")))
+    assert status.phase == ActionPhase.SUCCEEDED
+    assert api.requests["PATCH node"] == 2
+    node = api.node("n1")
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["labels"]["site/rack"] == "r7"
+    # a copy that asks for no change is read again: n2 cordoned by gpuhealth, read, then
+    # uncordoned by someone; the cordon decides on the node as it is now
+    run(submit_and_wait(sched, request(RemediationStep.CORDON, node="n2", key="first")))
+    run(sched.node_state(NodeName("n2"), workload=False))
+    api.edit_node("n2", lambda n: n["spec"].update({"unschedulable": False}))
+    gets = api.requests["GET node"]
+    again = run(submit_and_wait(sched, request(RemediationStep.CORDON, node="n2", key="again")))
+    assert again.phase == ActionPhase.SUCCEEDED
+    assert api.requests["GET node"] == gets + 1
+    assert api.node("n2")["spec"]["unschedulable"] is True
+    sched.close()
+
+
 def test_a_human_cordoned_node_is_not_claimed_nor_uncordoned(api: K8sApi) -> None:
     api.add_node("n1", unschedulable=True)
     sched = KubernetesScheduler(host=api.url)

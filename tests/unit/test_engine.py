@@ -324,3 +324,17 @@ def test_an_old_copy_of_the_event_is_not_a_recurrence(tmp_path):
     run(p, 6, clock)
     assert "hand_off" not in [h[0] for h in cluster.history]
     assert p.actions.incidents()[0].state == INCIDENT_PROBATION
+
+
+def test_every_incident_takes_its_first_step_before_any_takes_its_second(tmp_path):
+    # A burst: each node's cordon comes before any node's drain within one tick, even
+    # one incident at a time, so a long drain never delays another node's cordon.
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(6)
+    p = make(tmp_path, cluster, clock, fake={"drain_polls": 0, "reboot_polls": 5},
+             engine_options={"concurrency": 1})
+    p.observe_findings([xid79(f"n{i:03d}") for i in range(6)], hold_seconds=1e6)
+    p.evaluate()
+    steps = [step for step, _ in cluster.history]
+    assert steps == ["cordon"] * 6 + ["drain"] * 6 + ["reboot"] * 6
+    assert [node for _, node in cluster.history[:6]] == [f"n{i:03d}" for i in range(6)]
