@@ -7,11 +7,16 @@ and influxdb-client's ``Point``, SQLite ingest in batches, the GPU-week read, an
 of one core that 30,000 samples/s (10,000 GPUs x 30 metrics every 10 s) costs.
 
 The remote figures break the backend down stage by stage (the raw ``http.client`` POST,
-influxdb-client's HTTP layer on the same body, our check and encoding, the whole backend),
-each the median of ``--repeats`` interleaved runs.
+influxdb-client's HTTP layer on the same body, our check and encoding, the backend without
+and with its overlap of encoding and posting), each the median of ``--repeats``
+interleaved runs, and the backend's ratio to the raw run just before it, round by round.
+Where ``taskset`` and two CPUs allow, the server is pinned to one CPU (``GOMAXPROCS=1``)
+and this process to the others for every stage, as the output says (``--pin both`` prints
+the unpinned figures too).
 
-Run: ``.venv/bin/python benchmarks/store_ingest.py [--seconds 5] [--only remote]``
-(VictoriaMetrics from PATH for the remote figures; without it they are skipped).
+Run: ``.venv/bin/python benchmarks/store_ingest.py [--seconds 5] [--only remote]
+[--pin auto|off|both]`` (VictoriaMetrics from PATH for the remote figures; without it they
+are skipped).
 """
 
 from __future__ import annotations
@@ -103,7 +108,23 @@ def _staged(fn: Callable[[], int], seconds: float, pid: int) -> tuple[float, flo
     return n / wall, ours / n * 1e9, theirs / n * 1e9
 
 
-def remote(seconds: float, repeats: int = 3) -> None:
+def pin_plan() -> tuple[set[int], set[int]] | None:
+    """Return (client CPUs, server CPUs) to pin to, or ``None`` where pinning cannot be done.
+
+    Pinning needs ``taskset`` and at least two CPUs this process may use: the server gets the
+    last one (with ``GOMAXPROCS=1``), this process the others, as when the database runs on
+    another machine. Unpinned, on a small machine, the server's threads and ours take turns
+    on the same cores, so whatever the client does beside the server (encoding the next
+    half while the server parses one) takes CPU from the server itself, which the raw loop
+    (the client idle while waiting) never does.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        return None
+    return set(cpus[:-1]), {cpus[-1]}
+
+
+def remote(seconds: float, repeats: int = 3, pin: bool = True) -> None:
     """The influxdb backend against a local VictoriaMetrics, stage by stage.
 
     Each figure is the median of ``repeats`` interleaved runs of ``seconds`` each (the
@@ -112,6 +133,9 @@ def remote(seconds: float, repeats: int = 3) -> None:
     (urllib3, its retry wrapper), our check and encoding alone, and the whole backend on the
     same 20 batches; beside each, the CPU this process and the server spent per sample (the
     wall time is about their sum where they cannot overlap, as on a busy 2-core machine).
+
+    With ``pin`` (and :func:`pin_plan` possible) the server runs on its own CPU with
+    ``GOMAXPROCS`` set to match, and this process on the others, for every stage alike.
     """
     if shutil.which("victoria-metrics") is None:
         print("victoria-metrics not on PATH: remote figures skipped")
@@ -119,8 +143,20 @@ def remote(seconds: float, repeats: int = 3) -> None:
     from storage.influxdb import InfluxDbStore
     from tests.vm_server import start_victoria_metrics
 
+    plan = pin_plan() if pin else None
+    mask = os.sched_getaffinity(0)
+    if plan is None:
+        placement = ("unpinned: server and client share all CPUs" if not pin else
+                     "unpinned (pinning needs taskset and >= 2 CPUs): server and client share"
+                     " all CPUs")
+    else:
+        placement = (f"pinned: server on CPU {','.join(map(str, sorted(plan[1])))} "
+                     f"(GOMAXPROCS={len(plan[1])}), client on CPU "
+                     f"{','.join(map(str, sorted(plan[0])))}")
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_victoria_metrics(Path(tmp))
+        server = start_victoria_metrics(Path(tmp), cpus=plan[1] if plan else None)
+        if plan is not None:
+            os.sched_setaffinity(0, plan[0])  # this thread, and the threads it starts
         try:
             assert server.proc is not None
             pid = server.proc.pid
@@ -146,6 +182,8 @@ def remote(seconds: float, repeats: int = 3) -> None:
                 return n
 
             store = InfluxDbStore(url=server.url, org="o", bucket="b", token="x")
+            serial = InfluxDbStore(url=server.url, org="o", bucket="b", token="x",
+                                   overlap_min_samples=0)
             lines = texts[0]
 
             def client() -> int:
@@ -160,25 +198,31 @@ def remote(seconds: float, repeats: int = 3) -> None:
                 store.write(batches[next(rounds) % 20], [])
                 return n
 
+            def one_by_one() -> int:
+                serial.write(batches[next(rounds) % 20], [])
+                return n
+
             stages: dict[str, tuple[str, Callable[[], int]]] = {
                 "raw": ("raw limit: pre-built bodies, http.client", post),
                 "one": ("  (one pre-built body again and again)", post_one),
                 "client": ("same bodies through influxdb-client's HTTP layer", client),
                 "encode": ("check + encode alone (no HTTP)", encode),
+                "serial": ("backend without overlap: encode all, then POST", one_by_one),
                 "backend": ("influxdb backend: check + encode + client POST", backend),
             }
             for _ in range(2 * len(bodies)):  # untimed: the server creates its series first
                 post()
             runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in stages}
             for _ in range(repeats):
-                for name, (_, fn) in stages.items():
-                    runs[name].append(_staged(fn, seconds, pid))
+                for name in ("raw", "backend", "serial", "client", "encode", "one"):
+                    runs[name].append(_staged(stages[name][1], seconds, pid))
             got = {name: tuple(statistics.median(v[i] for v in values) for i in range(3))
                    for name, values in runs.items()}
             store.close()
+            serial.close()
             raw = got["raw"][0]
-            print(f"remote, medians of {repeats} interleaved runs of {seconds:g} s "
-                  f"({n:,}-sample batches, {len(lines)} lines per body, 30 fields a line):")
+            print(f"remote, {placement}; medians of {repeats} interleaved runs of {seconds:g} s"
+                  f" ({n:,}-sample batches, {len(lines)} lines per body, 30 fields a line):")
             print(f"  {'stage':<50}{'samples/s':>12}{'of raw':>8}{'wall ns':>9}"
                   f"{'our CPU':>9}{'server CPU':>11}")
             for name, (label, _) in stages.items():
@@ -186,12 +230,18 @@ def remote(seconds: float, repeats: int = 3) -> None:
                 print(f"  {label:<50}{per_s:>12,.0f}{per_s / raw:>8.0%}{1e9 / per_s:>9.0f}"
                       f"{ours:>9.0f}{theirs:>11.0f}")
             whole = got["backend"]
+            for name in ("backend", "serial"):  # the raw run just before: load drifts less
+                ratios = sorted(b[0] / r[0] for r, b in zip(runs["raw"], runs[name], strict=True))
+                print(f"  {stages[name][0].strip()}: per-round ratio to the raw run before it,"
+                      f" median {statistics.median(ratios):.0%} (range {ratios[0]:.0%}"
+                      f"-{ratios[-1]:.0%})")
             print(f"  influxdb backend = {whole[0] / raw:.0%} of the raw limit (goal >= 60%); "
                   f"influxdb-client's HTTP layer costs {got['client'][1] - got['raw'][1]:+.0f} ns "
                   f"of our CPU per sample over http.client, check + encode "
                   f"{got['encode'][1]:.0f} ns; 30,000 samples/s use "
                   f"{whole[1] * 1e-9 * 30000:.1%} of one core")
         finally:
+            os.sched_setaffinity(0, mask)
             server.stop()
 
 
@@ -248,13 +298,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
     parser.add_argument("--only", choices=("serialise", "sqlite", "remote"),
                         help="run one part only")
+    parser.add_argument("--pin", choices=("auto", "off", "both"), default="auto",
+                        help="remote figures with the server pinned to its own CPU (auto: where"
+                             " taskset and >= 2 CPUs allow), unpinned (off), or both")
     args = parser.parse_args()
     if args.only in (None, "serialise"):
         serialisation(batch(0), args.repeats)
     if args.only in (None, "sqlite"):
         sqlite(args.seconds)
     if args.only in (None, "remote"):
-        remote(args.seconds, args.repeats)
+        if args.pin in ("auto", "both"):
+            remote(args.seconds, args.repeats, pin=True)
+        if args.pin in ("off", "both"):
+            remote(args.seconds, args.repeats, pin=False)
 
 
 if __name__ == "__main__":

@@ -113,10 +113,12 @@ def _stamp(at: float, precision: Precision) -> int:
 class LineEncoder:
     """Turns samples and events into line protocol, caching each series' prefix.
 
-    The per-sample cost is one dictionary lookup, one float ``repr`` and one join, which
-    keeps serialisation close to a plain formatted string (``benchmarks/store_ingest.py``);
-    a sample whose ``observed_at`` is the same object as its predecessor's (one reading,
-    one ``now``) also skips the rounding of its timestamp and its time checks.
+    The per-sample cost is one dictionary lookup and two list appends: the fields of one
+    line (one reading of one tag set) are formatted by one ``%`` of a template cached per
+    tuple of field keys, which keeps serialisation below a plain formatted string
+    (``benchmarks/store_ingest.py``); a sample whose ``observed_at`` is the same object as
+    its predecessor's (one reading, one ``now``) also skips the rounding of its timestamp
+    and its time checks.
 
     Args:
         precision: Unit of the timestamps written (``ns`` for files, ``ms`` for stores
@@ -131,17 +133,22 @@ class LineEncoder:
         self.merge_fields = merge_fields
         self._parts: dict[tuple[Any, ...], tuple[str, str]] = {}
         self._heads: dict[str, str] = {}
+        self._fields: dict[str, str] = {}
+        self._templates: dict[tuple[str, ...], str] = {}
 
     def _miss(self, key: tuple[Any, ...], s: Sample) -> tuple[str, str]:
         if len(self._parts) > self.max_series_cache:
             self._parts.clear()
             self._heads.clear()
+            self._fields.clear()
         measurement, field_key = split_metric(s.metric)
         tags = {"node": s.node, "entity": s.entity, **s.labels}
         head = escape_measurement(measurement) + "".join(
             f",{escape_key(k)}={escape_key(v)}" for k, v in sorted(tags.items()) if v)
         head = self._heads.setdefault(head, head)  # one object per tag set: compared by `is`
-        parts = self._parts[key] = (head, escape_key(field_key) + "=")
+        feq = escape_key(field_key) + "="
+        feq = self._fields.setdefault(feq, feq)  # shared: template keys compare by identity
+        parts = self._parts[key] = (head, feq)
         return parts
 
     def samples(self, samples: Iterable[Sample]) -> list[str]:
@@ -182,20 +189,20 @@ class LineEncoder:
         """
         get = self._parts.get
         miss = self._miss
+        flush = self._flush
         now, counts, max_future_seconds, min_at = checks or (0.0, Counter(), 0.0, 0.0)
         latest = now + max_future_seconds
         scale = 1_000_000 if self.precision == "ns" else _PER_SECOND[self.precision]
         factor = 1000 if self.precision == "ns" else 1
         merge = self.merge_fields
         out: list[str] = []
-        append = out.append
         prev_head: str | None = None
         prev_stamp = 0
         prev_at: object = object()  # the last time stamped; never a sample's
-        fields: list[str] = []
-        add_field = fields.append
-        seen: set[str] = set()
-        see = seen.add
+        keys: list[str] = []  # the current line's field keys ("power_watts=") and values
+        add_key = keys.append
+        values: list[float] = []
+        add_value = values.append
         for s in samples:
             labels = s.labels
             key = (s.metric, s.node, s.entity, *labels.items()) if labels else (
@@ -220,28 +227,61 @@ class LineEncoder:
                 parts = get(key) or miss(key, s)
             head, feq = parts
             if at is prev_at:  # one reading's samples share the time object: skip the round
-                if merge and head is prev_head and feq not in seen:
-                    add_field(f"{feq}{value!r}")
-                    see(feq)
+                if merge and head is prev_head:
+                    add_key(feq)
+                    add_value(value)
                     continue
                 stamp = prev_stamp
             else:
                 stamp = round(at * scale) * factor  # type: ignore[operator]
                 prev_at = at
-                if merge and head is prev_head and stamp == prev_stamp and feq not in seen:
-                    add_field(f"{feq}{value!r}")
-                    see(feq)
+                if merge and head is prev_head and stamp == prev_stamp:
+                    add_key(feq)
+                    add_value(value)
                     continue
-            if fields:
-                append(f"{prev_head} {','.join(fields)} {prev_stamp}")
+            if keys:
+                flush(out, prev_head, keys, values, prev_stamp)
             prev_head, prev_stamp = head, stamp
-            fields = [f"{feq}{value!r}"]
-            add_field = fields.append
-            seen = {feq}
-            see = seen.add
-        if fields:
-            append(f"{prev_head} {','.join(fields)} {prev_stamp}")
+            keys = [feq]
+            add_key = keys.append
+            values = [value]
+            add_value = values.append
+        if keys:
+            flush(out, prev_head, keys, values, prev_stamp)
         return out
+
+    def _flush(self, out: list[str], head: str | None, keys: list[str], values: list[float],
+               stamp: int) -> None:
+        """Append the line (or lines) of one tag set and time.
+
+        The fields are formatted by one ``%`` of a template cached per field-key tuple (one
+        reading of one collector has the same keys every time); a template is made only for
+        keys without a repeat, and a repeated key (one series twice at one time) starts a
+        new line, so that no value overwrites another.
+        """
+        if len(keys) == 1:
+            out.append(f"{head} {keys[0]}{values[0]!r} {stamp}")
+            return
+        names = tuple(keys)
+        template = self._templates.get(names)
+        if template is None:
+            if len(set(names)) == len(names):
+                if len(self._templates) > 10_000:
+                    self._templates.clear()
+                template = self._templates[names] = ",".join(
+                    k.replace("%", "%%") + "%r" for k in names)
+            else:
+                fields: list[str] = []
+                seen: set[str] = set()
+                for k, v in zip(names, values, strict=True):
+                    if k in seen:
+                        out.append(f"{head} {','.join(fields)} {stamp}")
+                        fields, seen = [], set()
+                    fields.append(f"{k}{v!r}")
+                    seen.add(k)
+                out.append(f"{head} {','.join(fields)} {stamp}")
+                return
+        out.append(f"{head} {template % tuple(values)} {stamp}")
 
     def events(self, events: Iterable[Event]) -> list[str]:
         """Encode stamped events as ``gpuhealth_event`` lines."""

@@ -101,12 +101,22 @@ class Server:
         _get(self.url + "/internal/force_flush", timeout=5.0)
 
 
-def start_victoria_metrics(folder: Path, *extra: str) -> Server:
+def start_victoria_metrics(folder: Path, *extra: str, cpus: set[int] | None = None) -> Server:
+    """Start VictoriaMetrics; with ``cpus``, pinned to them (``taskset``) with as many Go
+    threads (``GOMAXPROCS``), as ``benchmarks/store_ingest.py`` runs it."""
     binary = _binary("victoria-metrics", "victoria-metrics")
     port = _free_port()
+    pin: list[str] = []
+    if cpus:
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise RuntimeError("cpus given but taskset is not on PATH (util-linux)")
+        pin = [taskset, "-c", ",".join(map(str, sorted(cpus))), "env",
+               f"GOMAXPROCS={len(cpus)}"]  # each execs the next: the PID stays the server's
     server = Server(
         name="victoria-metrics",
-        argv=[binary, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={folder / 'vm'}",
+        argv=[*pin, binary, f"-httpListenAddr=127.0.0.1:{port}",
+              f"-storageDataPath={folder / 'vm'}",
               "-retentionPeriod=100y", "-search.latencyOffset=0s", "-search.disableCache",
               *extra],
         url=f"http://127.0.0.1:{port}", ready_path="/health", folder=folder)

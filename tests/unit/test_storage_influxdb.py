@@ -1,7 +1,9 @@
 """The Flux reader against a LOCAL STAND-IN for InfluxDB 2 (no InfluxDB 2 server can run
 here, docs/infra.md §2): a tiny HTTP server that answers POST /api/v2/query with annotated
 CSV shaped as InfluxDB documents it (annotations #datatype, #group, #default; one table per
-series). Writes are tested against real VictoriaMetrics in tests/integration."""
+series). Writes are tested against real VictoriaMetrics in tests/integration; here, the
+split of a large batch into two bodies (one posted while the other is encoded) against a
+stand-in that records the bodies and fails on demand."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
-from core.records import EntityId, EntityRef, NodeName
+import pytest
+
+from core.errors import PermanentError, TemporaryError
+from core.records import EntityId, EntityRef, Event, NodeName, Sample
 from storage.influxdb import InfluxDbStore
 
 CSV = (
@@ -68,6 +73,115 @@ def test_flux_reader_parses_annotated_csv_from_a_stand_in() -> None:
         assert "aggregateWindow(every: 10000ms, fn: mean" in query
         assert store.entities() == [EntityRef(node=NodeName("n1"), entity=EntityId("GPU-a")),
                                     EntityRef(node=NodeName("n1"), entity=EntityId("GPU-b"))]
+        store.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Writes(BaseHTTPRequestHandler):
+    """Records POST /api/v2/write bodies; answers ``statuses`` in turn, then 204."""
+
+    bodies: ClassVar[list[bytes]] = []
+    statuses: ClassVar[list[int]] = []
+
+    def do_POST(self) -> None:
+        assert self.path.startswith("/api/v2/write")
+        type(self).bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+        status = type(self).statuses.pop(0) if type(self).statuses else 204
+        payload = b'{"code":"invalid","message":"refused"}' if status != 204 else b""
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _batch(readings: int = 10, metrics: int = 3) -> list[Sample]:
+    out = []
+    for r in range(readings):
+        at = 1_700_000_000.0 + r  # one time object per reading, as a collector stamps it
+        out += [Sample(metric=f"gpu_m{m}_celsius", value=float("nan") if (r, m) == (1, 0)
+                       else float(r * metrics + m), observed_at=at,
+                       node=NodeName("n 1"), entity=EntityId(f"GPU-{r % 2}"))
+                for m in range(metrics)]
+    return out
+
+
+def _serve() -> ThreadingHTTPServer:
+    _Writes.bodies.clear()
+    _Writes.statuses.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Writes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_large_batch_is_posted_in_two_halves_with_the_same_lines_and_counts() -> None:
+    server = _serve()
+    url = f"http://127.0.0.1:{server.server_port}"
+    clock = lambda: 1_700_000_100.0  # noqa: E731
+    try:
+        serial = InfluxDbStore(url=url, org="o", bucket="b", token="t", overlap_min_samples=0,
+                               clock=clock)
+        serial.write(_batch(), [])
+        assert len(_Writes.bodies) == 1
+        whole = _Writes.bodies.pop().split(b"\n")
+        overlapped = InfluxDbStore(url=url, org="o", bucket="b", token="t",
+                                   overlap_min_samples=10, clock=clock)
+        overlapped.write(_batch(), [Event(kind="xid", code="79", node=NodeName("n 1"),
+                                          entity=EntityId("GPU-0"), observed_at=1.7e9,
+                                          message="fell off the bus")])
+        first, second = (body.split(b"\n") for body in _Writes.bodies)
+        # 30 samples in readings of 3: the cut (15) moves to the reading boundary (15), no
+        # reading is split over two lines, and the event goes with the second half
+        assert first + second[:-1] == whole
+        assert len(first) == 5
+        assert second[-1].startswith(b"gpuhealth_event,")
+        assert serial.rejected == overlapped.rejected == {"nan": 1}
+        serial.close()
+        overlapped.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_reading_is_not_split_when_the_half_falls_inside_it() -> None:
+    server = _serve()
+    try:
+        store = InfluxDbStore(url=f"http://127.0.0.1:{server.server_port}", org="o",
+                              bucket="b", token="t", overlap_min_samples=2,
+                              clock=lambda: 1_700_000_100.0)
+        store.write(_batch(readings=3, metrics=4), [])  # 12 samples: half = 6, inside reading 2
+        lines = [body.split(b"\n") for body in _Writes.bodies]
+        assert [len(body) for body in lines] == [2, 1]  # a split reading would make 4 lines
+        store.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_failed_first_half_raises_and_the_second_is_not_posted() -> None:
+    server = _serve()
+    failures: list[bytes] = []
+    try:
+        store = InfluxDbStore(url=f"http://127.0.0.1:{server.server_port}", org="o",
+                              bucket="b", token="t", overlap_min_samples=10, max_retries=0,
+                              on_error=lambda conf, body, exc: failures.append(body),
+                              clock=lambda: 1_700_000_100.0)
+        _Writes.statuses[:] = [503]
+        with pytest.raises(TemporaryError):
+            store.write(_batch(), [])
+        assert len(_Writes.bodies) == 1
+        assert failures == _Writes.bodies
+        _Writes.bodies.clear()
+        failures.clear()
+        _Writes.statuses[:] = [204, 400]
+        with pytest.raises(PermanentError):
+            store.write(_batch(), [])
+        assert len(_Writes.bodies) == 2
+        assert failures == _Writes.bodies[1:]
         store.close()
     finally:
         server.shutdown()
