@@ -47,13 +47,14 @@ if str(ROOT) not in sys.path:
 
 from collectors.artifact import ArtifactResult, ParseContext, read_artifact  # noqa: E402
 from collectors.parsers import artifact_parsers  # noqa: E402
-from core.records import NodeName  # noqa: E402
+from core.records import NodeName, RemediationStep  # noqa: E402
 from gpuhealth.pipeline import Pipeline  # noqa: E402
 
 GOAL_ONE_P99 = 1.0
 GOAL_BURST_P99 = 2.0
-XID79 = ("[Mon Nov 30 08:00:00 2026] NVRM: Xid (PCI:0000:b1:00): 79, pid='<unknown>', "
+XID79 = ("[Mon Nov 30 08:00:00 2026] NVRM: Xid (PCI:0000:{bus:02x}:00): 79, pid='<unknown>', "
          "name=<unknown>, GPU has fallen off the bus.\n")
+_TRIALS = iter(range(1 << 30))
 
 
 class Loop:
@@ -86,9 +87,12 @@ def judge(folder: Path, nodes: list[str], pipeline: Pipeline, loop: Loop,
     for node in nodes:
         path = folder / f"{node}.log"
         paths.append(path)
+    # A new bus per trial: a node reused by a later trial gets a new incident (the same
+    # line on the same GPU is the same incident, which the adapters do only once).
+    line = XID79.format(bus=next(_TRIALS) % 255 + 1)
     start = time.perf_counter()
     for path in paths:
-        path.write_text(XID79)
+        path.write_text(line)
     records = []
     for node, path in zip(nodes, paths, strict=True):
         ctx = ParseContext(file=str(path), node=NodeName(node), default_year=2026)
@@ -208,8 +212,6 @@ def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[li
         names = list(cluster.fake_nodes)
 
         def resume(nodes: list[str]) -> None:
-            # the reboots the earlier trials asked for never happen (no slurmd): cancel them
-            cluster.run("scontrol", "cancel_reboot", ",".join(nodes), check=False)
             cluster.run("scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME",
                         check=False)
 
@@ -233,6 +235,10 @@ def slurm(total: int) -> Iterator[tuple[Any, Callable[[str], bool], Callable[[li
 
 def make_pipeline(adapter: Any, size: int, *, default_guards: bool) -> Pipeline:
     options: dict[str, Any] = {"probation_seconds": 3600.0, "max_actions_per_minute": 1e6}
+    if getattr(adapter, "name", "") == "slurm":
+        # Slurm's nodes are reused between trials: their reboots wait for an approval that
+        # never comes, since a reboot asked of a node without slurmd leaves it DOWN.
+        options["approval_steps"] = frozenset({RemediationStep.REBOOT})
     fraction = 0.10
     if not default_guards:
         options["breaker_max_nodes"] = size + 1

@@ -788,6 +788,11 @@ class SlurmScheduler:
             started, task = current
             if started >= asked:
                 return await asyncio.shield(task)
+            if task.done():
+                # Finished before we asked, its ``forget`` callback not run yet: awaiting
+                # a done future does not yield, so waiting on it here would spin forever.
+                del state.inflight[key]
+                continue
             with contextlib.suppress(Exception):
                 await asyncio.shield(task)
 

@@ -208,6 +208,42 @@ def test_expand_hostlist() -> None:
         expand_hostlist("gpu[3-1]")
 
 
+def test_a_listing_that_finished_before_the_caller_asked_is_run_again() -> None:
+    # A run of `sinfo --json` that finished, its clean-up callback not run yet, while a
+    # later caller asks: the caller must start a new run, not wait on the finished one
+    # (awaiting a done future never yields: that loop once spun the event loop forever).
+    import threading
+
+    from remediation import slurm as slurm_module
+
+    adapter = SlurmScheduler()
+    runs: list[tuple[str, ...]] = []
+
+    async def fake_run(*argv: str, check: bool = True,
+                       mutating: bool = False) -> slurm_module._Result:
+        runs.append(argv)
+        return slurm_module._Result(argv=argv, returncode=0, stdout="new", stderr="")
+
+    adapter._run = fake_run  # type: ignore[method-assign]
+
+    async def scenario() -> str:
+        loop = asyncio.get_running_loop()
+        old: asyncio.Future[slurm_module._Result] = loop.create_future()
+        old.set_result(slurm_module._Result(argv=("sinfo", "--json"), returncode=0,
+                                            stdout="old", stderr=""))
+        adapter._loop_state().inflight["sinfo --json"] = (time.monotonic() - 10.0, old)
+        result = await adapter._fresh("sinfo", "--json")
+        return result.stdout
+
+    out: list[str] = []
+    worker = threading.Thread(target=lambda: out.append(asyncio.run(scenario())), daemon=True)
+    worker.start()
+    worker.join(10.0)
+    assert not worker.is_alive(), "_fresh spun on a finished run"
+    assert out == ["new"]
+    assert runs == [("sinfo", "--json")]
+
+
 def test_reliability_weight_and_options() -> None:
     assert [reliability_weight(s) for s in (1.0, 0.99, 0.5, 0.0)] == [1, 2, 51, 100]
     for bad in (-0.1, 1.1, float("nan")):
