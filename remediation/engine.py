@@ -157,7 +157,8 @@ class RemediationEngine:
         probation_seconds: How long a fixed node is watched before it is resumed, >= 0.
         step_timeout_seconds: A step still running after this long fails, > 0.
         placement_interval_seconds: How often node reliability scores are recomputed and
-            published to the scheduler (``ReliabilityPublisher``), > 0.
+            published to the scheduler (``ReliabilityPublisher``), > 0; a tick that
+            submitted steps defers it, by at most one more interval.
         concurrency: Incidents advanced at the same time within one tick, >= 1.
         inspect_seconds: While a node drain runs, how often the node is read to notice a
             human returning it to service, seconds.
@@ -219,6 +220,7 @@ class RemediationEngine:
         self.predictions: dict[str, float] = {}
         """Highest current failure probability per node (set by the pipeline)."""
         self._placed_at = float("-inf")
+        self._place_deferred_at: float | None = None
         self.stats = EngineStats()
         self._lock = lock or threading.RLock()
         self._tick_lock = threading.Lock()
@@ -431,8 +433,17 @@ class RemediationEngine:
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         if now - self._placed_at >= self.placement_interval_seconds:
-            self._placed_at = now
-            await self._place(now)
+            # Scores are hints for the scheduler; the steps come first: a tick that
+            # submitted steps (a burst) defers placement, by at most one more interval,
+            # so publishing 100 node weights never holds up the next tick's steps.
+            busy = any(r.decision == SUBMITTED for r in out)
+            if busy and self._place_deferred_at is None:
+                self._place_deferred_at = now
+            if not busy or now - (self._place_deferred_at or now) >= \
+                    self.placement_interval_seconds:
+                self._placed_at = now
+                self._place_deferred_at = None
+                await self._place(now)
         return out
 
     async def _place(self, now: float) -> None:

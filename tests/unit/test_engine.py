@@ -338,3 +338,17 @@ def test_every_incident_takes_its_first_step_before_any_takes_its_second(tmp_pat
     steps = [step for step, _ in cluster.history]
     assert steps == ["cordon"] * 6 + ["drain"] * 6 + ["reboot"] * 6
     assert [node for _, node in cluster.history[:6]] == [f"n{i:03d}" for i in range(6)]
+
+
+def test_placement_waits_while_steps_are_being_submitted(tmp_path):
+    # Publishing weights is a hint; a burst's steps come first, for at most one interval.
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    p = make(tmp_path, cluster, clock, fake={"drain_polls": 0, "reboot_polls": 100},
+             engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()  # submits cordon, drain, reboot: placement deferred
+    assert p.engine.scheduler.weights == {}
+    clock.advance(1)
+    run(p, 1)  # only polls now: placement runs
+    assert p.engine.scheduler.weights == {"n001": 0.5}
