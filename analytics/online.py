@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,74 @@ logger = logging.getLogger(__name__)
 
 DETECTORS: tuple[str, ...] = ("dspot", "ewma_z", "quantile", "spot")
 """Names accepted by ``OnlineAnalytics(detector=...)``."""
+NO_DETECTOR = "none"
+"""A ``detector_by_metric`` value that leaves a signal unscored (its rates still feed gaps)."""
+DEFAULT_DETECTOR_BY_METRIC: Mapping[str, str] = {
+    "gpu_utilization_ratio": "spot",
+    "gpu_power_watts": "spot",
+    "gpu_temperature_celsius": "dspot",
+    "gpu_ecc_errors_total{type=corrected}": "dspot",
+    "gpu_ecc_errors_total{type=uncorrected}": "quantile",
+    "gpu_pcie_replays_total": "spot",
+    "ib_symbol_errors_total": "dspot",
+    "ib_link_error_recovery_total": "quantile",
+    "ib_link_downed_total": "quantile",
+    "ib_port_state": "ewma_z",
+}
+"""The per-signal default of ``[analytics] detector_by_metric``: the best detector of each
+signal of the labelled stream on development seeds 1-3 (precision, then fewest false alarms,
+then recall, then cost per sample; for signals that carry no failure in the stream, fewest
+false alarms, which NAB's reward-low-FP profile agrees with). Evidence in
+``docs/analytics.md``, "Per-signal detectors"; signals not listed use ``detector``."""
+
+
+def signal_of(metric: str, labels: Mapping[str, str]) -> str:
+    """The signal a sample belongs to: its metric, plus ``{type=...}`` when it has a type label.
+
+    These are the keys of ``detector_by_metric`` (besides bare metric names).
+
+    Examples:
+        >>> signal_of("gpu_ecc_errors_total", {"type": "corrected", "scope": "volatile"})
+        'gpu_ecc_errors_total{type=corrected}'
+        >>> signal_of("gpu_power_watts", {})
+        'gpu_power_watts'
+    """
+    kind = labels.get("type")
+    return f"{metric}{{type={kind}}}" if kind else metric
+
+
+def check_detector_by_metric(mapping: Mapping[str, str]) -> None:
+    """Validate a ``detector_by_metric`` mapping.
+
+    Keys are catalog metric names (``gpu_temperature_celsius``) or a metric with its type
+    (``gpu_ecc_errors_total{type=corrected}``); values are one of :data:`DETECTORS` or
+    :data:`NO_DETECTOR`.
+
+    Raises:
+        ValueError: Naming the first bad key and why.
+
+    Examples:
+        >>> check_detector_by_metric({"gpu_power_watts": "spot"})
+        >>> check_detector_by_metric({"gpu_pwr": "spot"})
+        Traceback (most recent call last):
+        ...
+        ValueError: detector_by_metric key 'gpu_pwr': not a catalog metric
+    """
+    for key, name in mapping.items():
+        metric, brace, rest = key.partition("{")
+        if metric not in BY_NAME:
+            raise ValueError(f"detector_by_metric key {key!r}: not a catalog metric")
+        if brace and not (rest.startswith("type=") and rest.endswith("}") and len(rest) > 6):
+            raise ValueError(
+                f"detector_by_metric key {key!r}: only a type label may follow the metric, "
+                "as in gpu_ecc_errors_total{type=corrected}"
+            )
+        if name not in (*DETECTORS, NO_DETECTOR):
+            raise ValueError(
+                f"detector_by_metric key {key!r}: detector {name!r} is not one of "
+                f"{', '.join((*DETECTORS, NO_DETECTOR))}"
+            )
+
 
 TEMPERATURE = "gpu_temperature_celsius"
 POWER = "gpu_power_watts"
@@ -80,6 +148,18 @@ def _make_detector(name: str, warmup_samples: int) -> VectorDetector:
     raise ValueError(f"detector must be one of {', '.join(DETECTORS)}, got {name!r}")
 
 
+def _series_name(sample: Sample) -> str:
+    """Name a series by its metric and sorted labels.
+
+    Two counters of one GPU that differ only by a label (corrected and uncorrected ECC errors)
+    are two series, each with its own rate.
+    """
+    if not sample.labels:
+        return sample.metric
+    labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+    return f"{sample.metric}{{{labels}}}"
+
+
 def _is_gpu(sample: Sample) -> bool:
     return sample.metric.startswith("gpu_") and sample.entity != _NODE
 
@@ -88,7 +168,11 @@ class OnlineAnalytics:
     """Vectorised per-series detection, counter rates, telemetry gaps and peer comparison.
 
     Args:
-        detector: Per-series detector, one of :data:`DETECTORS`.
+        detector: Per-series detector, one of :data:`DETECTORS`, for every signal that
+            ``detector_by_metric`` does not name.
+        detector_by_metric: Detector per signal (see :func:`check_detector_by_metric`): a
+            ``metric{type=...}`` key wins over the bare metric, which wins over ``detector``;
+            ``none`` leaves the signal unscored. ``None``: ``detector`` for every signal.
         gap_seconds: Shortest silence of a GPU reported as a telemetry gap, seconds; > 0.
         warmup_samples: Points per series before the detector may flag (SPOT's calibration
             window), >= 20.
@@ -116,6 +200,7 @@ class OnlineAnalytics:
         self,
         *,
         detector: str = "dspot",
+        detector_by_metric: Mapping[str, str] | None = None,
         gap_seconds: float = 120.0,
         warmup_samples: int = 500,
         gap_warmup_samples: int = 10,
@@ -126,15 +211,21 @@ class OnlineAnalytics:
             raise ValueError(f"gap_seconds must be > 0, got {gap_seconds!r}")
         if warmup_samples < 20:
             raise ValueError(f"warmup_samples must be >= 20, got {warmup_samples}")
+        if detector_by_metric is not None:
+            check_detector_by_metric(detector_by_metric)
         self.detector = detector
+        self.detector_by_metric = detector_by_metric
         self.gap_seconds = gap_seconds
         self.warmup_samples = warmup_samples
         self.gap_warmup_samples = gap_warmup_samples
         self.peer_z_threshold = peer_z_threshold
         self.clock = clock
         self._detector = _make_detector(detector, warmup_samples)
-        self._gaps = TelemetryGapDetector(min_gap_seconds=gap_seconds,
-                                          warmup_samples=gap_warmup_samples)
+        self._detectors: dict[str, VectorDetector] = {detector: self._detector}
+        self._choice: dict[str, str] = {}  # series name -> detector name (cache)
+        self._gaps = TelemetryGapDetector(
+            min_gap_seconds=gap_seconds, warmup_samples=gap_warmup_samples
+        )
         self._peers = PeerComparison(z_threshold=peer_z_threshold, min_scale=1.0)
         self._counters = SeriesIndex()
         self._rates = CounterRates()
@@ -158,39 +249,76 @@ class OnlineAnalytics:
             if spec is None or not np.isfinite(sample.value):
                 continue
             at = now if sample.observed_at is None else sample.observed_at
-            key = SeriesKey(sample.node, sample.entity, sample.metric)
+            key = SeriesKey(sample.node, sample.entity, _series_name(sample))
             is_counter = spec.type is MetricType.COUNTER
             (counters if is_counter else gauges).append((key, sample.value, at))
             if _is_gpu(sample):
                 arrivals.setdefault(at, set()).add((sample.node, sample.entity))
                 if sample.metric in (TEMPERATURE, POWER):
                     self._latest.setdefault(sample.node, {}).setdefault(sample.entity, {})[
-                        sample.metric] = sample.value
+                        sample.metric
+                    ] = sample.value
                     touched.add(sample.node)
         gauges.extend(self._counter_rates(counters))
         out: list[OnlineResult] = []
-        if gauges:
-            index = self._detector.index
-            batch = SeriesBatch(
-                series=index.slots(k for k, _, _ in gauges),
-                values=np.fromiter((v for _, v, _ in gauges), dtype=np.float64, count=len(gauges)),
-                observed_at=np.fromiter((t for _, _, t in gauges), dtype=np.float64,
-                                        count=len(gauges)),
-            )
-            verdict = self._detector.score_many(batch)
-            for position in np.flatnonzero(verdict.flagged):
-                key = index.key(int(batch.series[position]))
-                out.append(OnlineResult(kind="anomaly", metric=key.metric, anomaly=Anomaly(
-                    detector=self._detector.name, node=key.node, entity=key.entity,
-                    score=float(verdict.scores[position]),
-                    threshold=float(verdict.thresholds[position]),
-                    observed_at=float(batch.observed_at[position]))))
+        by_detector: dict[str, list[tuple[SeriesKey, float, float]]] = {}
+        for item in gauges:
+            name = self._detector_for(item[0].metric)
+            if name != NO_DETECTOR:
+                by_detector.setdefault(name, []).append(item)
+        for name in sorted(by_detector):
+            out.extend(self._score(name, by_detector[name]))
         for at in sorted(arrivals):
             self._gaps.arrive(arrivals[at], at)
             out.extend(self._close_gaps(arrivals[at], at))
         out.extend(self.check())
         for node in sorted(touched):
             out.extend(self._compare_peers(node, now))
+        return out
+
+    def _detector_for(self, series: str) -> str:
+        found = self._choice.get(series)
+        if found is not None:
+            return found
+        mapping = self.detector_by_metric or {}
+        metric, _, rest = series.partition("{")
+        kind = next((p[5:] for p in rest.rstrip("}").split(",") if p.startswith("type=")), None)
+        found = (mapping.get(f"{metric}{{type={kind}}}") if kind else None) or mapping.get(
+            metric, self.detector
+        )
+        self._choice[series] = found
+        return found
+
+    def _score(
+        self, name: str, gauges: Sequence[tuple[SeriesKey, float, float]]
+    ) -> list[OnlineResult]:
+        detector = self._detectors.get(name)
+        if detector is None:
+            detector = self._detectors[name] = _make_detector(name, self.warmup_samples)
+        index = detector.index
+        batch = SeriesBatch(
+            series=index.slots(k for k, _, _ in gauges),
+            values=np.fromiter((v for _, v, _ in gauges), dtype=np.float64, count=len(gauges)),
+            observed_at=np.fromiter((t for _, _, t in gauges), dtype=np.float64, count=len(gauges)),
+        )
+        verdict = detector.score_many(batch)
+        out: list[OnlineResult] = []
+        for position in np.flatnonzero(verdict.flagged):
+            key = index.key(int(batch.series[position]))
+            out.append(
+                OnlineResult(
+                    kind="anomaly",
+                    metric=key.metric.partition("{")[0],
+                    anomaly=Anomaly(
+                        detector=detector.name,
+                        node=key.node,
+                        entity=key.entity,
+                        score=float(verdict.scores[position]),
+                        threshold=float(verdict.thresholds[position]),
+                        observed_at=float(batch.observed_at[position]),
+                    ),
+                )
+            )
         return out
 
     def check(self, now: float | None = None) -> list[OnlineResult]:
@@ -210,9 +338,20 @@ class OnlineAnalytics:
             for key in ((node, entity), (node, EntityId(_NODE))):
                 if key in self._gap_open:
                     self._gap_open.discard(key)
-                    out.append(OnlineResult(kind="gap_closed", metric="", anomaly=Anomaly(
-                        detector=self._gaps.name, node=key[0], entity=key[1], score=0.0,
-                        threshold=self._gaps.gap_factor, observed_at=at)))
+                    out.append(
+                        OnlineResult(
+                            kind="gap_closed",
+                            metric="",
+                            anomaly=Anomaly(
+                                detector=self._gaps.name,
+                                node=key[0],
+                                entity=key[1],
+                                score=0.0,
+                                threshold=self._gaps.gap_factor,
+                                observed_at=at,
+                            ),
+                        )
+                    )
         return out
 
     def _counter_rates(
@@ -223,22 +362,30 @@ class OnlineAnalytics:
         before = len(self._counters)
         slots = self._counters.slots(k for k, _, _ in counters)
         for slot in range(before, len(self._counters)):
-            bits = IB_SATURATING_BITS.get(self._counters.key(slot).metric)
+            bits = IB_SATURATING_BITS.get(self._counters.key(slot).metric.partition("{")[0])
             if bits is not None:
                 self._rates.configure(np.array([slot]), bits=bits, saturating=True)
-        rates = self._rates.rate_many(SeriesBatch(
-            series=slots,
-            values=np.fromiter((v for _, v, _ in counters), dtype=np.float64,
-                               count=len(counters)),
-            observed_at=np.fromiter((t for _, _, t in counters), dtype=np.float64,
-                                    count=len(counters)),
-        ))
-        return [(key, float(rates.rates[i]), at)
-                for i, (key, _, at) in enumerate(counters) if rates.valid[i]]
+        rates = self._rates.rate_many(
+            SeriesBatch(
+                series=slots,
+                values=np.fromiter(
+                    (v for _, v, _ in counters), dtype=np.float64, count=len(counters)
+                ),
+                observed_at=np.fromiter(
+                    (t for _, _, t in counters), dtype=np.float64, count=len(counters)
+                ),
+            )
+        )
+        return [
+            (key, float(rates.rates[i]), at)
+            for i, (key, _, at) in enumerate(counters)
+            if rates.valid[i]
+        ]
 
     def _compare_peers(self, node: NodeName, now: float) -> list[OnlineResult]:
-        gpus = sorted(e for e, m in self._latest.get(node, {}).items()
-                      if TEMPERATURE in m and POWER in m)
+        gpus = sorted(
+            e for e, m in self._latest.get(node, {}).items() if TEMPERATURE in m and POWER in m
+        )
         if len(gpus) <= self._peers.min_peers:
             return []
         latest = self._latest[node]
@@ -255,9 +402,20 @@ class OnlineAnalytics:
             if key in self._peer_open:
                 continue
             self._peer_open.add(key)
-            out.append(OnlineResult(kind="peer", metric=TEMPERATURE, anomaly=Anomaly(
-                detector="peers", node=node, entity=entity, score=float(verdict.z_node[i]),
-                threshold=self._peers.z_threshold, observed_at=now)))
+            out.append(
+                OnlineResult(
+                    kind="peer",
+                    metric=TEMPERATURE,
+                    anomaly=Anomaly(
+                        detector="peers",
+                        node=node,
+                        entity=entity,
+                        score=float(verdict.z_node[i]),
+                        threshold=self._peers.z_threshold,
+                        observed_at=now,
+                    ),
+                )
+            )
         return out
 
 
@@ -281,8 +439,9 @@ def to_finding(result: OnlineResult) -> Finding:
     if result.kind in ("telemetry_gap", "gap_closed"):
         kind, code = "telemetry_gap", GAP_CODE
         what = "node" if a.entity == _NODE else "GPU"
-        summary = (f"no samples for {a.score:.0f} usual intervals "
-                   f"(the {what} may have fallen off the bus)")
+        summary = (
+            f"no samples for {a.score:.0f} usual intervals (the {what} may have fallen off the bus)"
+        )
     elif result.kind == "peer":
         kind, code = "anomaly", result.metric
         summary = f"{result.metric} {a.score:.1f} robust z above its node peers at equal power"
@@ -297,8 +456,11 @@ def to_finding(result: OnlineResult) -> Finding:
         severity=Severity.WARNING,
         action=Action.NONE,
         summary=summary,
-        evidence=(Evidence(file=a.detector, line=None,
-                           text=f"score={a.score:.6g} threshold={a.threshold:.6g}"),),
+        evidence=(
+            Evidence(
+                file=a.detector, line=None, text=f"score={a.score:.6g} threshold={a.threshold:.6g}"
+            ),
+        ),
         source=f"online detector {a.detector}",
         first_seen_at=a.observed_at,
         last_seen_at=a.observed_at,

@@ -74,11 +74,17 @@ class PredictionStage:
         if checkpoint_path is not None and checkpoint_path.exists():
             try:
                 self.predictor = OnlineFailurePredictor.restore(checkpoint_path)
-                logger.info("failure predictor restored from %s (%d positives learned)",
-                            checkpoint_path, self.predictor.learned_positive)
+                logger.info(
+                    "failure predictor restored from %s (%d positives learned)",
+                    checkpoint_path,
+                    self.predictor.learned_positive,
+                )
             except (OSError, ValueError, EOFError, pickle.UnpicklingError) as exc:
-                logger.error("cannot restore the failure predictor from %s, starting cold: %s",  # noqa: TRY400
-                             checkpoint_path, exc)
+                logger.error(  # noqa: TRY400
+                    "cannot restore the failure predictor from %s, starting cold: %s",
+                    checkpoint_path,
+                    exc,
+                )
         self._saved_at: float | None = None
         self.withheld = 0
         self.refit_seconds = refit_seconds
@@ -112,15 +118,20 @@ class PredictionStage:
         elif now - self._refit_at >= self.refit_seconds:
             self._refit_at = now
             self.refresh_batch_model()
-        for vector in self.features.vectors(now):
+        vectors = list(self.features.vectors(now))
+        batch = (
+            self.batch.probabilities([dict(v.values) for v in vectors])
+            if self.batch is not None
+            else None
+        )
+        for k, vector in enumerate(vectors):
             if self.vector_detector is not None:
                 anomaly = self.vector_detector.observe(vector)
                 if anomaly is not None:
                     self.anomalies.append(anomaly)
             prediction = self.predictor.predict(vector)
-            if self.batch is not None:
-                prediction = dataclasses.replace(
-                    prediction, probability=self.batch.probability(dict(vector.values)))
+            if batch is not None:
+                prediction = dataclasses.replace(prediction, probability=batch[k])
             if self.ready:
                 out.append(prediction)
             else:
@@ -153,5 +164,8 @@ class PredictionStage:
         try:
             self.predictor.save(self.checkpoint_path)
         except OSError as exc:
-            logger.error("cannot checkpoint the failure predictor to %s: %s",  # noqa: TRY400
-                         self.checkpoint_path, exc)
+            logger.error(  # noqa: TRY400
+                "cannot checkpoint the failure predictor to %s: %s",
+                self.checkpoint_path,
+                exc,
+            )

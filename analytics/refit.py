@@ -40,6 +40,15 @@ class BatchModel:
         row = np.array([[values.get(f, math.nan) for f in self.features]], dtype=np.float64)
         return float(self.model.predict_proba(row)[0, 1])
 
+    def probabilities(self, rows: list[dict[str, float]]) -> list[float]:
+        """Return :meth:`probability` of many vectors in one call (a call costs ~9 ms)."""
+        if not rows:
+            return []
+        table = np.array(
+            [[r.get(f, math.nan) for f in self.features] for r in rows], dtype=np.float64
+        )
+        return [float(p) for p in self.model.predict_proba(table)[:, 1]]
+
 
 @dataclass(frozen=True, slots=True)
 class RefitDecision:
@@ -64,8 +73,14 @@ class RefitDecision:
     why: str
 
 
-def refit(history: Sequence[Labelled], *, holdout_fraction: float = 0.25,
-          min_positives: int = 20, min_gain: float = 0.01, seed: int = 0) -> RefitDecision:
+def refit(
+    history: Sequence[Labelled],
+    *,
+    holdout_fraction: float = 0.25,
+    min_positives: int = 20,
+    min_gain: float = 0.01,
+    seed: int = 0,
+) -> RefitDecision:
     """Fit the batch model on the older history and compare it on the recent part.
 
     Args:
@@ -87,25 +102,40 @@ def refit(history: Sequence[Labelled], *, holdout_fraction: float = 0.25,
     pos_hold = sum(1 for r in hold if r[1])
     if pos_train < min_positives or pos_hold < 3 or pos_hold == len(hold):
         return RefitDecision(
-            adopted=False, batch_ap=math.nan, online_ap=math.nan, train_rows=len(train),
-            holdout_rows=len(hold), holdout_positives=pos_hold, model=None,
-            why=f"too few failures to refit ({pos_train} in training, {pos_hold} recent)")
+            adopted=False,
+            batch_ap=math.nan,
+            online_ap=math.nan,
+            train_rows=len(train),
+            holdout_rows=len(hold),
+            holdout_positives=pos_hold,
+            model=None,
+            why=f"too few failures to refit ({pos_train} in training, {pos_hold} recent)",
+        )
     features = tuple(sorted({k for r in rows for k in r[0]}))
 
     def matrix(part: Sequence[Labelled]) -> Any:
-        return np.array([[r[0].get(f, math.nan) for f in features] for r in part],
-                        dtype=np.float64)
+        return np.array([[r[0].get(f, math.nan) for f in features] for r in part], dtype=np.float64)
 
-    model = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1,
-                                           class_weight="balanced", random_state=seed)
+    model = HistGradientBoostingClassifier(
+        max_iter=200, learning_rate=0.1, class_weight="balanced", random_state=seed
+    )
     model.fit(matrix(train), np.array([r[1] for r in train]))
     labels = np.array([r[1] for r in hold])
     batch_ap = float(average_precision_score(labels, model.predict_proba(matrix(hold))[:, 1]))
     online_ap = float(average_precision_score(labels, np.array([r[2] for r in hold])))
     adopted = batch_ap >= online_ap + min_gain
-    why = (f"batch model average precision {batch_ap:.3f} vs online {online_ap:.3f} on the "
-           f"{len(hold)} most recent vectors ({pos_hold} failures): "
-           f"{'adopted' if adopted else 'online model kept'}")
-    return RefitDecision(adopted=adopted, batch_ap=batch_ap, online_ap=online_ap,
-                         train_rows=len(train), holdout_rows=len(hold),
-                         holdout_positives=pos_hold, model=BatchModel(features, model), why=why)
+    why = (
+        f"batch model average precision {batch_ap:.3f} vs online {online_ap:.3f} on the "
+        f"{len(hold)} most recent vectors ({pos_hold} failures): "
+        f"{'adopted' if adopted else 'online model kept'}"
+    )
+    return RefitDecision(
+        adopted=adopted,
+        batch_ap=batch_ap,
+        online_ap=online_ap,
+        train_rows=len(train),
+        holdout_rows=len(hold),
+        holdout_positives=pos_hold,
+        model=BatchModel(features, model),
+        why=why,
+    )

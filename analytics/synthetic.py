@@ -94,8 +94,10 @@ GPU_METRICS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("gpu_power_watts", ()),
     ("gpu_temperature_celsius", ()),
     ("gpu_ecc_errors_total", (("location", "total"), ("scope", "volatile"), ("type", "corrected"))),
-    ("gpu_ecc_errors_total",
-     (("location", "total"), ("scope", "volatile"), ("type", "uncorrected"))),
+    (
+        "gpu_ecc_errors_total",
+        (("location", "total"), ("scope", "volatile"), ("type", "uncorrected")),
+    ),
     ("gpu_pcie_replays_total", ()),
 )
 """Series of each GPU: metric and labels (labels as sorted pairs)."""
@@ -158,7 +160,8 @@ class StreamConfig:
         if self.gpus < self.gpus_per_node or self.gpus % self.gpus_per_node:
             raise ValueError(
                 f"gpus must be a positive multiple of gpus_per_node={self.gpus_per_node}, "
-                f"got {self.gpus}")
+                f"got {self.gpus}"
+            )
         if self.interval_seconds <= 0 or self.acceleration <= 0 or self.chunk_ticks < 1:
             raise ValueError("interval_seconds, acceleration and chunk_ticks must be > 0")
         if not 0 <= self.quiet_days < self.days:
@@ -294,8 +297,9 @@ class Plan:
         return self.config.gpus * self.config.days
 
 
-def _weibull_gaps(rng: np.random.Generator, shape: float, mean_hours: float, horizon: float
-                  ) -> list[float]:
+def _weibull_gaps(
+    rng: np.random.Generator, shape: float, mean_hours: float, horizon: float
+) -> list[float]:
     """Renewal times (seconds from 0) with Weibull gaps of ``shape`` and ``mean_hours``."""
     scale = mean_hours / math.gamma(1.0 + 1.0 / shape) * _HOUR
     out: list[float] = []
@@ -327,14 +331,20 @@ def plan(config: StreamConfig = FULL, *, seed: int) -> Plan:
     rng = np.random.default_rng([seed, 0])
     n_nodes = c.gpus // c.gpus_per_node
     nodes = tuple(NodeName(f"node-{i:04d}") for i in range(n_nodes))
-    gpus = tuple((nodes[i // c.gpus_per_node],
-                  EntityId(f"00000000:{_BUS_IDS[i % c.gpus_per_node]}:00.0"))
-                 for i in range(c.gpus))
-    links = tuple((nodes[i // c.gpus_per_node], EntityId(f"mlx5_{i % c.gpus_per_node}:1"))
-                  for i in range(c.gpus))
+    gpus = tuple(
+        (nodes[i // c.gpus_per_node], EntityId(f"00000000:{_BUS_IDS[i % c.gpus_per_node]}:00.0"))
+        for i in range(c.gpus)
+    )
+    links = tuple(
+        (nodes[i // c.gpus_per_node], EntityId(f"mlx5_{i % c.gpus_per_node}:1"))
+        for i in range(c.gpus)
+    )
     series = [SeriesSpec(m, n, e, labels) for m, labels in GPU_METRICS for n, e in gpus]
-    series += [SeriesSpec(m, n, e, (("device", e.split(":")[0]), ("port", "1")))
-               for m in LINK_METRICS for n, e in links]
+    series += [
+        SeriesSpec(m, n, e, (("device", e.split(":")[0]), ("port", "1")))
+        for m in LINK_METRICS
+        for n, e in links
+    ]
     start, end = c.start, c.start + c.ticks * c.interval_seconds
     quiet = start + c.quiet_days * _DAY
     horizon = end - quiet
@@ -359,9 +369,17 @@ def plan(config: StreamConfig = FULL, *, seed: int) -> Plan:
         onset = max(at - lead, busy[i], start) if has else None
         if onset is not None and at - onset < c.lead_min_hours * _HOUR:
             has, onset = False, None
-        failures.append(FailureLabel(node=gpus[i][0], entity=gpus[i][1], kind=kind, at=at,
-                                     precursor=has, precursor_onset=onset,
-                                     recovered_at=recovered))
+        failures.append(
+            FailureLabel(
+                node=gpus[i][0],
+                entity=gpus[i][1],
+                kind=kind,
+                at=at,
+                precursor=has,
+                precursor_onset=onset,
+                recovered_at=recovered,
+            )
+        )
         busy[i] = recovered
     # Link failures: LANL's shape, the network share of its rate, accelerated.
     link_mean = LANL_LINK_MEAN_HOURS_PER_LINK / c.gpus / c.acceleration
@@ -379,17 +397,26 @@ def plan(config: StreamConfig = FULL, *, seed: int) -> Plan:
         onset = max(at - lead, busy[i], start) if has else None
         if onset is not None and at - onset < c.lead_min_hours * _HOUR:
             has, onset = False, None
-        failures.append(FailureLabel(node=links[i][0], entity=links[i][1], kind="link_down",
-                                     at=at, precursor=has, precursor_onset=onset,
-                                     recovered_at=at + down))
+        failures.append(
+            FailureLabel(
+                node=links[i][0],
+                entity=links[i][1],
+                kind="link_down",
+                at=at,
+                precursor=has,
+                precursor_onset=onset,
+                recovered_at=at + down,
+            )
+        )
         busy[i] = at + down
     failures.sort(key=lambda f: f.at)
 
     confounders: list[Confounder] = []
     node_entity = EntityId("node")
 
-    def poisson_windows(rate_per_day: float, length: tuple[float, float], log: bool = False
-                        ) -> list[tuple[float, float]]:
+    def poisson_windows(
+        rate_per_day: float, length: tuple[float, float], log: bool = False
+    ) -> list[tuple[float, float]]:
         count = int(rng.poisson(rate_per_day * c.days))
         starts = np.sort(rng.uniform(start, end, count))
         if log:
@@ -400,37 +427,48 @@ def plan(config: StreamConfig = FULL, *, seed: int) -> Plan:
 
     for node in nodes:
         for s, e in poisson_windows(0.2, (120.0, 480.0)):
-            confounders.append(Confounder(kind="collector_gap", node=node, entity=node_entity,
-                                          start=s, end=e))
+            confounders.append(
+                Confounder(kind="collector_gap", node=node, entity=node_entity, start=s, end=e)
+            )
         for s, e in poisson_windows(0.02, (1200.0, 7200.0)):
-            confounders.append(Confounder(kind="collector_outage", node=node,
-                                          entity=node_entity, start=s, end=e))
+            confounders.append(
+                Confounder(kind="collector_outage", node=node, entity=node_entity, start=s, end=e)
+            )
         for s, e in poisson_windows(0.03, (150.0, 240.0)):
-            confounders.append(Confounder(kind="driver_reload", node=node, entity=node_entity,
-                                          start=s, end=e))
+            confounders.append(
+                Confounder(kind="driver_reload", node=node, entity=node_entity, start=s, end=e)
+            )
         for s, e in poisson_windows(0.02, (2 * _HOUR, 0.6), log=True):
-            confounders.append(Confounder(kind="cooling", node=node, entity=node_entity,
-                                          start=s, end=e))
+            confounders.append(
+                Confounder(kind="cooling", node=node, entity=node_entity, start=s, end=e)
+            )
     for node, entity in links:
         for s, _ in poisson_windows(0.02, (0.0, 0.0)):
-            confounders.append(Confounder(kind="counter_reset", node=node, entity=entity,
-                                          start=s, end=s))
+            confounders.append(
+                Confounder(kind="counter_reset", node=node, entity=entity, start=s, end=s)
+            )
         for s, e in poisson_windows(0.05, (600.0, 3600.0)):
-            confounders.append(Confounder(kind="symbol_burst", node=node, entity=entity,
-                                          start=s, end=e))
+            confounders.append(
+                Confounder(kind="symbol_burst", node=node, entity=entity, start=s, end=e)
+            )
     # Per-GPU traits: sporadic SBEs on 8 %, a steady high rate on 2 % (healthy but noisy);
     # a trickle of PCIe replays everywhere and a steady 1/min on 3 % (a marginal riser).
     u = rng.random(c.gpus)
-    sbe = np.where(u < 0.02, 10.0 * np.exp(0.5 * rng.standard_normal(c.gpus)),
-                   np.where(u < 0.10, 0.2, 0.0))
+    sbe = np.where(
+        u < 0.02, 10.0 * np.exp(0.5 * rng.standard_normal(c.gpus)), np.where(u < 0.10, 0.2, 0.0)
+    )
     v = rng.random(c.gpus)
     replay = np.where(v < 0.03, 1.0, 0.01)
     for g in np.flatnonzero(u < 0.02).tolist():
-        confounders.append(Confounder(kind="noisy_sbe", node=gpus[g][0], entity=gpus[g][1],
-                                      start=start, end=end))
+        confounders.append(
+            Confounder(kind="noisy_sbe", node=gpus[g][0], entity=gpus[g][1], start=start, end=end)
+        )
     for g in np.flatnonzero(v < 0.03).tolist():
-        confounders.append(Confounder(kind="noisy_replay", node=gpus[g][0], entity=gpus[g][1],
-                                      start=start, end=end))
+        confounders.append(
+            Confounder(
+                kind="noisy_replay", node=gpus[g][0], entity=gpus[g][1], start=start, end=end
+            )
+        )
     temp_offset = rng.normal(0.0, 2.0, c.gpus)
     # Workload: per node, idle (median 45 min) and job (median 3 h) phases; job load U(0.6, 1).
     edges: list[FloatArray] = []
@@ -443,8 +481,11 @@ def plan(config: StreamConfig = FULL, *, seed: int) -> Plan:
             if busy_phase:
                 level = float(rng.uniform(0.6, 1.0))
                 length = 3 * _HOUR * math.exp(0.7 * float(rng.standard_normal()))
-                confounders.append(Confounder(kind="workload", node=node, entity=node_entity,
-                                              start=t, end=t + length))
+                confounders.append(
+                    Confounder(
+                        kind="workload", node=node, entity=node_entity, start=t, end=t + length
+                    )
+                )
             else:
                 level, length = 0.0, 0.75 * _HOUR * math.exp(0.7 * float(rng.standard_normal()))
             l_list.append(level)
@@ -454,10 +495,19 @@ def plan(config: StreamConfig = FULL, *, seed: int) -> Plan:
         levels.append(np.asarray(l_list))
     confounders.sort(key=lambda k: k.start)
     return Plan(
-        config=c, seed=seed, nodes=nodes, gpus=gpus, links=links, series=tuple(series),
-        failures=tuple(failures), confounders=tuple(confounders),
-        sbe_base_per_hour=sbe, replay_base_per_minute=replay, temp_offset=temp_offset,
-        job_edges=tuple(edges), job_levels=tuple(levels),
+        config=c,
+        seed=seed,
+        nodes=nodes,
+        gpus=gpus,
+        links=links,
+        series=tuple(series),
+        failures=tuple(failures),
+        confounders=tuple(confounders),
+        sbe_base_per_hour=sbe,
+        replay_base_per_minute=replay,
+        temp_offset=temp_offset,
+        job_edges=tuple(edges),
+        job_levels=tuple(levels),
     )
 
 
@@ -489,19 +539,48 @@ class _Renderer:
             if f.kind == "link_down":
                 device = f.entity.split(":")[0]
                 attrs = {"device": device, "port": "1", "phys_state": "polling"}
-                out.append(Event(kind="ib_port_state", code="down", node=f.node,
-                                 entity=f.entity, observed_at=f.at, attrs=attrs,
-                                 message=f"{device} port 1 state Down", source="synthetic"))
-                out.append(Event(kind="ib_port_state", code="active", node=f.node,
-                                 entity=f.entity, observed_at=f.recovered_at,
-                                 attrs={**attrs, "phys_state": "linkup"},
-                                 message=f"{device} port 1 state Active", source="synthetic"))
+                out.append(
+                    Event(
+                        kind="ib_port_state",
+                        code="down",
+                        node=f.node,
+                        entity=f.entity,
+                        observed_at=f.at,
+                        attrs=attrs,
+                        message=f"{device} port 1 state Down",
+                        source="synthetic",
+                    )
+                )
+                out.append(
+                    Event(
+                        kind="ib_port_state",
+                        code="active",
+                        node=f.node,
+                        entity=f.entity,
+                        observed_at=f.recovered_at,
+                        attrs={**attrs, "phys_state": "linkup"},
+                        message=f"{device} port 1 state Active",
+                        source="synthetic",
+                    )
+                )
             else:
                 code = "48" if f.kind == "dbe" else "79"
-                text = ("Xid 48: double-bit ECC error" if f.kind == "dbe"
-                        else "Xid 79: GPU has fallen off the bus")
-                out.append(Event(kind="xid", code=code, node=f.node, entity=f.entity,
-                                 observed_at=f.at, message=text, source="synthetic"))
+                text = (
+                    "Xid 48: double-bit ECC error"
+                    if f.kind == "dbe"
+                    else "Xid 79: GPU has fallen off the bus"
+                )
+                out.append(
+                    Event(
+                        kind="xid",
+                        code=code,
+                        node=f.node,
+                        entity=f.entity,
+                        observed_at=f.at,
+                        message=text,
+                        source="synthetic",
+                    )
+                )
         return out
 
     def chunk(self, k0: int, k1: int) -> Chunk:
@@ -594,11 +673,11 @@ class _Renderer:
         # workload -> utilisation -> power -> temperature (first-order lag, tau 5 min)
         node_load = np.empty((t_len, len(p.nodes)))
         for j, (edges, levels) in enumerate(zip(p.job_edges, p.job_levels, strict=True)):
-            node_load[:, j] = levels[np.clip(np.searchsorted(edges, times, "right") - 1, 0,
-                                             None)]
+            node_load[:, j] = levels[np.clip(np.searchsorted(edges, times, "right") - 1, 0, None)]
         load = node_load[:, self.node_of]
-        util = np.clip(load * rng.uniform(0.93, 1.0, (t_len, n))
-                       + rng.normal(0.0, 0.02, (t_len, n)), 0.0, 1.0)
+        util = np.clip(
+            load * rng.uniform(0.93, 1.0, (t_len, n)) + rng.normal(0.0, 0.02, (t_len, n)), 0.0, 1.0
+        )
         power = 70.0 + 330.0 * util + rng.normal(0.0, 6.0, (t_len, n))
         target = 28.0 + 0.12 * power + p.temp_offset + heat
         temp = np.empty((t_len, n))
@@ -633,13 +712,26 @@ class _Renderer:
             counters.append(value)
         state = np.where(port_down, 1.0, 4.0)
         values = np.concatenate(
-            [util, power, temp, counters[0], counters[1], counters[2],
-             counters[3], counters[4], counters[5], state], axis=1)
+            [
+                util,
+                power,
+                temp,
+                counters[0],
+                counters[1],
+                counters[2],
+                counters[3],
+                counters[4],
+                counters[5],
+                state,
+            ],
+            axis=1,
+        )
         present = np.concatenate([gpu_present] * 6 + [link_present] * 4, axis=1)
         first = int(np.searchsorted(self.event_times, lo, side="right"))
         last = int(np.searchsorted(self.event_times, hi, side="right"))
-        return Chunk(times=times, values=values, present=present,
-                     events=tuple(self.events[first:last]))
+        return Chunk(
+            times=times, values=values, present=present, events=tuple(self.events[first:last])
+        )
 
 
 def chunks(p: Plan) -> Iterator[Chunk]:
@@ -657,8 +749,9 @@ def samples(p: Plan) -> Iterator[list[Sample | Event]]:
     """
     specs = p.series
     # entity-major order: one reading of one GPU or port is one line-protocol point
-    order = sorted(range(len(specs)), key=lambda s: (specs[s].node, specs[s].entity,
-                                                     specs[s].labels, s))
+    order = sorted(
+        range(len(specs)), key=lambda s: (specs[s].node, specs[s].entity, specs[s].labels, s)
+    )
     position = np.empty(len(specs), dtype=np.int64)
     position[np.asarray(order)] = np.arange(len(specs))
     for chunk in chunks(p):
@@ -669,8 +762,14 @@ def samples(p: Plan) -> Iterator[list[Sample | Event]]:
             shown = np.flatnonzero(mask)
             shown = shown[np.argsort(position[shown])]
             tick: list[Sample | Event] = [
-                Sample(metric=specs[s].metric, value=float(row[s]), observed_at=at,
-                       node=specs[s].node, entity=specs[s].entity, labels=dict(specs[s].labels))
+                Sample(
+                    metric=specs[s].metric,
+                    value=float(row[s]),
+                    observed_at=at,
+                    node=specs[s].node,
+                    entity=specs[s].entity,
+                    labels=dict(specs[s].labels),
+                )
                 for s in shown.tolist()
             ]
             due = (event_at > at - dt) & (event_at <= at)
@@ -705,9 +804,15 @@ def write_line_protocol(p: Plan, path: Path) -> tuple[int, int]:
 def labels_json(p: Plan) -> list[dict[str, object]]:
     """The failure labels as JSON-ready dicts (write them beside a line-protocol file)."""
     return [
-        {"node": f.node, "entity": f.entity, "kind": f.kind, "at": f.at,
-         "precursor": f.precursor, "precursor_onset": f.precursor_onset,
-         "recovered_at": f.recovered_at}
+        {
+            "node": f.node,
+            "entity": f.entity,
+            "kind": f.kind,
+            "at": f.at,
+            "precursor": f.precursor,
+            "precursor_onset": f.precursor_onset,
+            "recovered_at": f.recovered_at,
+        }
         for f in p.failures
     ]
 
@@ -770,6 +875,173 @@ class Score:
     leads: dict[int, float]
 
 
+class EpisodeScorer:
+    """Streaming :func:`score_alarms`: alarms fed in time order, only episodes kept.
+
+    Memory is a few numbers per entity (the time of its last alarm) and per failure (its
+    earliest matching alarm), whatever the number of alarms, so a detector that alarms
+    millions of times over a 1,000-GPU month is scored in constant memory. The rules are those
+    of :func:`score_alarms`, which is this class fed with alarms sorted by time.
+
+    Args:
+        failures: The labels.
+        gpu_days: Exposure for the false-alarm rate (GPUs x days; ports are not added); > 0.
+        horizon_seconds: How long before a failure an alarm still predicts it; > 0.
+        grace_seconds: How long after a failure an alarm still detects it; >= 0.
+        merge_seconds: Episode merging gap; >= 0.
+        settle_seconds: Alarms ignored this long after recovery; >= 0.
+        entities: ``(node, entity)`` pairs coded first, in order (entity ``i`` gets code
+            ``i``), so that several scorers share codes.
+
+    Raises:
+        ValueError: A window length is negative, ``horizon_seconds <= 0`` or ``gpu_days <= 0``.
+
+    Examples:
+        >>> scorer = EpisodeScorer([], gpu_days=1.0)
+        >>> for at in (0.0, 60.0, 7200.0):
+        ...     scorer.add("n1", "gpu0", at)
+        >>> score = scorer.result()
+        >>> (score.alarms, score.episodes, score.false_episodes)
+        (3, 2, 2)
+    """
+
+    def __init__(
+        self,
+        failures: Sequence[FailureLabel],
+        *,
+        gpu_days: float,
+        horizon_seconds: float = 86_400.0,
+        grace_seconds: float = 900.0,
+        merge_seconds: float = 3600.0,
+        settle_seconds: float = 3600.0,
+        entities: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        if horizon_seconds <= 0 or gpu_days <= 0:
+            raise ValueError("horizon_seconds and gpu_days must be > 0")
+        if min(grace_seconds, merge_seconds, settle_seconds) < 0:
+            raise ValueError("grace_seconds, merge_seconds and settle_seconds must be >= 0")
+        self.failures = tuple(failures)
+        self.gpu_days = gpu_days
+        self.horizon_seconds = horizon_seconds
+        self.grace_seconds = grace_seconds
+        self.merge_seconds = merge_seconds
+        self.settle_seconds = settle_seconds
+        self._codes: dict[tuple[str, str], int] = {}
+        self._last: FloatArray = np.zeros(0)
+        self._special: BoolArray = np.zeros(0, dtype=bool)  # has failures, or is node-level
+        self._node_level: set[int] = set()
+        self._failures_of: dict[int, list[int]] = {}
+        self._counts = {"true": 0, "false": 0, "ignored": 0}
+        self._kept = 0
+        self._node_alarms = 0
+        self._earliest: dict[int, float] = {}
+        self._now = -math.inf
+        for node, entity in entities:
+            self.code(node, entity)
+        for index, f in enumerate(self.failures):
+            code = self.code(f.node, f.entity)
+            self._failures_of.setdefault(code, []).append(index)
+            self._special[code] = True
+
+    def code(self, node: str, entity: str) -> int:
+        """The dense code of ``(node, entity)`` for :meth:`add_codes` (assigned on first use)."""
+        key = (node, entity)
+        found = self._codes.get(key)
+        if found is not None:
+            return found
+        found = self._codes[key] = len(self._codes)
+        if found >= self._last.size:
+            size = max(64, 2 * self._last.size)
+            self._last = np.concatenate([self._last, np.full(size - self._last.size, -math.inf)])
+            self._special = np.concatenate(
+                [self._special, np.zeros(size - self._special.size, dtype=bool)]
+            )
+        if entity == "node":
+            self._node_level.add(found)
+            self._special[found] = True
+        return found
+
+    def add(self, node: str, entity: str, at: float) -> None:
+        """Score one alarm; ``at`` (epoch seconds) must not be before the previous one's."""
+        self.add_codes(np.array([self.code(node, entity)], dtype=np.int64), at)
+
+    def add_codes(self, codes: IntArray, at: float) -> None:
+        """Score alarms of the entities ``codes`` (from :meth:`code`; repeats allowed) at ``at``.
+
+        Raises:
+            ValueError: ``at`` is before the time of the previous call.
+        """
+        if codes.size == 0:
+            return
+        if at < self._now:
+            raise ValueError(f"alarms must come in time order: {at} after {self._now}")
+        self._now = at
+        uniq, repeats = np.unique(codes, return_counts=True)
+        new = (at - self._last[uniq]) >= self.merge_seconds
+        self._last[uniq] = at
+        plain = ~self._special[uniq]
+        self._kept += int(repeats[plain].sum())
+        self._counts["false"] += int(np.count_nonzero(new & plain))
+        for k in np.flatnonzero(~plain).tolist():
+            code, count = int(uniq[k]), int(repeats[k])
+            if code in self._node_level:
+                self._node_alarms += count
+                continue
+            kind, matched = self._verdict(code, at)
+            if matched is not None:
+                self._earliest[matched] = min(self._earliest.get(matched, math.inf), at)
+            if kind != "ignored":
+                self._kept += count
+            if new[k]:
+                self._counts[kind] += 1
+
+    def _verdict(self, code: int, at: float) -> tuple[str, int | None]:
+        found = None
+        failures = self.failures
+        for index in self._failures_of.get(code, ()):
+            f = failures[index]
+            if f.at - self.horizon_seconds <= at <= f.at + self.grace_seconds:
+                found = index if found is None or failures[found].at > f.at else found
+        if found is not None:
+            return "true", found
+        for index in self._failures_of.get(code, ()):
+            f = failures[index]
+            if f.at + self.grace_seconds < at <= f.recovered_at + self.settle_seconds:
+                return "ignored", None
+        return "false", None
+
+    def result(self) -> Score:
+        """The score of the alarms fed so far."""
+        failures, counts = self.failures, self._counts
+        leads = {i: max(0.0, failures[i].at - t) for i, t in self._earliest.items()}
+        with_precursor = [i for i, f in enumerate(failures) if f.precursor]
+        precursor_leads = [leads[i] for i in with_precursor if i in leads]
+        judged = counts["true"] + counts["false"]
+        return Score(
+            alarms=self._kept,
+            node_alarms=self._node_alarms,
+            episodes=sum(counts.values()),
+            true_episodes=counts["true"],
+            false_episodes=counts["false"],
+            ignored_episodes=counts["ignored"],
+            failures=len(failures),
+            detected=len(leads),
+            precursor_failures=len(with_precursor),
+            precursor_detected=len(precursor_leads),
+            early_detected=sum(1 for i, t in self._earliest.items() if t < failures[i].at),
+            precision=counts["true"] / judged if judged else float("nan"),
+            recall=len(leads) / len(failures) if failures else float("nan"),
+            recall_precursor=(
+                len(precursor_leads) / len(with_precursor) if with_precursor else float("nan")
+            ),
+            median_lead_seconds=(
+                float(np.median(precursor_leads)) if precursor_leads else float("nan")
+            ),
+            false_alarms_per_1000_gpu_days=counts["false"] / self.gpu_days * 1000.0,
+            leads=leads,
+        )
+
+
 def score_alarms(
     alarms: Sequence[Alarm],
     failures: Sequence[FailureLabel],
@@ -799,6 +1071,8 @@ def score_alarms(
     * A failure is **detected** when any alarm matches it; its **lead** is ``at`` minus its
       earliest matching alarm, floored at 0.
 
+    This keeps every alarm in memory; :class:`EpisodeScorer` scores a stream of them.
+
     Args:
         alarms: Alarms in any order.
         failures: The labels.
@@ -811,69 +1085,14 @@ def score_alarms(
     Raises:
         ValueError: A window length is negative, ``horizon_seconds <= 0`` or ``gpu_days <= 0``.
     """
-    if horizon_seconds <= 0 or gpu_days <= 0:
-        raise ValueError("horizon_seconds and gpu_days must be > 0")
-    if min(grace_seconds, merge_seconds, settle_seconds) < 0:
-        raise ValueError("grace_seconds, merge_seconds and settle_seconds must be >= 0")
-    by_entity: dict[tuple[str, str], list[int]] = {}
-    for index, f in enumerate(failures):
-        by_entity.setdefault((f.node, f.entity), []).append(index)
-    earliest: dict[int, float] = {}
-
-    def verdict(a: Alarm) -> tuple[str, int | None]:
-        found = None
-        for index in by_entity.get((a.node, a.entity), ()):
-            f = failures[index]
-            if f.at - horizon_seconds <= a.at <= f.at + grace_seconds:
-                found = index if found is None or failures[found].at > f.at else found
-        if found is not None:
-            return "true", found
-        for index in by_entity.get((a.node, a.entity), ()):
-            f = failures[index]
-            if f.at + grace_seconds < a.at <= f.recovered_at + settle_seconds:
-                return "ignored", None
-        return "false", None
-
-    counts = {"true": 0, "false": 0, "ignored": 0}
-    kept = 0
-    node_level = sum(1 for a in alarms if a.entity == "node")
-    ordered = sorted((a for a in alarms if a.entity != "node"),
-                     key=lambda a: (a.node, a.entity, a.at))
-    last: dict[tuple[str, str], float] = {}
-    for a in ordered:
-        kind, matched = verdict(a)
-        if matched is not None:
-            earliest[matched] = min(earliest.get(matched, math.inf), a.at)
-        if kind != "ignored":
-            kept += 1
-        key = (a.node, a.entity)
-        previous = last.get(key)
-        last[key] = a.at
-        if previous is not None and a.at - previous < merge_seconds:
-            continue  # same episode
-        counts[kind] += 1
-    leads = {i: max(0.0, failures[i].at - t) for i, t in earliest.items()}
-    with_precursor = [i for i, f in enumerate(failures) if f.precursor]
-    precursor_leads = [leads[i] for i in with_precursor if i in leads]
-    judged = counts["true"] + counts["false"]
-    return Score(
-        alarms=kept,
-        node_alarms=node_level,
-        episodes=sum(counts.values()),
-        true_episodes=counts["true"],
-        false_episodes=counts["false"],
-        ignored_episodes=counts["ignored"],
-        failures=len(failures),
-        detected=len(leads),
-        precursor_failures=len(with_precursor),
-        precursor_detected=len(precursor_leads),
-        early_detected=sum(1 for i, t in earliest.items() if t < failures[i].at),
-        precision=counts["true"] / judged if judged else float("nan"),
-        recall=len(leads) / len(failures) if failures else float("nan"),
-        recall_precursor=(len(precursor_leads) / len(with_precursor) if with_precursor
-                          else float("nan")),
-        median_lead_seconds=(float(np.median(precursor_leads)) if precursor_leads
-                             else float("nan")),
-        false_alarms_per_1000_gpu_days=counts["false"] / gpu_days * 1000.0,
-        leads=leads,
+    scorer = EpisodeScorer(
+        failures,
+        gpu_days=gpu_days,
+        horizon_seconds=horizon_seconds,
+        grace_seconds=grace_seconds,
+        merge_seconds=merge_seconds,
+        settle_seconds=settle_seconds,
     )
+    for a in sorted(alarms, key=lambda a: a.at):
+        scorer.add(a.node, a.entity, a.at)
+    return scorer.result()

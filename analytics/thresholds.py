@@ -191,8 +191,9 @@ def _fit_gpd(
             l12, _ = _profile_loglik(np.stack([x1, x2], axis=1), peaks, cnt, top)
             l1, l2 = l12[:, 0], l12[:, 1]
         elif 4 * n_both > k:  # one (k, 2) call beats a second call on a large subset
-            l12, _ = _profile_loglik(np.stack([fresh, np.where(both, x2, fresh)], axis=1),
-                                     peaks, cnt, top)
+            l12, _ = _profile_loglik(
+                np.stack([fresh, np.where(both, x2, fresh)], axis=1), peaks, cnt, top
+            )
             lf = l12[:, 0]
             l1 = np.where(reuse1, kept_l, lf)
             l2 = np.where(reuse1, lf, np.where(reuse2, kept_l, l12[:, 1]))
@@ -250,7 +251,10 @@ def gpd_quantile(
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         power = (np.power(r, -gamma) - 1.0) / gamma
     power = np.where(np.abs(gamma) < 1e-9, -np.log(r), power)
-    return t + sigma * power
+    # With fewer peaks than q n (a constant series: one nominal peak, n growing), the risk-q
+    # quantile would fall below t and flag every normal point from then on; it never goes
+    # below the initial threshold.
+    return t + sigma * np.maximum(power, 0.0)
 
 
 def _tail_probability(
@@ -587,8 +591,7 @@ class _RunningStatsDetector(VectorDetector):
 
     _STATE: tuple[str, ...] = ()
 
-    def __init__(self, *, warmup_samples: int, relearn_after: int | None,
-                 seed: int | None) -> None:
+    def __init__(self, *, warmup_samples: int, relearn_after: int | None, seed: int | None) -> None:
         super().__init__()
         if warmup_samples < 1:
             raise ValueError(f"warmup_samples must be >= 1, got {warmup_samples}")

@@ -165,7 +165,9 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     """Feed recorded files through the run pipeline; print findings, alerts and actions.
 
     Each file is its own node (named after the file) unless --context node=NAME is given.
-    Remediation is dry-run unless --live.
+    Remediation is dry-run unless --live. Line-protocol files (.lp, a recorded fleet) also
+    go through the online detectors and the failure predictor in record time, with the
+    [analytics] settings of --config; their predictions are listed.
     """
     from gpuhealth.replay import load_node_facts, render_text, to_json
     from gpuhealth.replay import replay as run_replay
@@ -184,6 +186,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
         cluster_size=cluster_size,
         node_facts=load_node_facts(node_facts) if node_facts else None,
         wait_seconds=wait_seconds if live else 0.0,
+        analytics=_analytics_settings(config_path),
         **live_options,
     )
     if as_json:
@@ -193,6 +196,18 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     if not report.parsed_lines:
         click.echo("error: nothing in the input could be replayed", err=True)
         sys.exit(EXIT_UNPARSEABLE)
+
+
+def _analytics_settings(config_path: str | None) -> Any:
+    """The ``[analytics]`` settings of ``config_path`` (``None``: replay's defaults)."""
+    if not config_path:
+        return None
+    from gpuhealth.config import load_settings
+
+    try:
+        return load_settings(config_path).analytics
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _silence_store(config_path: str | None) -> Any:
@@ -424,7 +439,7 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
 
 @main.group()
 def evaluate() -> None:
-    """Score detectors and predictors on benchmarks (NAB; Titan and labelled streams later)."""
+    """Score detectors and predictors on benchmarks (NAB, Titan, the labelled stream)."""
 
 
 @evaluate.command("nab")
@@ -480,6 +495,45 @@ def evaluate_titan(data_dir: str | None, as_json: bool) -> None:
         click.echo(json.dumps(result, indent=2, default=str))
     else:
         click.echo(survival.render(result), nl=False)
+
+
+@evaluate.command("stream")
+@click.option("--small", is_flag=True, help="64 GPUs x 3 days, failures sped up 600x (CI).")
+@click.option("--gpus", type=click.IntRange(min=8), default=None,
+              help="GPUs (and as many IB ports), a multiple of 8 (default 1,000).")
+@click.option("--days", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Days of stream (default 30).")
+@click.option("--seed", type=int, default=None,
+              help="Stream seed (default: the reporting seed 61708293; develop on 1-3).")
+@click.option("--only", default=None, metavar="NAMES",
+              help="Comma-separated detectors and predictors (default: all).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, help="Also write the results as JSON to this file ('-': stdout only).")
+def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int | None,
+                    only: str | None, json_path: str | None) -> None:
+    """Score detectors and predictors on the labelled synthetic GPU/link stream."""
+    import dataclasses
+
+    from analytics import stream_eval, synthetic
+
+    config = synthetic.SMALL if small else synthetic.FULL
+    try:
+        if gpus:
+            config = dataclasses.replace(config, gpus=gpus)
+        if days:
+            config = dataclasses.replace(config, days=days)
+        names = tuple(n.strip() for n in only.split(",") if n.strip()) if only else stream_eval.ALL
+        result = stream_eval.evaluate(
+            config, stream_eval.REPORTING_SEED if seed is None else seed, only=names)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if json_path == "-":
+        click.echo(json.dumps(result, indent=2))
+        return
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(result, indent=2) + "\n")
+    click.echo(stream_eval.render(result), nl=False)
 
 
 @main.group()

@@ -38,6 +38,7 @@ from pydantic import (
 
 from alerting.alerts import AlertPolicy
 from analytics.fault_model import check_facts
+from analytics.online import DEFAULT_DETECTOR_BY_METRIC, check_detector_by_metric
 from core.errors import ConfigError, PluginError
 from core.plugins import available
 from core.records import RemediationStep, Severity
@@ -262,7 +263,22 @@ class AnalyticsSettings(BaseModel):
     gaps and peer comparison of GPU temperature at equal power."""
 
     detector: Literal["dspot", "spot", "ewma_z", "quantile"] = "dspot"
-    """The per-series detector (``docs/analytics.md``); ``dspot`` follows slow drifts."""
+    """The per-series detector for every signal ``detector_by_metric`` does not name
+    (``docs/analytics.md``); ``dspot`` follows slow drifts and scored best on NAB."""
+
+    detector_by_metric: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_DETECTOR_BY_METRIC))
+    """Detector per signal: keys are catalog metric names or ``metric{type=...}``
+    (``"gpu_ecc_errors_total{type=corrected}"``), values ``dspot``, ``spot``, ``ewma_z``,
+    ``quantile`` or ``none`` (not scored). The defaults are the best detector per signal on
+    the labelled stream (``docs/analytics.md``, "Per-signal detectors"); a file's table
+    replaces them whole (``{}``: ``detector`` for every signal)."""
+
+    @field_validator("detector_by_metric")
+    @classmethod
+    def _known_signals(cls, value: dict[str, str]) -> dict[str, str]:
+        check_detector_by_metric(value)
+        return value
 
     warmup_samples: int = Field(default=500, ge=20)
     """Samples per series before the detector may flag one (SPOT's calibration window)."""

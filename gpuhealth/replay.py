@@ -39,6 +39,7 @@ from typing import Any
 from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
+from analytics.online import OnlineAnalytics, OnlineResult
 from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
 from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
@@ -49,11 +50,15 @@ from core.records import (
     ActionRequest,
     Alert,
     AuditRecord,
+    Event,
     Finding,
     NodeName,
+    Prediction,
     Record,
+    Sample,
     Severity,
 )
+from gpuhealth.config import AnalyticsSettings
 from gpuhealth.diagnose import expand_paths, finding_to_json
 from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
@@ -94,6 +99,41 @@ class NodeReplay:
 
 
 @dataclass(slots=True, kw_only=True)
+class StreamAnalysis:
+    """What the online detectors and the failure predictor made of recorded telemetry.
+
+    Filled from line-protocol inputs only (recorded samples with their own times), as
+    ``gpuhealth run`` would have seen them: samples go through
+    :class:`~analytics.online.OnlineAnalytics` and
+    :class:`~analytics.prediction_stage.PredictionStage` in time order, one prediction per
+    GPU and port every ``predictor_interval_seconds`` of *record* time, labelled by the
+    critical findings the fault model raises from the recorded events.
+
+    Attributes:
+        samples: Samples analysed.
+        anomalies: Count per ``"<kind> <detector> <metric>"`` (kinds as in
+            :class:`~analytics.online.OnlineResult`; gap closures not counted).
+        listed: The first ``max_listed`` anomalies and gaps (JSON-ready dicts).
+        predictions: Published predictions at or above ``threshold``, in time order.
+        predictions_made: Predictions published (any probability).
+        withheld: Predictions withheld while the model had learned too few failures.
+        positives_learned: Failure-labelled vectors the predictor learned.
+        threshold: Probability from which a prediction is listed (the warning alert's 0.5).
+        max_listed: Anomalies kept in ``listed``.
+    """
+
+    samples: int = 0
+    anomalies: dict[str, int] = field(default_factory=dict)
+    listed: list[dict[str, Any]] = field(default_factory=list)
+    predictions: list[Prediction] = field(default_factory=list)
+    predictions_made: int = 0
+    withheld: int = 0
+    positives_learned: int = 0
+    threshold: float = 0.5
+    max_listed: int = 1000
+
+
+@dataclass(slots=True, kw_only=True)
 class ReplayReport:
     """The result of one replay.
 
@@ -106,6 +146,8 @@ class ReplayReport:
         undelivered: Notifications still queued per notifier at the end.
         parsed_lines: Input lines a parser understood, over all files.
         final_actions: Every action of the action store at the end (``to_json`` rows).
+        analysis: What the detectors and the predictor found in line-protocol inputs
+            (``None`` when there was none, or analytics were off).
     """
 
     nodes: list[NodeReplay] = field(default_factory=list)
@@ -116,6 +158,7 @@ class ReplayReport:
     undelivered: dict[str, int] = field(default_factory=dict)
     parsed_lines: int = 0
     final_actions: list[dict[str, object]] = field(default_factory=list)
+    analysis: StreamAnalysis | None = None
 
     def node(self, name: str) -> NodeReplay | None:
         """Return the result for node ``name``, or ``None``."""
@@ -158,8 +201,9 @@ def load_node_facts(path: str) -> dict[str, dict[str, str]]:
             continue
         facts = entry.get("context", entry if "worst_severity" not in entry else {})
         if isinstance(facts, dict) and facts:
-            out[node_of_file(str(name))] = {str(k): str(v) for k, v in facts.items()
-                                            if not isinstance(v, dict | list)}
+            out[node_of_file(str(name))] = {
+                str(k): str(v) for k, v in facts.items() if not isinstance(v, dict | list)
+            }
     return out
 
 
@@ -193,6 +237,112 @@ def _on_node(records: Iterable[Record], node: NodeName) -> Iterator[Record]:
         yield record if record.node == node else dataclasses.replace(record, node=node)
 
 
+def _time_steps(records: Iterable[Record]) -> Iterator[list[Record]]:
+    """Group consecutive records of one time stamp (a recording is written in time order)."""
+    step: list[Record] = []
+    at: float | None = None
+    for record in records:
+        when = record.observed_at
+        if step and when is not None and when != at:
+            yield step
+            step = []
+        if when is not None:
+            at = when
+        step.append(record)
+    if step:
+        yield step
+
+
+class _Analyst:
+    """Runs the online detectors and the failure predictor over recorded time steps."""
+
+    def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis) -> None:
+        from analytics.prediction_stage import PredictionStage
+
+        self.report = report
+        self.now = 0.0
+        self.online = (
+            OnlineAnalytics(
+                detector=settings.detector,
+                detector_by_metric=settings.detector_by_metric,
+                gap_seconds=settings.gap_seconds,
+                warmup_samples=settings.warmup_samples,
+                clock=lambda: self.now,
+            )
+            if settings.detectors
+            else None
+        )
+        self.stage = (
+            PredictionStage(
+                checkpoint_path=None,
+                horizon_seconds=settings.predictor_horizon_seconds,
+                interval_seconds=settings.predictor_interval_seconds,
+                min_positives=settings.predictor_min_positives,
+            )
+            if settings.predictor
+            else None
+        )
+        self.interval = settings.predictor_interval_seconds
+        self._stepped_at: float | None = None
+        self._labels: set[tuple[str, str, str, str, float | None]] = set()
+
+    def observe(self, step: Sequence[Record]) -> None:
+        samples = [r for r in step if isinstance(r, Sample)]
+        times = [r.observed_at for r in step if r.observed_at is not None]
+        if times:
+            self.now = max(self.now, max(times))
+        self.report.samples += len(samples)
+        if self.online is not None and samples:
+            for result in self.online.observe(samples):
+                self._note(result)
+        if self.stage is not None:
+            self.stage.observe(samples)
+            if self._stepped_at is None or self.now - self._stepped_at >= self.interval:
+                self._stepped_at = self.now
+                made = self.stage.step(self.now)
+                self.report.predictions_made += len(made)
+                self.report.predictions.extend(
+                    p for p in made if p.probability >= self.report.threshold
+                )
+                self.report.withheld = self.stage.withheld
+                self.report.positives_learned = self.stage.predictor.learned_positive
+
+    def _note(self, result: OnlineResult) -> None:
+        if result.kind == "gap_closed":
+            return
+        a = result.anomaly
+        key = f"{result.kind} {a.detector} {result.metric or '-'}"
+        self.report.anomalies[key] = self.report.anomalies.get(key, 0) + 1
+        if len(self.report.listed) < self.report.max_listed:
+            self.report.listed.append(
+                {
+                    "kind": result.kind,
+                    "detector": a.detector,
+                    "metric": result.metric,
+                    "node": a.node,
+                    "entity": a.entity,
+                    "observed_at": a.observed_at,
+                    "score": a.score,
+                    "threshold": a.threshold,
+                }
+            )
+
+    def label(self, findings: Iterable[Finding]) -> None:
+        """Give the predictor the critical findings it has not seen (its labels)."""
+        if self.stage is None:
+            return
+        fresh = []
+        for f in findings:
+            if f.severity is not Severity.CRITICAL:
+                continue
+            key = (f.node, f.entity, f.kind, f.code, f.first_seen_at)
+            if key not in self._labels:
+                self._labels.add(key)
+                fresh.append(f)
+        if fresh:
+            self.stage.observe_findings(fresh)
+
+
 def replay(
     paths: Sequence[str],
     *,
@@ -220,6 +370,8 @@ def replay(
     engine_options: Mapping[str, Any] | None = None,
     wait_seconds: float = 0.0,
     poll_seconds: float = 0.5,
+    analytics: AnalyticsSettings | None = None,
+    analyse: bool = True,
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -253,9 +405,14 @@ def replay(
         wait_seconds: After the last file, keep advancing the engine for up to this
             long (real time), until no action is pending or running.
         poll_seconds: Pause between two engine ticks while waiting.
+        analytics: ``[analytics]`` settings for line-protocol inputs (defaults if ``None``):
+            which detectors, the predictor's horizon and interval.
+        analyse: Run the online detectors and the failure predictor over line-protocol
+            inputs (see :class:`StreamAnalysis`); the fault model runs whatever this says.
 
     Returns:
-        Per-node findings, alerts, pages, dry-run actions and held-back steps.
+        Per-node findings, alerts, pages, dry-run actions and held-back steps, and for
+        recorded telemetry what the detectors and the predictor found.
     """
     facts = dict(facts or {})
     files = list(expand_paths(list(paths)))
@@ -293,8 +450,9 @@ def replay(
     loop_thread: threading.Thread | None = None
     if not dry_run:
         loop = asyncio.new_event_loop()
-        loop_thread = threading.Thread(target=loop.run_forever, name="gpuhealth-replay-loop",
-                                       daemon=True)
+        loop_thread = threading.Thread(
+            target=loop.run_forever, name="gpuhealth-replay-loop", daemon=True
+        )
         loop_thread.start()
 
     def tick() -> list[AuditRecord]:
@@ -314,24 +472,59 @@ def replay(
         return found
 
     findings: list[Finding] = []
+    analyst: _Analyst | None = None
+
+    def collect(output: Any, node: str) -> None:
+        output.audit.extend(tick())
+        for alert in output.alerts:
+            slot(alert.labels.get("node", node)).alerts.append(alert)
+        for page in output.pages:
+            slot(page.labels.get("node", node)).pages.append(page)
+        for request in output.actions:
+            slot(request.node).actions.append(request)
+        for record in output.audit:
+            if record.decision == DECISION_HELD:
+                slot(record.node).held.append(record)
+        report.audit.extend(output.audit)
+
     for index, path in enumerate(files):
         node = NodeName(fixed_node or node_of_file(path))
         if path.endswith(LINE_PROTOCOL_SUFFIXES):
             # Recorded telemetry (gpuhealth export, a fleet's history): its records keep
-            # their own nodes and timestamps.
+            # their own nodes and timestamps, and go in time step by time step.
+            if (
+                analyse
+                and analyst is None
+                and (analytics is None or analytics.detectors or analytics.predictor)
+            ):
+                report.analysis = StreamAnalysis()
+                analyst = _Analyst(analytics or AnalyticsSettings(), report.analysis)
             decoded = DecodeReport()
-            lp_records = list(read_records([path], report=decoded))
+            lp_iter: Iterable[Record] = read_records([path], report=decoded)
             if fixed_node:
-                lp_records = list(_on_node(lp_records, NodeName(fixed_node)))
-            report.parsed_lines += len(lp_records)
-            for name in dict.fromkeys(r.node for r in lp_records):
-                slot(name).files.append(path)
-            for reason, count in sorted(decoded.skipped.items()):
-                report.issues.append(ParseIssue(
-                    file=path, line=None, reason=f"{count} line(s) skipped: {reason}"))
-            if not lp_records and not decoded.skipped:
+                lp_iter = _on_node(lp_iter, NodeName(fixed_node))
+            count = 0
+            seen: set[str] = set()
+            for step in _time_steps(lp_iter):
+                count += len(step)
+                for name in dict.fromkeys(r.node for r in step):
+                    if name not in seen:
+                        seen.add(name)
+                        slot(name).files.append(path)
+                pipeline.observe(step)
+                if analyst is not None:
+                    analyst.observe(step)
+                    if any(isinstance(r, Event) for r in step):
+                        mid = pipeline.evaluate()
+                        collect(mid, node)
+                        analyst.label(mid.findings)
+            report.parsed_lines += count
+            for reason, skipped in sorted(decoded.skipped.items()):
+                report.issues.append(
+                    ParseIssue(file=path, line=None, reason=f"{skipped} line(s) skipped: {reason}")
+                )
+            if not count and not decoded.skipped:
                 report.issues.append(ParseIssue(file=path, line=None, reason="no records"))
-            pipeline.observe(lp_records)
         else:
             result = ArtifactResult()
             ctx = ParseContext(file=path, node=node, default_year=default_year)
@@ -343,18 +536,10 @@ def replay(
                 slot(node).healthy_files.append(path)
             report.issues.extend(result.issues)
         output = pipeline.evaluate()
-        output.audit.extend(tick())
         findings = output.findings
-        for alert in output.alerts:
-            slot(alert.labels.get("node", node)).alerts.append(alert)
-        for page in output.pages:
-            slot(page.labels.get("node", node)).pages.append(page)
-        for request in output.actions:
-            slot(request.node).actions.append(request)
-        for record in output.audit:
-            if record.decision == DECISION_HELD:
-                slot(record.node).held.append(record)
-        report.audit.extend(output.audit)
+        collect(output, node)
+        if analyst is not None:
+            analyst.label(findings)
         if on_file is not None:
             on_file(path, index)
     deadline = time.monotonic() + wait_seconds
@@ -405,8 +590,10 @@ def render_text(report: ReplayReport) -> str:
             headline = "no action"
         lines.append(f"node {node.node}: {headline}")
         for page in node.pages:
-            lines.append(f"  page {page.state.value} {page.labels.get('severity', '?')}: "
-                         f"{page.annotations.get('summary', '')}")
+            lines.append(
+                f"  page {page.state.value} {page.labels.get('severity', '?')}: "
+                f"{page.annotations.get('summary', '')}"
+            )
         for held in node.held:
             step = describe(held.step, held.entity, dict(held.details)) if held.step else "?"
             lines.append(f"  held back: {step}: {held.reason}")
@@ -419,12 +606,74 @@ def render_text(report: ReplayReport) -> str:
             lines.append("  no findings")
     if not report.dry_run:
         for a in report.final_actions:
-            lines.append(f"action {a['id']} {a['step']} {a['node']}/{a['entity']}: "
-                         f"{a['phase']} ({a['message']})")
+            lines.append(
+                f"action {a['id']} {a['step']} {a['node']}/{a['entity']}: "
+                f"{a['phase']} ({a['message']})"
+            )
+    if report.analysis is not None:
+        lines.extend(_render_analysis(report.analysis))
     for issue in report.issues:
         where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
         lines.append(f"error: {where}: {issue.reason}")
     return "\n".join(lines) + "\n"
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _features_text(features: Mapping[str, float]) -> str:
+    return ", ".join(f"{k}={v:+.3g}" for k, v in features.items())
+
+
+TEXT_PREDICTIONS = 50
+"""Predictions listed in the text output (``--json`` has them all)."""
+
+
+def _render_analysis(a: StreamAnalysis) -> list[str]:
+    lines = [
+        f"analytics: {a.samples} samples; anomalies "
+        + (", ".join(f"{k}: {v}" for k, v in sorted(a.anomalies.items())) or "none")
+    ]
+    lines.append(
+        f"predictions: {a.predictions_made} published, {a.withheld} withheld (model not ready), "
+        f"{a.positives_learned} failure vectors learned; {len(a.predictions)} at or above "
+        f"{a.threshold:g}"
+    )
+    for p in a.predictions[:TEXT_PREDICTIONS]:
+        lines.append(
+            f"  {_utc(p.predicted_at)} {p.node}/{p.entity} p={p.probability:.3f} "
+            f"within {p.horizon_seconds / 3600:g} h: {_features_text(p.top_features)}"
+        )
+    if len(a.predictions) > TEXT_PREDICTIONS:
+        lines.append(f"  ... {len(a.predictions) - TEXT_PREDICTIONS} more (--json lists all)")
+    return lines
+
+
+def prediction_to_json(p: Prediction) -> dict[str, Any]:
+    """Return one prediction as a JSON object."""
+    return {
+        "node": p.node,
+        "entity": p.entity,
+        "probability": p.probability,
+        "horizon_seconds": p.horizon_seconds,
+        "predicted_at": p.predicted_at,
+        "top_features": dict(p.top_features),
+    }
+
+
+def analysis_to_json(a: StreamAnalysis) -> dict[str, Any]:
+    """Return the stream analysis as a JSON object."""
+    return {
+        "samples": a.samples,
+        "anomalies": dict(sorted(a.anomalies.items())),
+        "anomalies_listed": a.listed,
+        "threshold": a.threshold,
+        "predictions_made": a.predictions_made,
+        "withheld": a.withheld,
+        "positives_learned": a.positives_learned,
+        "predictions": [prediction_to_json(p) for p in a.predictions],
+    }
 
 
 def action_to_json(request: ActionRequest) -> dict[str, Any]:
@@ -472,4 +721,5 @@ def to_json(report: ReplayReport) -> dict[str, Any]:
         ],
         "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in report.issues],
         "undelivered": dict(report.undelivered),
+        "analytics": None if report.analysis is None else analysis_to_json(report.analysis),
     }

@@ -184,7 +184,8 @@ class Service:
         self._dirty = False
         an = settings.analytics
         self.online: OnlineAnalytics | None = (
-            OnlineAnalytics(detector=an.detector, gap_seconds=an.gap_seconds,
+            OnlineAnalytics(detector=an.detector, detector_by_metric=an.detector_by_metric,
+                            gap_seconds=an.gap_seconds,
                             warmup_samples=an.warmup_samples)
             if an.detectors else None)
         self.prediction: PredictionStage | None = (

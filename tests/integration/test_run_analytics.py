@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from analytics.online import GAP_CODE
+from analytics.online import DEFAULT_DETECTOR_BY_METRIC, GAP_CODE
 from core.records import EntityId, NodeName, Sample
 from gpuhealth.config import Settings, load_settings
 from gpuhealth.service import Service
@@ -88,7 +88,8 @@ def test_a_series_that_jumps_alerts_as_an_anomaly_warning(tmp_path: Path) -> Non
         assert severities == {"warning"}
         assert not service.pipeline.policy.out_of_service  # an outlier never cordons
         assert ("GPU-1", "anomaly", "gpu_power_watts") not in _alerts(service)
-        count = service.exporter.value("gpuhealth_anomalies_total", {"detector": "dspot"})
+        detector = DEFAULT_DETECTOR_BY_METRIC["gpu_power_watts"]  # the per-signal default
+        count = service.exporter.value("gpuhealth_anomalies_total", {"detector": detector})
         assert count is not None
         assert count >= 1
     finally:

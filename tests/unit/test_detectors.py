@@ -151,9 +151,14 @@ def test_half_space_trees_memory_per_entity_is_small() -> None:
     before = tracemalloc.get_traced_memory()[0]
     for t in range(150):
         for g in range(20):
-            detector.observe(FeatureVector(
-                node=N1, entity=EntityId(f"GPU-{g}"), window_end_at=float(t),
-                values=dict(zip(names, rng.normal(60.0, 1.0, 12).tolist(), strict=True))))
+            detector.observe(
+                FeatureVector(
+                    node=N1,
+                    entity=EntityId(f"GPU-{g}"),
+                    window_end_at=float(t),
+                    values=dict(zip(names, rng.normal(60.0, 1.0, 12).tolist(), strict=True)),
+                )
+            )
     per_entity = (tracemalloc.get_traced_memory()[0] - before) / 20
     tracemalloc.stop()
     assert per_entity < 30_000
@@ -273,3 +278,26 @@ def test_gap_rearms_after_samples_return() -> None:
 def test_bad_arguments_fail_at_construction(factory: type, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011
         factory(**kwargs)
+
+
+def test_peer_comparison_of_one_node_matches_the_grouped_computation() -> None:
+    from analytics.peers import PeerComparison
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n = int(rng.integers(1, 10))
+        peers = PeerComparison(
+            min_scale=float(rng.choice([0.0, 1.0])), min_peers=int(rng.integers(2, 5))
+        )
+        v = rng.normal(60.0, 3.0, n)
+        if trial % 3 == 0:
+            v[:] = 60.0
+        if trial % 5 == 0:
+            v[0] = 90.0
+        zeros = np.zeros(n, dtype=np.int64)
+        fast = peers.compare(v, node=zeros, group=zeros)
+        slow = peers._grouped(v, zeros, zeros)
+        np.testing.assert_allclose(fast.z_node, slow.z_node)
+        np.testing.assert_array_equal(fast.flagged, slow.flagged)
+        np.testing.assert_array_equal(fast.node_flagged, slow.node_flagged)
+        np.testing.assert_allclose(fast.z_fleet, slow.z_fleet)

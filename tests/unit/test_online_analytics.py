@@ -14,8 +14,9 @@ N1 = NodeName("n1")
 
 
 def _s(metric: str, value: float, at: float, entity: str = "GPU-0", node: str = "n1") -> Sample:
-    return Sample(metric=metric, value=value, observed_at=at, node=NodeName(node),
-                  entity=EntityId(entity))
+    return Sample(
+        metric=metric, value=value, observed_at=at, node=NodeName(node), entity=EntityId(entity)
+    )
 
 
 @pytest.mark.parametrize("detector", ["dspot", "spot", "ewma_z", "quantile"])
@@ -27,7 +28,8 @@ def test_a_gauge_that_jumps_is_an_anomaly_with_its_metric(detector: str) -> None
     assert found == []
     jump = online.observe([_s("gpu_temperature_celsius", 95.0, 200.0)])
     assert [(r.kind, r.metric, r.anomaly.entity) for r in jump] == [
-        ("anomaly", "gpu_temperature_celsius", "GPU-0")]
+        ("anomaly", "gpu_temperature_celsius", "GPU-0")
+    ]
     assert jump[0].anomaly.detector == online._detector.name
 
 
@@ -45,8 +47,10 @@ def test_counters_are_scored_as_rates_not_raw_values() -> None:
 
 def test_unknown_metrics_and_nan_are_skipped() -> None:
     online = OnlineAnalytics(warmup_samples=20, clock=lambda: 0.0)
-    assert online.observe([_s("not_catalogued", 1.0, 0.0),
-                           _s("gpu_power_watts", float("nan"), 0.0)]) == []
+    assert (
+        online.observe([_s("not_catalogued", 1.0, 0.0), _s("gpu_power_watts", float("nan"), 0.0)])
+        == []
+    )
 
 
 def test_a_gpu_whose_samples_stop_is_a_telemetry_gap_once_then_closes() -> None:
@@ -54,8 +58,15 @@ def test_a_gpu_whose_samples_stop_is_a_telemetry_gap_once_then_closes() -> None:
     online = OnlineAnalytics(gap_seconds=30.0, warmup_samples=20, clock=lambda: now[0])
     for t in range(20):
         now[0] = 10.0 * t
-        assert online.observe([_s("gpu_power_watts", 300.0, now[0], "GPU-0"),
-                               _s("gpu_power_watts", 300.0, now[0], "GPU-1")]) == []
+        assert (
+            online.observe(
+                [
+                    _s("gpu_power_watts", 300.0, now[0], "GPU-0"),
+                    _s("gpu_power_watts", 300.0, now[0], "GPU-1"),
+                ]
+            )
+            == []
+        )
     for t in range(20, 30):  # GPU-1 falls off the bus: only GPU-0 still reports
         now[0] = 10.0 * t
         found = online.observe([_s("gpu_power_watts", 300.0, now[0], "GPU-0")])
@@ -89,20 +100,35 @@ def test_a_gpu_hotter_than_its_peers_at_equal_power_is_reported_once() -> None:
     # while GPU-3 is the hottest only because it draws the most.
     power = [300.0, 450.0, 350.0, 500.0, 400.0, 320.0, 480.0, 410.0]
     temps = [51.3, 61.3, 54.6, 65.0, 72.7, 52.6, 63.7, 58.7]
-    batch = [s for i, (temp, watts) in enumerate(zip(temps, power, strict=True)) for s in (
-        _s("gpu_temperature_celsius", temp, 1.0, f"GPU-{i}"),
-        _s("gpu_power_watts", watts, 1.0, f"GPU-{i}"))]
+    batch = [
+        s
+        for i, (temp, watts) in enumerate(zip(temps, power, strict=True))
+        for s in (
+            _s("gpu_temperature_celsius", temp, 1.0, f"GPU-{i}"),
+            _s("gpu_power_watts", watts, 1.0, f"GPU-{i}"),
+        )
+    ]
     found = online.observe(batch)
     assert [(r.kind, r.metric, r.anomaly.entity) for r in found] == [
-        ("peer", "gpu_temperature_celsius", "GPU-4")]
+        ("peer", "gpu_temperature_celsius", "GPU-4")
+    ]
     assert online.observe(batch) == []
 
 
 def test_to_finding_is_never_above_warning_and_never_acts() -> None:
-    a = Anomaly(detector="dspot", node=N1, entity=EntityId("GPU-0"), score=9.0,
-                threshold=3.0, observed_at=5.0)
-    for kind, metric in (("anomaly", "gpu_power_watts"), ("peer", "gpu_temperature_celsius"),
-                         ("telemetry_gap", "")):
+    a = Anomaly(
+        detector="dspot",
+        node=N1,
+        entity=EntityId("GPU-0"),
+        score=9.0,
+        threshold=3.0,
+        observed_at=5.0,
+    )
+    for kind, metric in (
+        ("anomaly", "gpu_power_watts"),
+        ("peer", "gpu_temperature_celsius"),
+        ("telemetry_gap", ""),
+    ):
         f = to_finding(OnlineResult(kind=kind, metric=metric, anomaly=a))
         assert f.severity is Severity.WARNING
         assert f.action is Action.NONE
@@ -115,8 +141,9 @@ def test_to_finding_is_never_above_warning_and_never_acts() -> None:
     assert (peer.kind, peer.code) == ("anomaly", "gpu_temperature_celsius")
 
 
-@pytest.mark.parametrize("kwargs", [{"detector": "bogus"}, {"gap_seconds": 0.0},
-                                    {"warmup_samples": 5}])
+@pytest.mark.parametrize(
+    "kwargs", [{"detector": "bogus"}, {"gap_seconds": 0.0}, {"warmup_samples": 5}]
+)
 def test_bad_arguments_raise_at_construction(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011
         OnlineAnalytics(**kwargs)  # type: ignore[arg-type]
@@ -124,10 +151,21 @@ def test_bad_arguments_raise_at_construction(kwargs: dict[str, object]) -> None:
 
 def test_pipeline_holds_and_clears_observed_findings(tmp_path: Path) -> None:
     now = [1000.0]
-    pipeline = Pipeline(facts={}, notifiers=[], audit_log_path=str(tmp_path / "audit.jsonl"),
-                        outbox_path=str(tmp_path / "outbox"), clock=lambda: now[0])
-    a = Anomaly(detector="gaps", node=N1, entity=EntityId("GPU-1"), score=6.0, threshold=5.0,
-                observed_at=1000.0)
+    pipeline = Pipeline(
+        facts={},
+        notifiers=[],
+        audit_log_path=str(tmp_path / "audit.jsonl"),
+        outbox_path=str(tmp_path / "outbox"),
+        clock=lambda: now[0],
+    )
+    a = Anomaly(
+        detector="gaps",
+        node=N1,
+        entity=EntityId("GPU-1"),
+        score=6.0,
+        threshold=5.0,
+        observed_at=1000.0,
+    )
     gap = to_finding(OnlineResult(kind="telemetry_gap", metric="", anomaly=a))
     pipeline.observe_findings([gap], hold_seconds=60.0)
     assert [f.key for f in pipeline.evaluate().findings] == [gap.key]
@@ -138,3 +176,91 @@ def test_pipeline_holds_and_clears_observed_findings(tmp_path: Path) -> None:
     assert pipeline.evaluate().findings == []
     with pytest.raises(ValueError):  # noqa: PT011
         pipeline.observe_findings([gap], hold_seconds=0.0)
+
+
+def _ecc(kind: str, value: float, at: float) -> Sample:
+    return Sample(
+        metric="gpu_ecc_errors_total",
+        value=value,
+        observed_at=at,
+        node=N1,
+        entity=EntityId("GPU-0"),
+        labels={"type": kind, "scope": "volatile", "location": "total"},
+    )
+
+
+def test_each_signal_gets_its_own_detector() -> None:
+    online = OnlineAnalytics(
+        detector="quantile",
+        warmup_samples=20,
+        clock=lambda: 0.0,
+        detector_by_metric={
+            "gpu_temperature_celsius": "ewma_z",
+            "gpu_ecc_errors_total{type=corrected}": "none",
+            "gpu_ecc_errors_total": "spot",
+        },
+    )
+    corrected = uncorrected = 0.0
+    found: list[OnlineResult] = []
+    for t in range(100):
+        corrected += 5.0 + t % 2
+        found += online.observe(
+            [
+                _s("gpu_temperature_celsius", 60.0 + (t % 3) * 0.1, t),
+                _s("gpu_power_watts", 300.0 + t % 4, t),
+                _ecc("corrected", corrected, t),
+                _ecc("uncorrected", uncorrected, t),
+            ]
+        )
+    assert found == []
+    corrected += 5_000.0  # unscored: "none"
+    jump = online.observe(
+        [
+            _s("gpu_temperature_celsius", 95.0, 100.0),
+            _s("gpu_power_watts", 900.0, 100.0),
+            _ecc("corrected", corrected, 100.0),
+            _ecc("uncorrected", uncorrected, 100.0),
+        ]
+    )
+    assert sorted((r.metric, r.anomaly.detector) for r in jump) == [
+        ("gpu_power_watts", "quantile"),
+        ("gpu_temperature_celsius", "ewma_z"),
+    ]
+
+
+def test_corrected_and_uncorrected_counters_are_two_series() -> None:
+    online = OnlineAnalytics(detector="ewma_z", warmup_samples=20, clock=lambda: 0.0)
+    corrected, found = 0.0, []
+    for t in range(100):  # interleaved, one series would see wild rates
+        corrected += 1_000.0
+        found += online.observe(
+            [_ecc("corrected", corrected, float(t)), _ecc("uncorrected", 0.0, float(t))]
+        )
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"gpu_pwr": "spot"}, "key 'gpu_pwr': not a catalog metric"),
+        ({"gpu_power_watts": "hst"}, "key 'gpu_power_watts': detector 'hst' is not one of"),
+        ({"gpu_ecc_errors_total{scope=x}": "spot"}, "only a type label"),
+    ],
+)
+def test_bad_detector_by_metric_names_the_key(mapping: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OnlineAnalytics(detector_by_metric=mapping)
+
+
+def test_detector_by_metric_is_checked_when_settings_load(tmp_path: Path) -> None:
+    from core.errors import ConfigError
+    from gpuhealth.config import load_settings
+
+    path = tmp_path / "gpuhealth.toml"
+    path.write_text('[analytics.detector_by_metric]\ngpu_temp = "spot"\n')
+    with pytest.raises((ConfigError, ValueError), match="gpu_temp"):
+        load_settings(str(path))
+    path.write_text('[analytics.detector_by_metric]\ngpu_temperature_celsius = "spot"\n')
+    assert load_settings(str(path)).analytics.detector_by_metric == {
+        "gpu_temperature_celsius": "spot"
+    }

@@ -191,3 +191,24 @@ def test_bad_arguments_fail_at_construction(factory: type, kwargs: dict[str, Any
 def test_constructor_keeps_arguments() -> None:
     det = DspotDetector(risk=1e-3, depth=7, side="both", seed=3)
     assert (det.risk, det.depth, det.side, det.seed) == (1e-3, 7, "both", 3)
+
+
+@pytest.mark.parametrize("make", [lambda: SpotDetector(seed=0), lambda: DspotDetector(seed=0)])
+def test_a_constant_series_is_never_flagged_however_long(make: Any) -> None:
+    """After 1/q points of a constant series (no peaks), z_q must not fall below t."""
+    detector = make()
+    flagged = 0
+    for start in range(0, 30_000, 1000):
+        values = np.zeros(1000)
+        for k in range(0, 1000, 250):  # one series, 1,000 ticks per batch call
+            batch = SeriesBatch(
+                series=np.zeros(250, dtype=np.int64),
+                values=values[k : k + 250],
+                observed_at=np.arange(start + k, start + k + 250, dtype=float),
+            )
+            flagged += int(detector.score_many(batch).flagged.sum())
+    assert flagged == 0
+    step = SeriesBatch(
+        series=np.zeros(1, dtype=np.int64), values=np.array([1.0]), observed_at=np.array([30_000.0])
+    )
+    assert detector.score_many(step).flagged.all()  # a rise is still flagged
