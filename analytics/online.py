@@ -302,24 +302,8 @@ class OnlineAnalytics:
             observed_at=np.fromiter((t for _, _, t in gauges), dtype=np.float64, count=len(gauges)),
         )
         verdict = detector.score_many(batch)
-        out: list[OnlineResult] = []
-        for position in np.flatnonzero(verdict.flagged):
-            key = index.key(int(batch.series[position]))
-            out.append(
-                OnlineResult(
-                    kind="anomaly",
-                    metric=key.metric.partition("{")[0],
-                    anomaly=Anomaly(
-                        detector=detector.name,
-                        node=key.node,
-                        entity=key.entity,
-                        score=float(verdict.scores[position]),
-                        threshold=float(verdict.thresholds[position]),
-                        observed_at=float(batch.observed_at[position]),
-                    ),
-                )
-            )
-        return out
+        return [OnlineResult(kind="anomaly", metric=key.metric.partition("{")[0], anomaly=anomaly)
+                for key, anomaly in detector.flagged(batch, verdict)]
 
     def check(self, now: float | None = None) -> list[OnlineResult]:
         """Return the telemetry gaps opened since the last call (each reported once)."""

@@ -190,20 +190,21 @@ class VectorDetector:
 
     def observe_many(self, batch: SeriesBatch) -> Sequence[Anomaly]:
         """Score then learn every sample of ``batch``; return an ``Anomaly`` per flagged sample."""
-        verdict = self.score_many(batch)
+        return [anomaly for _, anomaly in self.flagged(batch, self.score_many(batch))]
+
+    def flagged(self, batch: SeriesBatch, verdict: BatchVerdict) -> list[tuple[SeriesKey, Anomaly]]:
+        """The series key and an ``Anomaly`` for each sample ``verdict`` flagged, in order."""
         out = []
         for position in np.flatnonzero(verdict.flagged):
             key = self.index.key(int(batch.series[position]))
-            out.append(
-                Anomaly(
-                    detector=self.name,
-                    node=key.node,
-                    entity=key.entity,
-                    score=float(verdict.scores[position]),
-                    threshold=float(verdict.thresholds[position]),
-                    observed_at=float(batch.observed_at[position]),
-                )
-            )
+            out.append((key, Anomaly(
+                detector=self.name,
+                node=key.node,
+                entity=key.entity,
+                score=float(verdict.scores[position]),
+                threshold=float(verdict.thresholds[position]),
+                observed_at=float(batch.observed_at[position]),
+            )))
         return out
 
     def observe(self, x: FeatureVector) -> Anomaly | None:
