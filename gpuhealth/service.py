@@ -60,6 +60,7 @@ from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
 from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
+from remediation.policy import RemediationPolicy
 from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
 from storage.history import IncidentHistory
@@ -74,6 +75,15 @@ STREAM_RESTART_SECONDS = 5.0
 
 JOIN_TIMEOUT_SECONDS = 5.0
 """How long shutdown waits for each thread."""
+
+
+def disrupted(policy: RemediationPolicy) -> frozenset[str]:
+    """Nodes gpuhealth has taken out of service; none in dry run.
+
+    A dry-run policy still counts the nodes it *would* take out, to show what the budget
+    would hold back (audit log); nothing is out of service, so the metrics say so.
+    """
+    return frozenset() if policy.dry_run else policy.out_of_service
 
 
 class RecordBuffer:
@@ -635,7 +645,7 @@ class Service:
             key = (str(f.node), str(f.entity))
             if key in self._gpus:
                 worst[key] = max(worst.get(key, -1), order[f.severity])
-        out_nodes = self.pipeline.policy.out_of_service
+        out_nodes = disrupted(self.pipeline.policy)
         states: collections.Counter[str] = collections.Counter()
         for node, entity in self._gpus:
             if node in out_nodes:
@@ -651,7 +661,7 @@ class Service:
             self.exporter.set("gpuhealth_open_findings", open_by_severity.get(severity.value, 0),
                               {"severity": severity.value})
         policy = self.pipeline.policy
-        self.exporter.set("gpuhealth_disrupted_nodes", len(policy.out_of_service))
+        self.exporter.set("gpuhealth_disrupted_nodes", len(disrupted(policy)))
         self.exporter.set("gpuhealth_disruption_budget_nodes", policy.disruption_limit)
         for record in output.audit:
             self.exporter.inc("gpuhealth_remediation_decisions_total",
@@ -767,7 +777,7 @@ class Service:
         for node, score in engine.stats.reliability.items():
             self.exporter.set("gpuhealth_node_reliability_ratio", score, {"node": node})
         policy = pipeline.policy
-        self.exporter.set("gpuhealth_disrupted_nodes", len(policy.out_of_service))
+        self.exporter.set("gpuhealth_disrupted_nodes", len(disrupted(policy)))
         self._dirty = True
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:

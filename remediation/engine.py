@@ -618,7 +618,8 @@ class RemediationEngine:
         ) or (action.step == RemediationStep.DRAIN and action.attrs.get("scope") != SCOPE_GPU)
         if out_of_service and incident.out_of_service_at is None:
             self.store.update_incident(action.incident, out_of_service_at=now)
-            self.stats.remediate_seconds.append(max(0.0, now - incident.opened_at))
+            if not action.dry_run:  # a dry run repairs nothing: kept out of MTTR
+                self.stats.remediate_seconds.append(max(0.0, now - incident.opened_at))
         if action.step == RemediationStep.RESUME:
             self.store.update_incident(action.incident, state=INCIDENT_CLOSED, closed_at=now)
             return out

@@ -352,3 +352,22 @@ def test_placement_waits_while_steps_are_being_submitted(tmp_path):
     clock.advance(1)
     run(p, 1)  # only polls now: placement runs
     assert p.engine.scheduler.weights == {"n001": 0.5}
+
+
+def test_a_dry_run_disrupts_nothing_and_repairs_nothing(tmp_path):
+    # The policy still counts the nodes it would take out (to show what the budget would
+    # hold back), but the metrics must not call that a disruption or a repair (MTTR).
+    from gpuhealth.service import disrupted
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = Pipeline(facts={}, notifiers=[], audit_log_path=None, dry_run=True,
+                 scheduler=FakeScheduler(cluster), clock=clock, rules=[], cluster_size=2,
+                 max_disrupted_fraction=1.0, engine_options={"probation_seconds": 600.0})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 5, clock)
+    assert p.policy.out_of_service == frozenset({"n001"})
+    assert disrupted(p.policy) == frozenset()
+    assert p.engine.stats.remediate_seconds == []
+    assert cluster.nodes["n001"].schedulable
