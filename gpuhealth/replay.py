@@ -63,7 +63,7 @@ from gpuhealth.diagnose import expand_paths, finding_to_json
 from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
 from storage import read_records
-from storage.lineprotocol import DecodeReport
+from storage.lineprotocol import CONVERSIONS, DecodeReport
 
 SCHEMA_VERSION = 1
 
@@ -499,8 +499,11 @@ def replay(
             ):
                 report.analysis = StreamAnalysis()
                 analyst = _Analyst(analytics or AnalyticsSettings(), report.analysis)
+            # The same checks as `gpuhealth import` (read_records): a line without its
+            # own time, a cut-off last line, a NaN, a far-future or pre-2000 time is
+            # counted and listed with its line number, never fed to the pipeline.
             decoded = DecodeReport()
-            lp_iter: Iterable[Record] = read_records([path], report=decoded)
+            lp_iter: Iterable[Record] = read_records([path], report=decoded, clock=clock)
             if fixed_node:
                 lp_iter = _on_node(lp_iter, NodeName(fixed_node))
             count = 0
@@ -520,8 +523,15 @@ def replay(
                         analyst.label(mid.findings)
             report.parsed_lines += count
             for reason, skipped in sorted(decoded.skipped.items()):
+                verb = "converted" if reason in CONVERSIONS else "rejected"
                 report.issues.append(
-                    ParseIssue(file=path, line=None, reason=f"{skipped} line(s) skipped: {reason}")
+                    ParseIssue(file=path, line=None, reason=f"{skipped} {verb}: {reason}")
+                )
+            for problem in decoded.problems:
+                report.issues.append(
+                    ParseIssue(
+                        file=path, line=problem.line, reason=f"{problem.reason}: {problem.text}"
+                    )
                 )
             if not count and not decoded.skipped:
                 report.issues.append(ParseIssue(file=path, line=None, reason="no records"))

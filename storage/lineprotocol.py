@@ -353,6 +353,10 @@ def _unquote(text: str) -> str:
     return body.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
 
 
+_TRUE = frozenset(("t", "T", "true", "True", "TRUE"))
+_FALSE = frozenset(("f", "F", "false", "False", "FALSE"))
+
+
 def _field_value(text: str) -> float | str | None:
     """Return a float (numbers and booleans), a string, or None when unparsable."""
     if text.startswith('"') and text.endswith('"') and len(text) >= 2:
@@ -362,9 +366,9 @@ def _field_value(text: str) -> float | str | None:
             return float(int(text[:-1]))
         except ValueError:
             return None
-    if text in ("t", "T", "true", "True", "TRUE"):
+    if text in _TRUE:
         return 1.0
-    if text in ("f", "F", "false", "False", "FALSE"):
+    if text in _FALSE:
         return 0.0
     try:
         return float(text)
@@ -372,11 +376,62 @@ def _field_value(text: str) -> float | str | None:
         return None
 
 
+CONVERSIONS = frozenset(("converted_type", "label_value"))
+"""Reasons in :attr:`DecodeReport.skipped` that count values kept after a conversion."""
+
+MAX_PROBLEMS_PER_REASON = 5
+"""Lines listed per reason in :attr:`DecodeReport.problems` (the counts cover them all)."""
+
+_EXCERPT = 80
+
+
+@dataclass(frozen=True, slots=True)
+class LineProblem:
+    """One line of a file that was rejected (or had a value converted), for the operator.
+
+    Attributes:
+        file: The file as given.
+        line: 1-based line number.
+        reason: Why (``syntax``, ``truncated``, ``no_timestamp``, ``nan``, ``future``...).
+        text: The line, its middle cut out when longer than 80 characters.
+    """
+
+    file: str
+    line: int
+    reason: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}: {self.text}"
+
+
 @dataclass
 class DecodeReport:
-    """What decoding skipped, by reason (``syntax``, ``string_field``, ``value``)."""
+    """What decoding skipped or converted, by reason, and the first lines of each reason.
+
+    ``skipped`` counts per reason: lines for ``syntax``, ``truncated`` and
+    ``no_timestamp``, fields for ``value``, ``string_field`` and ``converted_type`` (a
+    boolean field stored as 1.0 or 0.0), samples and events for the reasons of
+    :mod:`storage.sanitize`; the reasons in :data:`CONVERSIONS` are values kept after a
+    conversion, every other one a value or line left out. ``problems`` lists, when the
+    records came from :func:`read_records`, the first ``max_per_reason`` lines of each
+    reason with file and line number.
+    """
 
     skipped: Counter[str] = field(default_factory=Counter)
+    problems: list[LineProblem] = field(default_factory=list)
+    max_per_reason: int = MAX_PROBLEMS_PER_REASON
+    _listed: Counter[str] = field(default_factory=Counter, repr=False)
+
+    def note(self, file: str, line: int, reason: str, text: str) -> None:
+        """List one line under ``reason`` unless ``max_per_reason`` are listed already."""
+        if self._listed[reason] >= self.max_per_reason:
+            return
+        self._listed[reason] += 1
+        excerpt = text.strip()
+        if len(excerpt) > _EXCERPT:  # the start (series) and the end (value, time)
+            excerpt = f"{excerpt[:_EXCERPT - 35]} ... {excerpt[-30:]}"
+        self.problems.append(LineProblem(file=file, line=line, reason=reason, text=excerpt))
 
 
 def decode_line(line: str, *, precision: Precision = "ns",
@@ -386,7 +441,7 @@ def decode_line(line: str, *, precision: Precision = "ns",
     Args:
         line: One line without its newline; comments and blank lines give ``[]``.
         precision: Unit of the line's timestamp.
-        report: Counts what was skipped.
+        report: Counts what was skipped, and boolean fields (``converted_type``).
 
     Returns:
         Records stamped with the line's time in epoch seconds (``None`` when it has none).
@@ -409,7 +464,7 @@ def decode_line(line: str, *, precision: Precision = "ns",
     if len(parts) == 3:
         try:
             at = int(parts[2]) / _PER_SECOND[precision]
-        except ValueError:
+        except (ValueError, OverflowError):  # not an integer, or beyond any float
             report.skipped["syntax"] += 1
             return []
     head = _split_unescaped(parts[0], ",")
@@ -431,6 +486,8 @@ def decode_line(line: str, *, precision: Precision = "ns",
         if parsed is None:
             report.skipped["value"] += 1
             continue
+        if value in _TRUE or value in _FALSE:
+            report.skipped["converted_type"] += 1  # stored as a float (storage.sanitize)
         fields[_unescape(key)] = parsed
     node = NodeName(tags.pop("node", "") or tags.pop("host", "") or "unknown")
     entity = EntityId(tags.pop("entity", "") or tags.pop("uuid", "") or "node")
@@ -458,17 +515,79 @@ def decode_line(line: str, *, precision: Precision = "ns",
     return records
 
 
-def read_records(paths: Sequence[str | Path], *, precision: Precision = "ns",
-                 report: DecodeReport | None = None) -> Iterator[Record]:
-    """Yield the records of line-protocol files in file and line order.
+_PARSE_REASONS = ("syntax", "value")
 
-    This is what ``gpuhealth replay`` calls for ``.lp`` files: the records keep the
-    timestamps written in the file.
+
+def read_records(
+    paths: Sequence[str | Path],
+    *,
+    precision: Precision = "ns",
+    report: DecodeReport | None = None,
+    clock: Clock = system_clock,
+    max_future_seconds: float = MAX_FUTURE_SECONDS,
+    min_at: float = MIN_AT,
+) -> Iterator[Record]:
+    """Yield the checked records of line-protocol files in file and line order.
+
+    This is what ``gpuhealth replay`` and ``gpuhealth import`` read files with, so that
+    both apply the same checks: each line is decoded (:func:`decode_line`), then its
+    samples and events go through :func:`storage.sanitize.check_samples` and
+    :func:`~storage.sanitize.check_events` (a NaN, a value of the wrong type, a time more
+    than ``max_future_seconds`` after ``clock()`` or before ``min_at`` is left out; a
+    boolean is converted to 1.0 or 0.0 and counted). A record that is yielded keeps the
+    timestamp written in the file.
+
+    A line **without a timestamp** is rejected (``no_timestamp``): recorded history must
+    keep its own times, and InfluxDB's "stamp it with the server's now" makes no sense for
+    a file read later. A last line without a trailing newline that fails to parse or lacks
+    a timestamp is a file cut off while it was written: it is rejected as ``truncated``
+    rather than read as a reading at the current time.
+
+    Every line left out (or converted) is counted in ``report.skipped`` by reason, and
+    the first lines of each reason are listed in ``report.problems`` with file, line
+    number and an excerpt.
+
+    Args:
+        paths: The files, in order.
+        precision: Unit of the files' timestamps.
+        report: Receives the counts and the lines listed; a throwaway one by default.
+        clock: Epoch seconds, read once per file, for the future bound.
+        max_future_seconds: Latest accepted timestamp after ``clock()``.
+        min_at: Earliest accepted timestamp, epoch seconds.
     """
+    report = report if report is not None else DecodeReport()
+    line_report = DecodeReport()
+    counts = line_report.skipped
     for path in paths:
+        name = str(path)
+        now = clock()
         with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                yield from decode_line(line, precision=precision, report=report)
+            for number, line in enumerate(handle, 1):
+                records = decode_line(line, precision=precision, report=line_report)
+                if records and records[0].observed_at is None:
+                    counts["no_timestamp"] += 1
+                    records = []
+                if not line.endswith("\n") and (
+                        counts["no_timestamp"] or any(counts[r] for r in _PARSE_REASONS)):
+                    counts.clear()  # one reason for a cut-off line, whatever it broke
+                    counts["truncated"] += 1
+                    records = []
+                if records:
+                    if isinstance(records[0], Event):
+                        good: Sequence[Record] = check_events(
+                            records, now=now, counts=counts,  # type: ignore[arg-type]
+                            max_future_seconds=max_future_seconds, min_at=min_at)
+                    else:
+                        good = check_samples(
+                            records, now=now, counts=counts,  # type: ignore[arg-type]
+                            max_future_seconds=max_future_seconds, min_at=min_at)
+                    yield from good
+                if counts:
+                    for reason, n in counts.items():
+                        if n:
+                            report.skipped[reason] += n
+                            report.note(name, number, reason, line)
+                    counts.clear()
 
 
 # --- export and import ---------------------------------------------------------------------
@@ -525,11 +644,13 @@ class TransferReport:
         samples: Samples written out or into the store.
         events: Events written out or into the store.
         rejected: Reason → records skipped or converted (decode and sanitize reasons).
+        problems: The first lines of each reason (file, line number, excerpt).
     """
 
     samples: int = 0
     events: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    problems: list[LineProblem] = field(default_factory=list)
 
 
 def _metrics_of(store: Store) -> list[str]:
@@ -605,16 +726,19 @@ def import_lines(
 ) -> TransferReport:
     """Write line-protocol files into a store in batches, keeping their timestamps.
 
-    Lines without a timestamp are stamped with ``clock``. Bad lines and values are
+    The files are read with :func:`read_records`, the same checks as ``gpuhealth replay``:
+    a line without a timestamp is rejected (``no_timestamp``; history keeps its own
+    times), a cut-off last line is rejected as ``truncated``, and bad lines and values are
     skipped and counted (``syntax``, ``value``, ``string_field``, and the reasons of
-    :mod:`storage.sanitize`), never written.
+    :mod:`storage.sanitize`), never written. The first lines of each reason are logged as
+    warnings with file and line number, and kept in :attr:`TransferReport.problems`.
 
     Args:
         store: The target store.
         sources: Files to read, in order.
         precision: Timestamp unit of the files.
         batch_size: Records per ``store.write`` call.
-        clock: Epoch seconds, for unstamped lines and the future bound.
+        clock: Epoch seconds, for the future bound.
         max_future_seconds: Latest accepted timestamp after ``clock()``.
 
     Returns:
@@ -624,7 +748,7 @@ def import_lines(
         TemporaryError: The store failed; the batches before it were written.
     """
     report = TransferReport()
-    decode = DecodeReport(skipped=report.rejected)
+    decode = DecodeReport(skipped=report.rejected, problems=report.problems)
     samples: list[Sample] = []
     events: list[Event] = []
 
@@ -641,7 +765,8 @@ def import_lines(
         samples.clear()
         events.clear()
 
-    for record in read_records(list(sources), precision=precision, report=decode):
+    for record in read_records(list(sources), precision=precision, report=decode, clock=clock,
+                               max_future_seconds=max_future_seconds):
         if isinstance(record, Sample):
             samples.append(record)
         else:
@@ -649,6 +774,8 @@ def import_lines(
         if len(samples) + len(events) >= batch_size:
             flush()
     flush()
+    for problem in report.problems:
+        logger.warning("import: %s", problem)
     if report.rejected:
         logger.warning("import skipped or converted: %s", dict(report.rejected))
     return report

@@ -407,3 +407,30 @@ def test_replay_of_exported_line_protocol_keeps_nodes_and_times(tmp_path: Path) 
     (finding,) = [f for f in node.findings if f.code == "79"]
     assert finding.severity.value == "critical"
     assert finding.first_seen_at == 1_700_000_000.0
+
+
+def test_replay_of_line_protocol_applies_the_import_checks(tmp_path: Path) -> None:
+    """Far-future, NaN, boolean, unstamped and cut-off lines: counted, listed, never replayed."""
+    head = "gpu,entity=GPU-a,node=n1 temperature_celsius="
+    at = 1_700_000_000 * 1_000_000_000
+    lines = [f"{head}{40 + i}.0 {at + i * 60_000_000_000}" for i in range(5)]
+    lines += [f"{head}41.0 4102444800000000000", f"{head}42.0 99999999999999999999",
+              f"{head}NaN {at}", f"{head}true {at}", f"{head}43.0", f"{head}3"]
+    lp = tmp_path / "n1.lp"
+    lp.write_text("\n".join(lines))  # no trailing newline: the last line was cut off
+    report = replay([str(lp)], clock=FakeClock(now=1_700_000_400.0))
+    assert report.analysis is not None
+    assert report.analysis.samples == 6  # five readings and the converted boolean
+    assert not any(k.startswith("telemetry_gap") for k in report.analysis.anomalies)
+    issues = [(i.line, i.reason) for i in report.issues]
+    assert (None, "2 rejected: future") in issues
+    assert (None, "1 rejected: nan") in issues
+    assert (None, "1 converted: converted_type") in issues
+    assert (None, "1 rejected: no_timestamp") in issues
+    assert (None, "1 rejected: truncated") in issues
+    listed = {(line, reason.split(":")[0]) for line, reason in issues if line is not None}
+    assert listed == {(6, "future"), (7, "future"), (8, "nan"), (9, "converted_type"),
+                      (10, "no_timestamp"), (11, "truncated")}
+    doc = to_json(report)
+    assert {"file": str(lp), "line": 8, "reason": f"nan: {head}NaN {at}"} in doc["errors"]
+    assert f"error: {lp}:11: truncated: {head}3" in render_text(report)

@@ -63,7 +63,7 @@ def test_decoder_reads_foreign_lines_and_counts_the_rest() -> None:
     assert records[0].node == "h1"
     assert records[0].entity == "GPU-x"
     assert decode_line("garbage", report=report) == []
-    assert report.skipped == Counter({"string_field": 1, "syntax": 1})
+    assert report.skipped == Counter({"string_field": 1, "syntax": 1, "converted_type": 1})
     assert split_metric("gpu_value") == ("gpu_value", "value")
 
 
@@ -134,3 +134,90 @@ def test_unstamped_sample_is_not_given_a_time() -> None:
 
     with pytest.raises(TypeError):
         LineEncoder(precision="ms").samples([_s(1.0, at=None)])
+
+
+# --- files: the checks read_records applies for both `import` and `replay` -----------------
+
+_HEAD = "gpu,entity=GPU-a,node=n1 temperature_celsius="
+_NS = 1_000_000_000
+
+
+def _lp(tmp_path: Path, text: str, name: str = "h.lp") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_cut_off_last_line_is_truncated_with_its_line_number(tmp_path: Path) -> None:
+    from storage.lineprotocol import DecodeReport
+
+    at = int(T0) * _NS
+    for tail in ("3", "", "3 "):  # no time, no value, a cut-off field list
+        path = _lp(tmp_path, f"{_HEAD}40.0 {at}\n{_HEAD}{tail}")
+        report = DecodeReport()
+        records = list(read_records([path], report=report, clock=FakeClock(now=T0)))
+        assert [r.value for r in records] == [40.0]  # type: ignore[union-attr]
+        assert report.skipped == Counter({"truncated": 1}), tail
+        (problem,) = report.problems
+        assert (problem.file, problem.line, problem.reason) == (str(path), 2, "truncated")
+        assert problem.text.startswith("gpu,entity=GPU-a")
+    # a complete last line without its newline is a reading like any other
+    path = _lp(tmp_path, f"{_HEAD}40.0 {at}\n{_HEAD}41.0 {at + _NS}")
+    assert len(list(read_records([path], clock=FakeClock(now=T0)))) == 2
+
+
+def test_a_line_without_timestamp_is_rejected_in_files(tmp_path: Path) -> None:
+    from storage.lineprotocol import DecodeReport
+
+    at = int(T0) * _NS
+    path = _lp(tmp_path, f"{_HEAD}40.0\n{_HEAD}41.0 {at}\n")
+    report = DecodeReport()
+    records = list(read_records([path], report=report, clock=FakeClock(now=T0)))
+    assert [(r.value, r.observed_at) for r in records] == [(41.0, T0)]  # type: ignore[union-attr]
+    assert report.skipped == Counter({"no_timestamp": 1})
+    assert [(p.line, p.reason) for p in report.problems] == [(1, "no_timestamp")]
+
+
+def test_file_checks_count_and_list_nan_bool_future_and_huge_times(tmp_path: Path) -> None:
+    from storage.lineprotocol import DecodeReport
+
+    at = int(T0) * _NS
+    lines = [f"{_HEAD}40.0 {at}", f"{_HEAD}NaN {at}", f"{_HEAD}true {at}",
+             f"{_HEAD}41.0 4102444800000000000",  # 2100-01-01
+             f"{_HEAD}42.0 99999999999999999999",  # 1e11 s
+             f"{_HEAD}43.0 {'9' * 400}",  # beyond any float
+             f"{_HEAD}44.0 -5"]
+    lines += [f"{_HEAD}NaN {at}"] * 7
+    path = _lp(tmp_path, "\n".join(lines) + "\n")
+    report = DecodeReport()
+    records = list(read_records([path], report=report, clock=FakeClock(now=T0)))
+    assert [r.value for r in records] == [40.0, 1.0]  # type: ignore[union-attr]
+    assert report.skipped == Counter({"nan": 8, "converted_type": 1, "future": 2, "syntax": 1,
+                                      "past": 1})
+    listed = [(p.line, p.reason) for p in report.problems]
+    assert listed[:2] == [(2, "nan"), (3, "converted_type")]
+    assert [n for n, r in listed if r == "future"] == [4, 5]
+    assert [n for n, r in listed if r == "nan"] == [2, 8, 9, 10, 11]  # the first five
+    (huge,) = [p for p in report.problems if p.reason == "syntax"]
+    assert huge.line == 6
+    assert len(huge.text) <= 80
+    assert huge.text.endswith("9" * 30)  # the end (time) is kept in the excerpt
+
+
+def test_import_rejects_unstamped_and_truncated_lines_and_keeps_the_line_numbers(
+        tmp_path: Path, caplog) -> None:
+    clock = FakeClock(now=T0)
+    at = int(T0) * _NS
+    path = _lp(tmp_path, f"{_HEAD}40.0 {at}\n{_HEAD}true {at + _NS}\n{_HEAD}41.0\n"
+                         f"{_HEAD}NaN {at + 2 * _NS}\n{_HEAD}4")
+    store = SqliteStore(path=tmp_path / "s.sqlite", clock=clock)
+    with caplog.at_level("WARNING", logger="storage.lineprotocol"):
+        report = import_lines(store, [path], clock=clock)
+    assert report.samples == 2
+    assert report.rejected == Counter({"converted_type": 1, "no_timestamp": 1, "nan": 1,
+                                       "truncated": 1})
+    assert [(p.line, p.reason) for p in report.problems] == [
+        (2, "converted_type"), (3, "no_timestamp"), (4, "nan"), (5, "truncated")]
+    assert f"{path}:3: no_timestamp: " in caplog.text
+    frame = store.read("gpu_temperature_celsius", None, 0, 2e9)
+    assert sorted(frame["observed_at"]) == [T0, T0 + 1]
