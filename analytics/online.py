@@ -79,37 +79,101 @@ def signal_of(metric: str, labels: Mapping[str, str]) -> str:
     return f"{metric}{{type={kind}}}" if kind else metric
 
 
-def check_detector_by_metric(mapping: Mapping[str, str]) -> None:
-    """Validate a ``detector_by_metric`` mapping.
+TYPE_VALUES: Mapping[str, tuple[str, ...]] = {
+    "gpu_ecc_errors_total": ("corrected", "uncorrected"),
+    "gpu_remapped_rows": ("correctable", "uncorrectable"),
+    "gpu_nvlink_errors_total": ("crc_flit", "crc_data", "replay", "recovery"),
+}
+"""The ``type`` label values the collectors put on each catalog metric that has one: the
+only ``{type=...}`` keys of ``detector_by_metric`` that can match a series."""
 
-    Keys are catalog metric names (``gpu_temperature_celsius``) or a metric with its type
-    (``gpu_ecc_errors_total{type=corrected}``); values are one of :data:`DETECTORS` or
-    :data:`NO_DETECTOR`.
+
+def signal_key(key: str) -> str:
+    """Return the ``detector_by_metric`` key ``key`` as :func:`signal_of` spells signals.
+
+    The Prometheus spelling ``metric{type="corrected"}`` (quotes, spaces) is accepted as
+    ``metric{type=corrected}``.
 
     Raises:
-        ValueError: Naming the first bad key and why.
+        ValueError: Why ``key`` can never match a signal (unknown metric, a label other
+            than ``type``, a metric without a type label, an unknown type value).
+
+    Examples:
+        >>> signal_key('gpu_ecc_errors_total{type="corrected"}')
+        'gpu_ecc_errors_total{type=corrected}'
+        >>> signal_key("gpu_ecc_errors_total{type=bogus}")
+        Traceback (most recent call last):
+        ...
+        ValueError: type 'bogus' is not one gpu_ecc_errors_total has: corrected, uncorrected
+    """
+    metric, brace, rest = key.strip().partition("{")
+    metric = metric.strip()
+    spec = BY_NAME.get(metric)
+    if spec is None:
+        raise ValueError("not a catalog metric")
+    if not brace:
+        return metric
+    name, eq, value = rest.removesuffix("}").partition("=")
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    if (not rest.endswith("}") or name.strip() != "type" or not eq or not value
+            or any(c in value for c in '{},="')):
+        raise ValueError(
+            "only a type label may follow the metric, as in gpu_ecc_errors_total{type=corrected}"
+        )
+    if "type" not in spec.labels:
+        raise ValueError(f"{metric} has no type label: name the metric alone")
+    known = TYPE_VALUES.get(metric)
+    if known is not None and value not in known:
+        hint = f" (did you mean {value.lower()!r}?)" if value.lower() in known else ""
+        raise ValueError(
+            f"type {value!r} is not one {metric} has: {', '.join(known)}{hint}"
+        )
+    return f"{metric}{{type={value}}}"
+
+
+def check_detector_by_metric(mapping: Mapping[str, str]) -> dict[str, str]:
+    """Validate a ``detector_by_metric`` mapping; return it with its keys as signals match.
+
+    Keys are catalog metric names (``gpu_temperature_celsius``) or a metric with its type
+    (``gpu_ecc_errors_total{type=corrected}``, see :func:`signal_key`); values are one of
+    :data:`DETECTORS` or :data:`NO_DETECTOR`.
+
+    Raises:
+        ValueError: Naming every bad key and why, separated by ``; ``.
 
     Examples:
         >>> check_detector_by_metric({"gpu_power_watts": "spot"})
+        {'gpu_power_watts': 'spot'}
         >>> check_detector_by_metric({"gpu_pwr": "spot"})
         Traceback (most recent call last):
         ...
-        ValueError: detector_by_metric key 'gpu_pwr': not a catalog metric
+        ValueError: key 'gpu_pwr': not a catalog metric
     """
+    problems: list[str] = []
+    out: dict[str, str] = {}
+    first: dict[str, str] = {}
     for key, name in mapping.items():
-        metric, brace, rest = key.partition("{")
-        if metric not in BY_NAME:
-            raise ValueError(f"detector_by_metric key {key!r}: not a catalog metric")
-        if brace and not (rest.startswith("type=") and rest.endswith("}") and len(rest) > 6):
-            raise ValueError(
-                f"detector_by_metric key {key!r}: only a type label may follow the metric, "
-                "as in gpu_ecc_errors_total{type=corrected}"
-            )
+        try:
+            signal = signal_key(key)
+        except ValueError as exc:
+            problems.append(f"key {key!r}: {exc}")
+            continue
         if name not in (*DETECTORS, NO_DETECTOR):
-            raise ValueError(
-                f"detector_by_metric key {key!r}: detector {name!r} is not one of "
+            problems.append(
+                f"key {key!r}: detector {name!r} is not one of "
                 f"{', '.join((*DETECTORS, NO_DETECTOR))}"
             )
+            continue
+        if signal in first:
+            problems.append(f"key {key!r}: the same signal as key {first[signal]!r}")
+            continue
+        first[signal] = key
+        out[signal] = name
+    if problems:
+        raise ValueError("; ".join(problems))
+    return out
 
 
 TEMPERATURE = "gpu_temperature_celsius"
@@ -212,7 +276,10 @@ class OnlineAnalytics:
         if warmup_samples < 20:
             raise ValueError(f"warmup_samples must be >= 20, got {warmup_samples}")
         if detector_by_metric is not None:
-            check_detector_by_metric(detector_by_metric)
+            try:
+                detector_by_metric = check_detector_by_metric(detector_by_metric)
+            except ValueError as exc:
+                raise ValueError(f"detector_by_metric: {exc}") from None
         self.detector = detector
         self.detector_by_metric = detector_by_metric
         self.gap_seconds = gap_seconds

@@ -11,7 +11,9 @@ Endpoints (JSON; times RFC 3339 where Alertmanager uses them):
   Alertmanager's ``postableSilence``; answers ``{"silenceID": ...}``.
 - ``GET /api/v2/silence/{id}``, ``DELETE /api/v2/silence/{id}``: read, expire.
 - ``POST /api/v1/ingest?node=N&file=NAME&context=k=v``: a recorded artifact (its raw
-  text as the body) as one snapshot of node ``N``, judged at the next evaluation.
+  text as the body) as one snapshot of node ``N``, judged at the next evaluation; 400
+  (the reasons in ``errors``) for an empty body, binary data or no known artifact kind,
+  the checks of ``gpuhealth diagnose``.
 - ``POST /api/v1/alertmanager``: an Alertmanager webhook payload (version 4), mapped to
   findings (:mod:`alerting.inbound`) and handed to the service's ``on_alertmanager``
   callback; 400 names the bad field, 404 when not configured, 503 when the callback
@@ -33,10 +35,14 @@ principle 5); the token is compared in constant time and never logged.
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import datetime as dt
 import hmac
 import json
 import logging
+import os
+import tempfile
 import urllib.parse
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,9 +55,9 @@ from alerting.silences import Matcher, Silence, SilenceStore
 from collectors.artifact import (
     ArtifactParser,
     ArtifactResult,
-    Line,
     ParseContext,
-    parse_lines,
+    ParseIssue,
+    read_artifact,
 )
 from collectors.parsers import artifact_parsers
 from core.records import ActionPhase, ActionStatus, NodeName, Record
@@ -128,21 +134,50 @@ def create_silence(store: SilenceStore, body: Any) -> Silence:
         raise ApiError(400, str(exc)) from None
 
 
+_TEXT_PROBE_BYTES = 8192
+_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, b"\x1f\x8b")
+"""Byte-order marks and the gzip magic: bodies starting with one are left to the reader."""
+
+
+def _not_text(data: bytes) -> str | None:
+    """Return why ``data`` is binary rather than a text artifact, or ``None``.
+
+    Stricter than the file reader of ``diagnose`` (which flags NUL bytes only): an HTTP body
+    whose first 8 KiB are more than 2 % invalid UTF-8 or control bytes is refused before
+    parsing, so no line of it reaches a log.
+    """
+    head = data[:_TEXT_PROBE_BYTES]
+    if not head or head.startswith(_BOMS):
+        return None
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head, final=False)
+    bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\x1b\x00"))
+    return "binary data (not UTF-8 text)" if bad > 0.02 * len(text) else None
+
+
+def _short(data: bytes) -> str:
+    """A short, ASCII-safe picture of a body for logs."""
+    return f"{len(data)} bytes starting {data[:24]!r}"
+
+
 def ingest(
     pipeline: Pipeline,
     *,
     node: str,
-    text: str,
+    text: str | bytes,
     file: str = "ingest",
     facts: dict[str, str] | None = None,
     parsers: Sequence[ArtifactParser] | None = None,
 ) -> dict[str, Any]:
     """Parse one recorded artifact and give it to the pipeline as a snapshot of ``node``.
 
+    The body is read as ``gpuhealth diagnose`` reads a file (gzip, byte-order marks, NUL
+    padding, cut long lines), with the same checks: an empty body, binary data and a body
+    in which no artifact kind is recognised are refused, and the pipeline is not told.
+
     Args:
         pipeline: The running pipeline.
         node: The node the artifact is about (every record is put on it).
-        text: The artifact's text.
+        text: The artifact's raw bytes (or text).
         file: Its name, for evidence and errors.
         facts: Facts about the node (``nvlink=expected``), kept for later evaluations.
         parsers: Artifact parsers; the registered ones by default.
@@ -150,28 +185,40 @@ def ingest(
     Returns:
         ``{"node", "records", "healthy", "errors"}``: how many records were read,
         whether the snapshot showed the node healthy (and cleared its earlier state),
-        and the parse errors.
+        and the parse errors. A refused body also has ``"error"`` (the first reason)
+        and ``"errors"`` names why.
     """
+    data = text.encode() if isinstance(text, str) else text
+    result = ArtifactResult()
+    records: list[Record] = []
+    reason = "empty body" if not data else _not_text(data)
+    if reason is not None:
+        result.issues.append(ParseIssue(file=file, line=None, reason=reason))
+    else:
+        ctx = ParseContext(file=file, node=NodeName(node))
+        with tempfile.TemporaryDirectory(prefix="gpuhealth-ingest-") as folder:
+            path = os.path.join(folder, "body")
+            with open(path, "wb") as fh:
+                fh.write(data)
+            for record in read_artifact(path, ctx, parsers or artifact_parsers(), result):
+                records.append(record if record.node == node else _moved(record, node))
+        result.issues[:] = [
+            dataclasses.replace(i, file=file) if i.file == path else i for i in result.issues
+        ]
+        if result.parsed_lines == 0 and not result.issues:
+            result.issues.append(ParseIssue(file=file, line=None, reason="no artifact lines"))
+    errors = [{"file": i.file, "line": i.line, "reason": i.reason} for i in result.issues]
+    if result.parsed_lines == 0:
+        first = result.issues[0].reason
+        logger.info("ingest for node %s refused: %s (%s, %s)", node, first, file, _short(data))
+        return {"node": node, "records": 0, "healthy": False, "errors": errors, "error": first}
     if facts:
         pipeline.set_node_facts(node, facts)
-    result = ArtifactResult()
-    ctx = ParseContext(file=file, node=NodeName(node))
-    lines = (Line(number, raw) for number, raw in enumerate(text.splitlines(), start=1))
-    records: list[Record] = []
-    for record in parse_lines(lines, ctx, parsers or artifact_parsers(), result):
-        records.append(record if record.node == node else _moved(record, node))
     healthy = pipeline.observe_snapshot(node, records)
-    return {
-        "node": node,
-        "records": len(records),
-        "healthy": healthy,
-        "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in result.issues],
-    }
+    return {"node": node, "records": len(records), "healthy": healthy, "errors": errors}
 
 
 def _moved(record: Record, node: str) -> Record:
-    import dataclasses
-
     return dataclasses.replace(record, node=NodeName(node))
 
 
@@ -289,9 +336,9 @@ class AlertingApi:
                 if not sep or not key:
                     raise ApiError(400, f"context must be key=value, got {pair!r}")
                 facts[key] = value
-            text = body.decode("utf-8", errors="replace")
             name = (query.get("file") or ["ingest"])[0]
-            return 200, ingest(self.pipeline, node=node, text=text, file=name, facts=facts)
+            answer = ingest(self.pipeline, node=node, text=body, file=name, facts=facts)
+            return (400 if "error" in answer else 200), answer
         raise ApiError(404, f"no such endpoint {path}")
 
     def _alertmanager(self, body: bytes) -> tuple[int, Any]:

@@ -516,6 +516,8 @@ def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int
 
     from analytics import stream_eval, synthetic
 
+    if json_path and json_path != "-":
+        _check_writable(json_path, "--json")  # before the run, not after minutes of it
     config = synthetic.SMALL if small else synthetic.FULL
     try:
         if gpus:
@@ -531,9 +533,29 @@ def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int
         click.echo(json.dumps(result, indent=2))
         return
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(result, indent=2) + "\n")
+        try:
+            with open(json_path, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {json_path}: {exc.strerror}") from exc
     click.echo(stream_eval.render(result), nl=False)
+
+
+def _check_writable(path: str, option: str) -> None:
+    """Fail with a usage error unless a file can be written at ``path``.
+
+    Raises:
+        click.BadParameter: Its folder is missing or read-only, or the file is read-only.
+    """
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"folder {folder} does not exist", param_hint=option)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise click.BadParameter(f"{path} is not writable", param_hint=option)
+    if not os.path.exists(path) and not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"folder {folder} is not writable", param_hint=option)
 
 
 @main.group()

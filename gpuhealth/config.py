@@ -32,6 +32,7 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -222,11 +223,12 @@ class StorageSettings(BaseModel):
     an hour of 10,000 GPUs x 30 metrics); beyond it the oldest samples are dropped and
     counted, events never."""
 
-    @model_validator(mode="after")
-    def _url_for_influxdb(self) -> StorageSettings:
-        if self.type == "influxdb" and not self.url:
-            raise ValueError("url is required when type = 'influxdb'")
-        return self
+    @field_validator("url")
+    @classmethod
+    def _url_for_influxdb(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("type") == "influxdb" and not value:
+            raise ValueError("required when type = 'influxdb'")
+        return value
 
     retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)
     """How long samples and events are kept (default ``7d``): a week covers the weekly report
@@ -277,8 +279,9 @@ class AnalyticsSettings(BaseModel):
     @field_validator("detector_by_metric")
     @classmethod
     def _known_signals(cls, value: dict[str, str]) -> dict[str, str]:
-        check_detector_by_metric(value)
-        return value
+        # Keys as the detectors match them (``{type="corrected"}`` -> ``{type=corrected}``);
+        # every key that could never match is named, not just the first.
+        return check_detector_by_metric(value)
 
     warmup_samples: int = Field(default=500, ge=20)
     """Samples per series before the detector may flag one (SPOT's calibration window)."""
@@ -760,7 +763,11 @@ def _messages(
         msg = err["msg"].removeprefix("Value error, ")
         where = f"{section} {key}" if section else key
         got = err.get("input")
-        shown = "" if isinstance(got, Mapping) or err["type"] == "missing" else f" (got {got!r})"
+        shown = (
+            "" if isinstance(got, Mapping) or got is None or err["type"] == "missing"
+            or f"got {got!r}" in msg or f"got {got}" in msg
+            else f" (got {got!r})"
+        )
         out.append(f"{prefix}{where}: {msg}{shown}")
     return out
 

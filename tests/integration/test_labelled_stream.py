@@ -181,6 +181,24 @@ def test_evaluate_stream_command_rejects_bad_options() -> None:
     assert "multiple of gpus_per_node" in result.output
 
 
+def test_evaluate_stream_checks_the_json_path_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the run started before the --json path was checked")
+
+    monkeypatch.setattr(stream_eval, "evaluate", never)
+    runner = CliRunner()
+    missing = tmp_path / "nope" / "x.json"
+    result = runner.invoke(main, ["evaluate", "stream", "--small", "--only", "gaps",
+                                  "--json", str(missing)])
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "--json" in result.output
+    assert "does not exist" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_benchmark_script_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     config_args = ["--gpus", "16", "--days", "1.2", "--seed", "2", "--only", "gaps"]
     assert labelled_stream.main(config_args) == 0

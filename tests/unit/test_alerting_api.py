@@ -141,3 +141,36 @@ def test_beyond_loopback_needs_a_token(tmp_path):
     path.write_text('[alerting]\napi_listen_address = "0.0.0.0"\n')
     with pytest.raises(ConfigError, match="api_token_env"):
         load_settings(str(path), {})
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (bytes(range(256)) * 16, "binary"),
+    (b"&O\x83$%j\nx\x82\xeb\xc0\x7f\xdb\xe7\x85\xf6\xba\x0cd\x1c\xb1\xd0\xbcL" * 8, "binary"),
+    (b"", "empty"),
+    (b"cpu,host=a usage=0.5 1700000000000000000\nmem,host=a used=3i 1700000000000000000\n",
+     "no known artifact kind"),
+])
+def test_ingest_refuses_what_diagnose_refuses(setup, caplog, body, reason):
+    api, pipeline, _pager, _ = setup
+    caplog.set_level("INFO")
+    query = "/api/v1/ingest?node=n1&file=bin.log&context=nvlink=absent"
+    status, answer = api.handle("POST", query, AUTH, body)
+    assert status == 400
+    assert answer["records"] == 0
+    assert [e["file"] for e in answer["errors"]] == ["bin.log"]
+    assert reason in answer["errors"][0]["reason"]
+    assert reason in answer["error"]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert logged.isascii()  # a short repr, never the raw bytes
+    assert len(logged) < 1000
+    assert "n1" not in pipeline._node_facts  # a refused body changes nothing
+
+
+def test_ingest_keeps_nul_padded_text_as_diagnose_does(setup):
+    api = setup[0]
+    text = (cases_dir() / CASE).read_bytes()
+    status, answer = api.handle("POST", "/api/v1/ingest?node=n1", AUTH,
+                                b"\x00" * 300 + b"\n" + text)
+    assert status == 200
+    assert answer["records"] > 0
+    assert any("NUL" in e["reason"] for e in answer["errors"])

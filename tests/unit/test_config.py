@@ -235,3 +235,14 @@ def test_unknown_scheduler_or_elector_is_refused_at_check(tmp_path):
         path.write_text(f'[remediation]\n{key} = "{value}"\n')
         with pytest.raises(ConfigError, match=f"no plugin '{value}'"):
             load_settings(path, env={})
+
+
+def test_storage_messages_name_the_key_once(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[storage]\nretention_seconds = -5\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(str(path), env={})
+    assert "[storage] retention_seconds" in str(caught.value)
+    assert str(caught.value).endswith(", got -5")  # once, not "got -5 (got -5)"
+    path = _write(tmp_path, '[storage]\ntype = "influxdb"\n')
+    with pytest.raises(ConfigError, match=r"\[storage\] url: required when type = 'influxdb'$"):
+        load_settings(str(path), env={})

@@ -264,3 +264,42 @@ def test_detector_by_metric_is_checked_when_settings_load(tmp_path: Path) -> Non
     assert load_settings(str(path)).analytics.detector_by_metric == {
         "gpu_temperature_celsius": "spot"
     }
+
+
+def test_prometheus_spelling_of_a_type_key_matches_at_run_time() -> None:
+    key = 'gpu_ecc_errors_total{ type="corrected" }'
+    online = OnlineAnalytics(detector="spot", detector_by_metric={key: "none"})
+    assert online.detector_by_metric == {"gpu_ecc_errors_total{type=corrected}": "none"}
+    series = "gpu_ecc_errors_total{location=total,scope=volatile,type=corrected}"
+    assert online._detector_for(series) == "none"
+
+
+def test_every_key_that_cannot_match_is_named_once(tmp_path: Path) -> None:
+    from core.errors import ConfigError
+    from gpuhealth.config import load_settings
+
+    bad = {
+        "gpu_ecc_errors_total{type=bogus}": "not one gpu_ecc_errors_total has",
+        "gpu_ecc_errors_total{type=Corrected}": "did you mean 'corrected'",
+        "gpu_ecc_errors_total{type=corrected,foo=bar}": "only a type label",
+        "gpu_temperature_celsius{type=corrected}": "has no type label",
+    }
+    table = "".join(f'"{key}" = "spot"\n' for key in bad)
+    path = tmp_path / "gpuhealth.toml"
+    path.write_text(f'[analytics.detector_by_metric]\n{table}'
+                    '"gpu_ecc_errors_total{type=\\"uncorrected\\"}" = "quantile"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(str(path), env={})
+    message = str(caught.value)
+    assert message.startswith(f"{path}: [analytics] detector_by_metric: key ")
+    assert message.count("detector_by_metric") == 1
+    for key, why in bad.items():
+        assert message.count(repr(key)) == 1
+        assert why in message
+    assert "uncorrected" not in message.replace("corrected, uncorrected", "")
+
+
+def test_one_signal_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="the same signal as key"):
+        OnlineAnalytics(detector_by_metric={"gpu_ecc_errors_total{type=corrected}": "spot",
+                                            'gpu_ecc_errors_total{type="corrected"}': "dspot"})
