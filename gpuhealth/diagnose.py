@@ -7,6 +7,7 @@ The output follows the ``gpuhealth diagnose --json`` contract of
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 from analytics.fault_model import Context, Observations, evaluate, worst
 from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
 from collectors.parsers import artifact_parsers
-from core.records import Action, Finding, NodeName, Severity
+from core.records import Action, Finding, NodeName, Record, Severity
+from storage.lineprotocol import DecodeReport, read_records
 
 SCHEMA_VERSION = 1
 
@@ -111,6 +113,42 @@ def _file_node(path: str) -> str:
     return os.path.splitext(name)[0] or name
 
 
+LINE_PROTOCOL_SUFFIXES = (".lp", ".influx", ".line")
+"""File endings read as InfluxDB line protocol (``gpuhealth export`` writes ``.lp``)."""
+BINARY_PROBE_BYTES = 8192
+"""How much of a line-protocol file is searched for NUL bytes before it is parsed."""
+
+
+def _line_protocol(path: str, result: ArtifactResult, *, now: float) -> list[Record]:
+    """The records of a line-protocol file; rejected lines go to ``result.issues``.
+
+    Records keep their own nodes and times. ``now`` (epoch seconds, 0 = the system clock)
+    is the clock that far-future times are judged against.
+    """
+    report = DecodeReport()
+    try:
+        with open(path, "rb") as fh:
+            if b"\x00" in fh.read(BINARY_PROBE_BYTES):
+                result.issues.append(ParseIssue(file=path, line=None,
+                                                reason="binary file (NUL bytes), not text"))
+                return []
+        records = list(read_records([path], report=report,
+                                    clock=(lambda: now) if now else time.time))
+    except OSError as exc:
+        result.issues.append(ParseIssue(file=path, line=None, reason=f"cannot read: {exc}"))
+        return []
+    for problem in report.problems:
+        shown = "".join(c if c.isprintable() else "?" for c in problem.text)
+        result.issues.append(ParseIssue(file=problem.file, line=problem.line,
+                                        reason=f"{problem.reason}: {shown}"))
+    if records:
+        result.parsed_lines += len(records)
+        result.kinds.append("line_protocol")
+    elif not report.problems:
+        result.issues.append(ParseIssue(file=path, line=None, reason="no records"))
+    return records
+
+
 def diagnose(
     paths: Sequence[str],
     facts: Mapping[str, str] | None = None,
@@ -144,8 +182,13 @@ def diagnose(
             os.path.normpath(path).startswith(folder + os.sep) for folder in folders
         )
         file_node = NodeName(_file_node(path)) if in_folder else node
-        ctx = ParseContext(file=path, node=file_node, default_year=default_year)
-        observations.extend(read_artifact(path, ctx, parsers, result))
+        if path.endswith(LINE_PROTOCOL_SUFFIXES):
+            # Recorded telemetry (`gpuhealth export`): its events and samples, read with the
+            # checks of `gpuhealth import` (a rejected line is an issue with its number).
+            observations.extend(_line_protocol(path, result, now=now))
+        else:
+            ctx = ParseContext(file=path, node=file_node, default_year=default_year)
+            observations.extend(read_artifact(path, ctx, parsers, result))
         issues.extend(result.issues)
         kinds.extend(result.kinds)
         parsed_anything = parsed_anything or result.parsed_lines > 0

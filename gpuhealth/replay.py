@@ -59,7 +59,7 @@ from core.records import (
     Severity,
 )
 from gpuhealth.config import AnalyticsSettings
-from gpuhealth.diagnose import expand_paths, finding_to_json
+from gpuhealth.diagnose import LINE_PROTOCOL_SUFFIXES, expand_paths, finding_to_json
 from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
 from storage import read_records
@@ -165,8 +165,6 @@ class ReplayReport:
         return next((n for n in self.nodes if n.node == name), None)
 
 
-LINE_PROTOCOL_SUFFIXES = (".lp", ".influx", ".line")
-"""File endings read as InfluxDB line protocol (``gpuhealth export`` writes ``.lp``)."""
 
 
 def node_of_file(path: str) -> str:

@@ -166,3 +166,32 @@ def test_a_named_pipe_in_a_folder_is_skipped(tmp_path: Path) -> None:
     (tmp_path / "kern.log").write_text("hello\n")
     os.mkfifo(tmp_path / "pipe")
     assert list(expand_paths([str(tmp_path)])) == [str(tmp_path / "kern.log")]
+
+
+def test_diagnose_reads_line_protocol_files_with_the_import_checks(tmp_path: Path) -> None:
+    # A recorded fleet's telemetry (`gpuhealth export`) holding an Xid 48 event must give
+    # the critical finding, not "no findings"; its bad lines are issues with line numbers;
+    # a binary file is refused.
+    from gpuhealth.diagnose import diagnose
+
+    good = tmp_path / "fleet.lp"
+    good.write_text(
+        "gpu,entity=00000000:18:00.0,node=node-0000 temperature_celsius=36.0 "
+        "1767225600000000000\n"
+        "gpuhealth_event,code=48,entity=00000000:18:00.0,kind=xid,node=node-0000,"
+        'source=synthetic count=1.0,message="Xid 48: double-bit ECC error",attrs="{}",'
+        'evidence="[]" 1767226800000000000\n'
+        "gpu,entity=00000000:18:00.0,node=node-0000 temperature_celsius=99.0 "
+        "4102444800000000000\n"
+        "gpu,entity=00000000:18:00.0,node=node-0000 temperature_celsius=3"
+    )
+    result = diagnose([str(good)], now=1767230000.0)
+    assert [(f.kind, f.code, f.severity.value) for f in result.findings] == \
+        [("xid", "48", "critical")]
+    assert [(i.line, i.reason.split(":")[0]) for i in result.issues] == \
+        [(3, "future"), (4, "truncated")]
+    binary = tmp_path / "junk.lp"
+    binary.write_bytes(b"\x00\x01\x02gpu x=1 1\n")
+    refused = diagnose([str(binary)])
+    assert not refused.parsed_anything
+    assert [i.reason for i in refused.issues] == ["binary file (NUL bytes), not text"]
