@@ -635,7 +635,8 @@ def _features_text(features: Mapping[str, float]) -> str:
 
 
 TEXT_PREDICTIONS = 50
-"""Predictions listed in the text output (``--json`` has them all)."""
+"""GPUs or ports listed in the text output, highest probability first (``--json`` has every
+prediction)."""
 
 
 def _render_analysis(a: StreamAnalysis) -> list[str]:
@@ -648,13 +649,24 @@ def _render_analysis(a: StreamAnalysis) -> list[str]:
         f"{a.positives_learned} failure vectors learned; {len(a.predictions)} at or above "
         f"{a.threshold:g}"
     )
-    for p in a.predictions[:TEXT_PREDICTIONS]:
+    # One line per GPU or port: when it first crossed, how high it went, how often
+    # (an entity at risk is predicted again at every step; --json lists every one).
+    by_entity: dict[tuple[str, str], list[Prediction]] = {}
+    for p in a.predictions:
+        by_entity.setdefault((p.node, p.entity), []).append(p)
+    ranked = sorted(by_entity.values(), key=lambda ps: (-max(x.probability for x in ps),
+                                                        ps[0].predicted_at))
+    for ps in ranked[:TEXT_PREDICTIONS]:
+        first, top = ps[0], max(ps, key=lambda x: x.probability)
         lines.append(
-            f"  {_utc(p.predicted_at)} {p.node}/{p.entity} p={p.probability:.3f} "
-            f"within {p.horizon_seconds / 3600:g} h: {_features_text(p.top_features)}"
+            f"  {first.node}/{first.entity}: first {_utc(first.predicted_at)} "
+            f"p={first.probability:.3f}, highest p={top.probability:.3f} at "
+            f"{_utc(top.predicted_at)}, {len(ps)} prediction(s) within "
+            f"{top.horizon_seconds / 3600:g} h: {_features_text(top.top_features)}"
         )
-    if len(a.predictions) > TEXT_PREDICTIONS:
-        lines.append(f"  ... {len(a.predictions) - TEXT_PREDICTIONS} more (--json lists all)")
+    if len(ranked) > TEXT_PREDICTIONS:
+        lines.append(f"  ... {len(ranked) - TEXT_PREDICTIONS} more GPUs or ports "
+                     "(--json lists every prediction)")
     return lines
 
 
