@@ -16,7 +16,7 @@ from analytics.fault_model import Context, Observations, evaluate, worst
 from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
 from collectors.parsers import artifact_parsers
 from core.records import Action, Finding, NodeName, Record, Severity
-from storage.lineprotocol import DecodeReport, read_records
+from storage.lineprotocol import DecodeReport, looks_like_line_protocol, read_records
 
 SCHEMA_VERSION = 1
 
@@ -119,6 +119,25 @@ BINARY_PROBE_BYTES = 8192
 """How much of a line-protocol file is searched for NUL bytes before it is parsed."""
 
 
+def _is_line_protocol(path: str) -> bool:
+    """Whether the file at ``path`` holds line protocol, whatever its name.
+
+    A recording saved as ``.log`` must not reach the kernel-log parser, which would see
+    "Xid 48" in an event's message and find nothing.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(BINARY_PROBE_BYTES)
+    except OSError:
+        return False  # the artifact reader reports it
+    if b"\x00" in head or head[:2] == b"\x1f\x8b":
+        return False
+    text = head.decode("utf-8", errors="replace")
+    if len(head) == BINARY_PROBE_BYTES:
+        text = text.rpartition("\n")[0]  # the last line may be cut by the probe
+    return looks_like_line_protocol(text)
+
+
 def _line_protocol(path: str, result: ArtifactResult, *, now: float) -> list[Record]:
     """The records of a line-protocol file; rejected lines go to ``result.issues``.
 
@@ -182,7 +201,7 @@ def diagnose(
             os.path.normpath(path).startswith(folder + os.sep) for folder in folders
         )
         file_node = NodeName(_file_node(path)) if in_folder else node
-        if path.endswith(LINE_PROTOCOL_SUFFIXES):
+        if path.endswith(LINE_PROTOCOL_SUFFIXES) or _is_line_protocol(path):
             # Recorded telemetry (`gpuhealth export`): its events and samples, read with the
             # checks of `gpuhealth import` (a rejected line is an issue with its number).
             observations.extend(_line_protocol(path, result, now=now))

@@ -518,6 +518,36 @@ def decode_line(line: str, *, precision: Precision = "ns",
 _PARSE_REASONS = ("syntax", "value")
 
 
+def looks_like_line_protocol(text: str, *, lines: int = 5) -> bool:
+    r"""Whether ``text`` (the start of a file or body) is InfluxDB line protocol.
+
+    True when its first ``lines`` lines that are neither blank nor comments all decode
+    (:func:`decode_line`) into records stamped with their own time, and there is at least
+    one. A kernel log, syslog or tool output never does: their lines have more than two
+    unescaped spaces or no ``key=value`` fields. Used to read a recording as telemetry
+    rather than let a log parser see "Xid 48" in an event's message and find nothing.
+
+    Examples:
+        >>> looks_like_line_protocol("gpu,node=n1 power_watts=300 1700000000000000000\n")
+        True
+        >>> looks_like_line_protocol("[Mon Nov 30 08:00:00 2026] NVRM: Xid (PCI:0000:b1:00): 79")
+        False
+    """
+    checked = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        report = DecodeReport()
+        records = decode_line(line, report=report)
+        if not records or report.skipped or any(r.observed_at is None for r in records):
+            return False
+        checked += 1
+        if checked >= lines:
+            break
+    return checked > 0
+
+
 def read_records(
     paths: Sequence[str | Path],
     *,

@@ -148,7 +148,11 @@ def test_beyond_loopback_needs_a_token(tmp_path):
     (b"&O\x83$%j\nx\x82\xeb\xc0\x7f\xdb\xe7\x85\xf6\xba\x0cd\x1c\xb1\xd0\xbcL" * 8, "binary"),
     (b"", "empty"),
     (b"cpu,host=a usage=0.5 1700000000000000000\nmem,host=a used=3i 1700000000000000000\n",
-     "no known artifact kind"),
+     "line protocol"),
+    # a recorded Xid event: the kernel-log parser would see "Xid 48" and find nothing
+    (b'gpuhealth_event,code=48,entity=00000000:18:00.0,kind=xid,node=node-0000,'
+     b'source=synthetic count=1.0,message="Xid 48: double-bit ECC error",attrs="{}",'
+     b'evidence="[]" 1767226800000000000\n', "line protocol"),
 ])
 def test_ingest_refuses_what_diagnose_refuses(setup, caplog, body, reason):
     api, pipeline, _pager, _ = setup

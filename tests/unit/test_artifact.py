@@ -195,3 +195,16 @@ def test_diagnose_reads_line_protocol_files_with_the_import_checks(tmp_path: Pat
     refused = diagnose([str(binary)])
     assert not refused.parsed_anything
     assert [i.reason for i in refused.issues] == ["binary file (NUL bytes), not text"]
+
+
+def test_diagnose_reads_line_protocol_whatever_the_file_is_named(tmp_path: Path) -> None:
+    from gpuhealth.diagnose import diagnose
+
+    saved = tmp_path / "fleet.log"
+    saved.write_text(
+        "gpuhealth_event,code=48,entity=00000000:18:00.0,kind=xid,node=node-0000,"
+        'source=synthetic count=1.0,message="Xid 48: double-bit ECC error",attrs="{}",'
+        'evidence="[]" 1767226800000000000\n'
+    )
+    result = diagnose([str(saved)], now=1767230000.0)
+    assert [(f.code, f.severity.value) for f in result.findings] == [("48", "critical")]
