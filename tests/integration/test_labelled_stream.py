@@ -7,6 +7,7 @@ line-protocol file goes through the same :func:`gpuhealth.replay.replay` the CLI
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 import time
@@ -262,8 +263,15 @@ def test_replay_runs_the_detectors_and_the_predictor_in_record_time(tmp_path: Pa
         .output
     )
     assert "predictions:" in text
+    # one line per entity: its first crossing, its highest probability, how many
     first = predictions[0]
-    assert f"{first['node']}/{first['entity']} p={first['probability']:.3f}" in text
+    mine = [p for p in predictions
+            if (p["node"], p["entity"]) == (first["node"], first["entity"])]
+    top = max(p["probability"] for p in mine)
+    assert (f"{first['node']}/{first['entity']}: first "
+            f"{dt.datetime.fromtimestamp(first['predicted_at'], dt.UTC):%Y-%m-%dT%H:%M:%SZ} "
+            f"p={first['probability']:.3f}, highest p={top:.3f}") in text
+    assert f"{len(mine)} prediction(s)" in text
 
 
 def test_replay_without_analytics_reports_none(tmp_path: Path) -> None:
