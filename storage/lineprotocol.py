@@ -428,7 +428,7 @@ class DecodeReport:
         if self._listed[reason] >= self.max_per_reason:
             return
         self._listed[reason] += 1
-        excerpt = text.strip()
+        excerpt = "".join(c if c.isprintable() else "?" for c in text.strip())
         if len(excerpt) > _EXCERPT:  # the start (series) and the end (value, time)
             excerpt = f"{excerpt[:_EXCERPT - 35]} ... {excerpt[-30:]}"
         self.problems.append(LineProblem(file=file, line=line, reason=reason, text=excerpt))
@@ -591,7 +591,14 @@ def read_records(
     for path in paths:
         name = str(path)
         now = clock()
+        with open(path, "rb") as raw:
+            if b"\x00" in raw.read(8192):
+                # binary, not text: one problem for the file, not one per garbled line
+                report.skipped["binary"] += 1
+                report.note(name, 1, "binary", "binary file (NUL bytes), not text")
+                continue
         with open(path, encoding="utf-8", errors="replace") as handle:
+            number = 0
             for number, line in enumerate(handle, 1):
                 records = decode_line(line, precision=precision, report=line_report)
                 if records and records[0].observed_at is None:
@@ -618,6 +625,9 @@ def read_records(
                             report.skipped[reason] += n
                             report.note(name, number, reason, line)
                     counts.clear()
+            if number == 0:
+                report.skipped["empty"] += 1
+                report.note(name, 1, "empty", "empty file")
 
 
 # --- export and import ---------------------------------------------------------------------

@@ -221,3 +221,23 @@ def test_import_rejects_unstamped_and_truncated_lines_and_keeps_the_line_numbers
     assert f"{path}:3: no_timestamp: " in caplog.text
     frame = store.read("gpu_temperature_celsius", None, 0, 2e9)
     assert sorted(frame["observed_at"]) == [T0, T0 + 1]
+
+
+def test_read_records_reports_binary_and_empty_files_once(tmp_path):
+    from storage.lineprotocol import DecodeReport, read_records
+
+    binary = tmp_path / "junk.lp"
+    binary.write_bytes(b"\x00\xff\x10garbage\nmore\x00\n" * 50)
+    empty = tmp_path / "empty.lp"
+    empty.write_bytes(b"")
+    report = DecodeReport()
+    assert list(read_records([binary, empty], report=report)) == []
+    assert dict(report.skipped) == {"binary": 1, "empty": 1}
+    assert [(p.line, p.reason, p.text) for p in report.problems] == [
+        (1, "binary", "binary file (NUL bytes), not text"), (1, "empty", "empty file")]
+    # excerpts of bad lines are printable whatever the bytes were
+    odd = tmp_path / "odd.lp"
+    odd.write_bytes(b"gpu\x1b[31m value\x07=1 1\n")
+    report = DecodeReport()
+    list(read_records([odd], report=report))
+    assert all(p.text.isprintable() for p in report.problems)
