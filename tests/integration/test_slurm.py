@@ -447,7 +447,7 @@ def test_simulated_reboot_completes_and_is_recorded(cluster: SlurmCluster) -> No
     asyncio.run(adapter.submit(request(RemediationStep.CORDON, host, "fp4/cordon")))
     reboot = request(RemediationStep.REBOOT, host, "fp4/reboot")
     ref = asyncio.run(adapter.submit(reboot))
-    status = poll(adapter, ref, timeout=30)
+    status = poll(adapter, ref, timeout=90)
     assert status.phase == ActionPhase.SUCCEEDED, status
     assert len(cluster.reboot_requests()) == before + 1
     state = asyncio.run(adapter.node_state(host))
@@ -467,7 +467,7 @@ def test_reboot_nextstate_down_keeps_the_node_out_until_resume(cluster: SlurmClu
     host = NodeName(cluster.host)
     asyncio.run(adapter.submit(request(RemediationStep.CORDON, host, "fp9/cordon")))
     ref = asyncio.run(adapter.submit(request(RemediationStep.REBOOT, host, "fp9/reboot")))
-    status = poll(adapter, ref, timeout=30)
+    status = poll(adapter, ref, timeout=90)
     assert status.phase == ActionPhase.SUCCEEDED, status
     state = asyncio.run(adapter.node_state(host))
     assert not state.schedulable  # DOWN through the probation period
