@@ -433,6 +433,14 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.rejected.items()))
     click.echo(f"imported {report.samples} samples and {report.events} events"
                + (f"; skipped or converted: {skipped}" if skipped else ""), err=True)
+    if report.past_raw_retention:
+        kept = report.past_raw_retention - report.past_all_retention
+        click.echo(f"warning: {report.past_raw_retention} sample(s) are older than the store's "
+                   "raw retention ([storage] retention_seconds): "
+                   + (f"{kept} are kept only as downsampled aggregates" if kept else "")
+                   + (", " if kept and report.past_all_retention else "")
+                   + (f"{report.past_all_retention} are older than every tier and will be "
+                      "deleted" if report.past_all_retention else ""), err=True)
     if report.rejected and not (report.samples or report.events):
         sys.exit(1)
 

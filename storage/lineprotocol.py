@@ -685,12 +685,19 @@ class TransferReport:
         events: Events written out or into the store.
         rejected: Reason → records skipped or converted (decode and sanitize reasons).
         problems: The first lines of each reason (file, line number, excerpt).
+        past_raw_retention: Samples written that were older than the store's raw
+            retention (``retention_seconds``) when written: only its downsampled
+            aggregates keep them.
+        past_all_retention: Of those, samples older than every downsampled tier's
+            retention too: the store will not keep them at all.
     """
 
     samples: int = 0
     events: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     problems: list[LineProblem] = field(default_factory=list)
+    past_raw_retention: int = 0
+    past_all_retention: int = 0
 
 
 def _metrics_of(store: Store) -> list[str]:
@@ -789,6 +796,11 @@ def import_lines(
     """
     report = TransferReport()
     decode = DecodeReport(skipped=report.rejected, problems=report.problems)
+    # A store with retention (SQLite) keeps raw samples only so long, then aggregates:
+    # history older than that is imported but not kept as it was; the report says so.
+    raw_keep: float | None = getattr(store, "retention_seconds", None)
+    tier_keep = max((keep for _, keep in getattr(store, "downsample", ()) or ()),
+                    default=raw_keep or 0.0)
     samples: list[Sample] = []
     events: list[Event] = []
 
@@ -800,6 +812,15 @@ def import_lines(
                                    max_future_seconds=max_future_seconds)
         if good or good_events:
             store.write(good, good_events)
+        if raw_keep is not None:
+            for sample in good:
+                if sample.observed_at is None:
+                    continue
+                age = now - sample.observed_at
+                if age > raw_keep:
+                    report.past_raw_retention += 1
+                    if age > tier_keep:
+                        report.past_all_retention += 1
         report.samples += len(good)
         report.events += len(good_events)
         samples.clear()

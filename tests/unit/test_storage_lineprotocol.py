@@ -241,3 +241,16 @@ def test_read_records_reports_binary_and_empty_files_once(tmp_path):
     report = DecodeReport()
     list(read_records([odd], report=report))
     assert all(p.text.isprintable() for p in report.problems)
+
+
+def test_import_counts_history_older_than_the_stores_retention(tmp_path: Path) -> None:
+    # Moving history into the embedded store: what its retention will not keep as it was
+    # is counted, so `gpuhealth import` can say so rather than report it all as imported.
+    clock = FakeClock(now=T0)
+    day = 86400
+    path = _lp(tmp_path, "".join(f"{_HEAD}{40 + i}.0 {(int(T0) - age) * _NS}\n"
+                                 for i, age in enumerate((60, 10 * day, 200 * day))))
+    store = SqliteStore(path=tmp_path / "s.sqlite", clock=clock, retention_seconds=7 * day,
+                        downsample=[(60.0, 90 * day)])
+    report = import_lines(store, [path], clock=clock)
+    assert (report.samples, report.past_raw_retention, report.past_all_retention) == (3, 2, 1)
