@@ -65,7 +65,7 @@ from gpuhealth._serving import ServingThread
 from gpuhealth.config import Settings, alerting_path, api_token
 from gpuhealth.pipeline import Pipeline
 from remediation.gpu_reset import RESET_PATH, GpuResetEndpoint
-from storage.lineprotocol import looks_like_line_protocol
+from storage.lineprotocol import head_is_line_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -193,9 +193,7 @@ def ingest(
     result = ArtifactResult()
     records: list[Record] = []
     reason = "empty body" if not data else _not_text(data)
-    if reason is None and looks_like_line_protocol(
-            data[:_TEXT_PROBE_BYTES].decode("utf-8", errors="replace").rpartition("\n")[0]
-            or data[:_TEXT_PROBE_BYTES].decode("utf-8", errors="replace")):
+    if reason is None and head_is_line_protocol(data[:_TEXT_PROBE_BYTES], cut=True):
         reason = ("InfluxDB line protocol (recorded telemetry), not an artifact: load it "
                   "with `gpuhealth import` or `gpuhealth replay`")
     if reason is not None:

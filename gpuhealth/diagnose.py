@@ -16,7 +16,7 @@ from analytics.fault_model import Context, Observations, evaluate, worst
 from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
 from collectors.parsers import artifact_parsers
 from core.records import Action, Finding, NodeName, Record, Severity
-from storage.lineprotocol import DecodeReport, looks_like_line_protocol, read_records
+from storage.lineprotocol import DecodeReport, head_is_line_protocol, read_records
 
 SCHEMA_VERSION = 1
 
@@ -130,12 +130,7 @@ def _is_line_protocol(path: str) -> bool:
             head = fh.read(BINARY_PROBE_BYTES)
     except OSError:
         return False  # the artifact reader reports it
-    if b"\x00" in head or head[:2] == b"\x1f\x8b":
-        return False
-    text = head.decode("utf-8", errors="replace")
-    if len(head) == BINARY_PROBE_BYTES:
-        text = text.rpartition("\n")[0]  # the last line may be cut by the probe
-    return looks_like_line_protocol(text)
+    return head_is_line_protocol(head, cut=len(head) == BINARY_PROBE_BYTES)
 
 
 def _line_protocol(path: str, result: ArtifactResult, *, now: float) -> list[Record]:

@@ -548,6 +548,20 @@ def looks_like_line_protocol(text: str, *, lines: int = 5) -> bool:
     return checked > 0
 
 
+def head_is_line_protocol(head: bytes, *, cut: bool) -> bool:
+    """:func:`looks_like_line_protocol` on the first bytes of a file or body.
+
+    ``cut``: ``head`` may end inside a line, which is then left out (unless it is the only
+    one). Binary (NUL bytes) and gzip heads are not line protocol here.
+    """
+    if b"\x00" in head or head[:2] == b"\x1f\x8b":
+        return False
+    text = head.decode("utf-8", errors="replace")
+    if cut:
+        text = text.rpartition("\n")[0] or text
+    return looks_like_line_protocol(text)
+
+
 def read_records(
     paths: Sequence[str | Path],
     *,
