@@ -11,7 +11,8 @@ The tree (style.md C.3.9)::
         ├── ConfigError                       names the file and key
         ├── PluginError                       unknown plugin or wrong Protocol
         ├── ArtifactError                     input that cannot be parsed (file, line)
-        └── NodeNotFound
+        ├── NodeNotFound
+        └── ReturnedToService                 a human undid gpuhealth's cordon meanwhile
 
 Backends translate foreign exceptions into these at one seam (``raise ... from exc``);
 the runner decides to retry by type, never by message.
@@ -58,6 +59,16 @@ class PluginError(PermanentError):
 
 class NodeNotFound(PermanentError):
     """The scheduler does not know the node."""
+
+
+class ReturnedToService(PermanentError):
+    """Someone returned the node to service after gpuhealth took it out in this incident.
+
+    Raised by a scheduler adapter for a step that would take the node out again (a drain
+    after a cordon, a reboot) when the request says ``taken_out`` and the node is
+    schedulable: re-cordoning would undo a human's decision (fault-model.md: never undo
+    what a human did). The engine stops the incident.
+    """
 
 
 class ArtifactError(PermanentError):

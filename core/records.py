@@ -301,7 +301,10 @@ class ActionRequest:
         not_before_at: Epoch seconds before which the step must not run (deferred steps).
         attrs: How and when to carry the step out, a small fixed set of keys:
             ``when`` (``now``, ``next_safe_point``, ``idle``), ``scope`` (``node``,
-            ``gpu``, ``multi_node_jobs``), ``mode`` (``evict``, ``allow_completion``).
+            ``gpu``, ``multi_node_jobs``), ``mode`` (``evict``, ``allow_completion``),
+            ``taken_out`` (``yes``: gpuhealth took the node out earlier in this incident;
+            an adapter then raises :class:`~core.errors.ReturnedToService` rather than take
+            out again a node someone has since returned to service).
     """
 
     step: RemediationStep

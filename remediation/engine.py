@@ -45,10 +45,10 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from core.clock import Clock, system_clock
-from core.errors import GpuHealthError, PermanentError, TemporaryError
+from core.errors import GpuHealthError, PermanentError, ReturnedToService, TemporaryError
 from core.protocols import NodeInspector, ReliabilityPublisher, SchedulerAdapter
 from core.records import (
     ActionPhase,
@@ -95,6 +95,17 @@ _NODE_CHANGING = frozenset(
         RemediationStep.RESTART,
     }
 )
+
+_TAKING_OUT = frozenset(
+    {
+        RemediationStep.CORDON,
+        RemediationStep.DRAIN,
+        RemediationStep.MIGRATE,
+        RemediationStep.REBOOT,
+        RemediationStep.HAND_OFF,
+    }
+)
+"""Node-level steps that take the node out of service (again, if a human returned it)."""
 
 # Audit decisions written by the engine (the policy writes requested/held/duplicate/resolved).
 SUBMITTED = "submitted"
@@ -530,9 +541,11 @@ class RemediationEngine:
             return self._wait(action, "rate limit: waits for the next slot", now,
                               held="rate_limit")
         try:
-            ref = await adapter.submit(action.request())
+            ref = await adapter.submit(self._request(action))
         except TemporaryError as exc:
             return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+        except ReturnedToService as exc:
+            return self._returned(action, now, exc, expect=ActionPhase.PENDING)
         except GpuHealthError as exc:
             self.store.update(
                 action.id, now=now, phase=ActionPhase.FAILED, expect=(ActionPhase.PENDING,),
@@ -554,15 +567,40 @@ class RemediationEngine:
             out.extend(await self._poll(running, now))  # quick steps finish in the same tick
         return out
 
+    def _request(self, action: StoredAction) -> ActionRequest:
+        """Return the adapter's request for ``action``.
+
+        With ``taken_out`` when this incident took the node out already: the adapter then
+        leaves alone a node someone has returned to service since.
+        """
+        request = action.request()
+        if action.step not in _TAKING_OUT or action.attrs.get("scope") == SCOPE_GPU:
+            return request
+        incident = self.store.incident(action.incident)
+        if incident is None or incident.out_of_service_at is None or not incident.claimed:
+            return request
+        return replace(request, attrs={**request.attrs, "taken_out": "yes"})
+
+    def _returned(self, action: StoredAction, now: float, exc: ReturnedToService, *,
+                  expect: ActionPhase) -> list[AuditRecord]:
+        """The adapter found the node returned to service by someone: stop the incident."""
+        why = (f"a human returned node {action.node} to service after gpuhealth took it out: "
+               f"{action.step.value} not carried out ({exc})")
+        self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
+                          message=why, expect=(expect,))
+        return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]
+
     async def _poll(self, action: StoredAction, now: float) -> list[AuditRecord]:
         adapter = self._adapter_for(action)
         if action.epoch != self._epoch:
             # left running by another controller (fail-over) or an earlier run of this one:
             # re-submit with the same idempotency key; adapters do nothing twice.
             try:
-                ref = await adapter.submit(action.request())
+                ref = await adapter.submit(self._request(action))
             except TemporaryError as exc:
                 return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+            except ReturnedToService as exc:
+                return self._returned(action, now, exc, expect=ActionPhase.RUNNING)
             except GpuHealthError as exc:
                 self.store.update(
                     action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
@@ -592,6 +630,10 @@ class RemediationEngine:
             self._count(action.step, SUCCEEDED)
             return [self._audit(action, SUCCEEDED, status.message, now),
                     *self._after_success(action, now)]
+        if status.phase == ActionPhase.CANCELLED:
+            returned = await self._returned_meanwhile(action, status.message, now)
+            if returned is not None:
+                return returned
         if status.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED):
             self.store.update(action.id, now=now, phase=status.phase, finished_at=now,
                               message=status.message)
@@ -694,6 +736,32 @@ class RemediationEngine:
             return None
         why = (f"a human returned node {action.node} to service while gpuhealth's "
                f"{action.step.value} ran: stopped, not taken out again")
+        self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
+                          message=why, expect=(ActionPhase.RUNNING,))
+        return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]
+
+    async def _returned_meanwhile(self, action: StoredAction, message: str,
+                                  now: float) -> list[AuditRecord] | None:
+        """Stop the incident if a cancelled take-out step found the node back in service.
+
+        Slurm's adapter answers cancelled when the DRAIN flag is gone; if the node is
+        schedulable now, a human returned it.
+
+        Without this, a resume between a cordon and its first status read would leave the
+        incident open, and its drain would take the node out again.
+        """
+        if (action.dry_run or action.step not in _TAKING_OUT
+                or action.attrs.get("scope") == SCOPE_GPU
+                or not isinstance(self.scheduler, NodeInspector)):
+            return None
+        try:
+            state = await self.scheduler.node_state(action.node, workload=False)
+        except GpuHealthError:
+            return None
+        if not state.exists or not state.schedulable:
+            return None
+        why = (f"a human returned node {action.node} to service while gpuhealth's "
+               f"{action.step.value} ran: stopped, not taken out again ({message})")
         self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
                           message=why, expect=(ActionPhase.RUNNING,))
         return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]

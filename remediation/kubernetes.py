@@ -64,6 +64,7 @@ from core.errors import (
     GpuHealthError,
     NodeNotFound,
     PermanentError,
+    ReturnedToService,
     SchedulerUnavailable,
 )
 from core.records import (
@@ -729,7 +730,12 @@ class KubernetesScheduler:
             else:
                 node, fresh = self._read_node(name), True
             seen = None
-            patch = change(node)
+            try:
+                patch = change(node)
+            except ReturnedToService:
+                if not fresh:
+                    continue  # decided on the copy: decide again on the node as it is now
+                raise
             if patch is None:
                 if not fresh:
                     continue  # decided on the copy: decide again on the node as it is now
@@ -864,6 +870,10 @@ class KubernetesScheduler:
         def change(node: client.V1Node) -> dict[str, Any] | None:
             annotations = annotations_of(node)
             ours = annotations.get(CORDONED_ANNOTATION) == "true"
+            if request.attrs.get("taken_out") == "yes" and not is_unschedulable(node):
+                # this incident cordoned it and someone uncordoned it since
+                raise ReturnedToService(f"node {request.node} is schedulable again "
+                                        "(spec.unschedulable unset)")
             if is_unschedulable(node) and not ours:
                 outcome["message"] = ("already cordoned by someone else (no "
                                       f"{CORDONED_ANNOTATION} annotation): not claimed, "
@@ -922,6 +932,10 @@ class KubernetesScheduler:
     def _request_reboot(self, action: _Action) -> None:
         request = action.request
         node = self._read_node(request.node)
+        if request.attrs.get("taken_out") == "yes" and not is_unschedulable(node) \
+                and labels_of(node).get(REBOOT_LABEL) != "true":
+            raise ReturnedToService(f"node {request.node} is schedulable again "
+                                    "(spec.unschedulable unset): not rebooted")
         annotations = annotations_of(node)
         labels = labels_of(node)
         boot_id = boot_id_of(node)

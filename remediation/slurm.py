@@ -73,6 +73,7 @@ from core.errors import (
     GpuHealthError,
     NodeNotFound,
     PermanentError,
+    ReturnedToService,
     SchedulerUnavailable,
 )
 from core.records import (
@@ -975,12 +976,12 @@ class SlurmScheduler:
                 message="nothing to do on Slurm: the alert carries the notification")
             return text
         if step == RemediationStep.CORDON:
-            found = await self.read_node(node)
+            found = self._still_out(request, await self.read_node(node))
             self._notes[str(ref)] = await self._cordon(found, request.reason)
         elif step in (RemediationStep.DRAIN, RemediationStep.MIGRATE):
             mode, note = self._drain_mode(request)
             ref.extras["mode"] = mode
-            found = await self.read_node(node)
+            found = self._still_out(request, await self.read_node(node))
             cordon = await self._cordon(found, request.reason)
             if mode == "evict":
                 await self._evict(node, ref.key)
@@ -1038,6 +1039,20 @@ class SlurmScheduler:
 
     # --- cordon / hand-off ------------------------------------------------------------
 
+    @staticmethod
+    def _still_out(request: ActionRequest, node: SlurmNode) -> SlurmNode:
+        """Return ``node``; raise if this incident drained it and someone resumed it since.
+
+        Raises:
+            ReturnedToService: ``taken_out`` in ``request.attrs`` and no DRAIN flag (nor a
+                pending reboot) on the node: draining it again would undo a person's
+                ``scontrol update State=RESUME``.
+        """
+        if request.attrs.get("taken_out") == "yes" and not node.drained and not node.rebooting:
+            raise ReturnedToService(f"{node.name} is {node.state_words} (reason "
+                                    f"{node.reason!r}): no longer drained")
+        return node
+
     async def _cordon(self, node: SlurmNode, reason: str) -> str:
         """DRAIN ``node`` with ``reason`` unless it is already drained; say what happened."""
         if node.drained:
@@ -1059,7 +1074,7 @@ class SlurmScheduler:
     async def _submit_hand_off(self, request: ActionRequest, ref: _Ref) -> None:
         text = request.reason[len(OWNER_PREFIX):].strip()
         reason = HAND_OFF_PREFIX + text if not text.startswith("hand-off") else request.reason
-        node = await self.read_node(ref.node)
+        node = self._still_out(request, await self.read_node(ref.node))
         if node.drained and not node.reason.startswith(OWNER_PREFIX):
             self._notes[str(ref)] = (f"drained by someone else ({node.reason!r}); their "
                                      "reason is kept")
@@ -1189,7 +1204,7 @@ class SlurmScheduler:
     # --- reboot ----------------------------------------------------------------------
 
     async def _submit_reboot(self, request: ActionRequest, ref: _Ref) -> None:
-        node = await self.read_node(ref.node)
+        node = self._still_out(request, await self.read_node(ref.node))
         marked = [m for m in _REBOOT_MARK_RE.finditer(node.comment) if m.group("key") == ref.key]
         if marked:
             baseline = marked[-1].group("boot")

@@ -6,14 +6,17 @@ a reboot ``reboot_polls`` polls and then returns the node to service (Slurm's
 ``nextstate=RESUME``); a resume returns the node only if gpuhealth owns its state.
 It is idempotent in effect: ``effects`` counts what was done per idempotency key, so
 tests can assert that a step was carried out exactly once across adapter instances
-(``shared`` holds the nodes and effects, as a real cluster would).
+(``shared`` holds the nodes and effects, as a real cluster would). Like the real adapters,
+a step that takes out again a node this incident took out (``taken_out``) refuses when the
+node is back in service (:class:`~core.errors.ReturnedToService`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core.errors import NodeNotFound, PermanentError, SchedulerUnavailable
+from core.errors import NodeNotFound, PermanentError, ReturnedToService, SchedulerUnavailable
 from core.records import (
     OWNER_PREFIX,
     ActionPhase,
@@ -68,8 +71,14 @@ class FakeScheduler:
     gpu_level_drain = True
 
     def __init__(self, cluster: FakeCluster, *, drain_polls: int = 1,
-                 reboot_polls: int = 2) -> None:
+                 reboot_polls: int = 2,
+                 before_submit: Callable[[ActionRequest], None] | None = None,
+                 after_submit: Callable[[ActionRequest], None] | None = None) -> None:
         self.cluster = cluster
+        self.before_submit = before_submit
+        """Called with each request just before it is carried out (a human acting then)."""
+        self.after_submit = after_submit
+        """Called with each request just after it was carried out."""
         self.drain_polls = drain_polls
         self.reboot_polls = reboot_polls
         self._refs: dict[str, ActionRequest] = {}
@@ -86,6 +95,10 @@ class FakeScheduler:
 
     async def submit(self, request: ActionRequest) -> str:
         node = self._node(request.node)
+        if self.before_submit is not None:
+            self.before_submit(request)
+        if request.attrs.get("taken_out") == "yes" and node.schedulable:
+            raise ReturnedToService(f"node {request.node} is back in service")
         key = request.idempotency_key
         if key not in self.cluster.effects:
             self.cluster.effects[key] = 0
@@ -106,6 +119,8 @@ class FakeScheduler:
             self.cluster.effects[key] += 0  # already done: nothing twice
         ref = f"fake:{key}"
         self._refs[ref] = request
+        if self.after_submit is not None:
+            self.after_submit(request)
         return ref
 
     async def status(self, ref: str) -> ActionStatus:
@@ -116,6 +131,11 @@ class FakeScheduler:
         polls = self._polls[ref] = self._polls.get(ref, 0) + 1
         need = {RemediationStep.DRAIN: self.drain_polls,
                 RemediationStep.REBOOT: self.reboot_polls}.get(request.step, 0)
+        takes_out = request.step in (RemediationStep.CORDON, RemediationStep.HAND_OFF) or (
+            request.step == RemediationStep.DRAIN and request.attrs.get("scope") != "gpu")
+        if takes_out and node.schedulable:  # as Slurm's adapter: the DRAIN flag is gone
+            return ActionStatus(ref=ref, phase=ActionPhase.CANCELLED,
+                                message="no longer drained: someone returned it to service")
         if polls <= need:
             return ActionStatus(ref=ref, phase=ActionPhase.RUNNING, message=f"poll {polls}")
         if request.step == RemediationStep.REBOOT and node.boot < polls:

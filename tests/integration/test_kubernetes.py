@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import NodeNotFound, PermanentError, SchedulerUnavailable
+from core.errors import NodeNotFound, PermanentError, ReturnedToService, SchedulerUnavailable
 from core.records import ActionPhase, ActionRequest, EntityId, NodeName, RemediationStep
 from remediation.kubernetes import (
     CORDONED_ANNOTATION,
@@ -174,6 +174,31 @@ def test_a_human_cordoned_node_is_not_claimed_nor_uncordoned(api: K8sApi) -> Non
     assert CORDONED_ANNOTATION not in node["metadata"]["annotations"]
     assert UNHEALTHY_TAINT not in taint_keys(node)
     assert api.requests["PATCH node"] == 0
+    sched.close()
+
+
+def test_a_node_uncordoned_since_this_incident_cordoned_it_is_not_cordoned_again(
+        api: K8sApi) -> None:
+    # `kubectl uncordon` between gpuhealth's cordon and its drain: the drain (and a reboot)
+    # with taken_out=yes refuse instead of setting spec.unschedulable again
+    api.add_node("n1")
+    api.add_pod("a", "n1")
+    sched = KubernetesScheduler(host=api.url)
+    run(submit_and_wait(sched, request(RemediationStep.CORDON)))
+    api.edit_node("n1", lambda n: n["spec"].update({"unschedulable": False}))
+    # the engine's read of the node, made before the human's change, is not trusted either
+    patches = api.requests["PATCH node"]
+    for step in (RemediationStep.DRAIN, RemediationStep.REBOOT):
+        with pytest.raises(ReturnedToService, match="schedulable again"):
+            run(sched.submit(request(step, taken_out="yes")))
+    assert api.requests["PATCH node"] == patches
+    node = api.node("n1")
+    assert node["spec"]["unschedulable"] is False
+    assert api.pods_on("n1") == ["default/a"]
+    # without taken_out (a new incident) the node is cordoned as usual
+    status = run(submit_and_wait(sched, request(RemediationStep.CORDON, key="new")))
+    assert status.phase == ActionPhase.SUCCEEDED
+    assert api.node("n1")["spec"]["unschedulable"] is True
     sched.close()
 
 

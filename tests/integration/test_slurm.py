@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from core.clock import FakeClock
-from core.errors import ConfigError, NodeNotFound, PermanentError, SchedulerUnavailable
+from core.errors import (
+    ConfigError,
+    NodeNotFound,
+    PermanentError,
+    ReturnedToService,
+    SchedulerUnavailable,
+)
 from core.protocols import NodeInspector, ReliabilityPublisher, SchedulerAdapter
 from core.records import (
     ActionPhase,
@@ -509,6 +515,13 @@ def test_human_resume_in_between_shows_as_not_owned(cluster: SlurmCluster) -> No
     assert state.schedulable
     assert not state.owned
     assert asyncio.run(adapter.status(ref)).phase == ActionPhase.CANCELLED
+    # the incident's next steps (taken_out) leave the resumed node in service
+    for step in (RemediationStep.DRAIN, RemediationStep.REBOOT, RemediationStep.HAND_OFF):
+        with pytest.raises(ReturnedToService, match="no longer drained"):
+            asyncio.run(adapter.submit(request(step, node, f"fp6/{step.value}",
+                                               taken_out="yes")))
+    assert "DRAIN" not in cluster.node(node)["State"]
+    assert "REBOOT" not in cluster.node(node)["State"]
     cluster.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=ops: rma")
     state = asyncio.run(adapter.node_state(node))
     assert not state.schedulable

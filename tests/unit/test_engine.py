@@ -129,6 +129,64 @@ def test_human_resume_in_between_is_respected(tmp_path):
     assert [a.step for a in cancelled] == [S.DRAIN, S.REBOOT]  # the running drain stops too
 
 
+def test_a_human_resume_just_before_the_drain_is_not_undone(tmp_path):
+    # the human resumes the node between gpuhealth's cordon and the drain's submission (no
+    # read of the node in between): the drain must not cordon it again
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+
+    def human(request):
+        if request.step == S.DRAIN:
+            cluster.human_resume(request.node)
+
+    p = make(tmp_path, cluster, clock, fake={"before_submit": human})
+    p.observe_findings([xid79("n002")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 5, clock)
+    assert [h[0] for h in cluster.history] == ["cordon"]
+    assert cluster.nodes["n002"].schedulable
+    [inc] = p.actions.incidents()
+    assert inc.state == INCIDENT_HUMAN
+    assert "human returned" in inc.note
+    assert p.policy.out_of_service == frozenset()
+    assert [(a.step, a.phase) for a in p.actions.actions()] == [
+        (S.CORDON, ActionPhase.SUCCEEDED), (S.DRAIN, ActionPhase.CANCELLED),
+        (S.REBOOT, ActionPhase.CANCELLED)]
+
+
+def test_a_human_resume_before_the_cordons_first_status_read_is_not_undone(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+
+    def human(request):
+        if request.step == S.CORDON:
+            cluster.human_resume(request.node)
+
+    p = make(tmp_path, cluster, clock, fake={"after_submit": human})
+    p.observe_findings([xid79("n002")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 5, clock)
+    assert [h[0] for h in cluster.history] == ["cordon"]
+    assert cluster.nodes["n002"].schedulable
+    [inc] = p.actions.incidents()
+    assert inc.state == INCIDENT_HUMAN
+    assert [(a.step, a.phase) for a in p.actions.actions()] == [
+        (S.CORDON, ActionPhase.CANCELLED), (S.DRAIN, ActionPhase.CANCELLED),
+        (S.REBOOT, ActionPhase.CANCELLED)]
+
+
+def test_the_first_take_out_is_not_marked_taken_out(tmp_path):
+    seen: list[tuple[str, str]] = []
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = make(tmp_path, cluster, clock, fake={
+        "before_submit": lambda r: seen.append((r.step.value, r.attrs.get("taken_out", "")))})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 8, clock)
+    assert seen[:3] == [("cordon", ""), ("drain", "yes"), ("reboot", "yes")]
+
+
 def test_a_humans_drain_is_left_to_the_human(tmp_path):
     clock = FakeClock(now=1000.0)
     cluster = cluster_of(2)
