@@ -5,7 +5,7 @@ Plugins do not inherit from gpuhealth classes; they depend only on ``core.record
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from core.records import (
@@ -82,6 +82,48 @@ class Store(Protocol):
     def entities(self) -> Sequence[EntityRef]:
         """List the entities with stored samples."""
         ...
+
+
+Batch = tuple[Sequence[Sample], Sequence[Event]]
+"""One ``Store.write`` call's arguments: (samples, events)."""
+
+
+@runtime_checkable
+class StreamingStore(Store, Protocol):
+    """A store that writes a run of batches faster than one ``write`` call after another.
+
+    For bulk writes (``gpuhealth import``, a spool's backlog): a remote store encodes the
+    next batch while the one before is on the wire. Use :func:`write_batches`, which falls
+    back to ``write`` for stores without it.
+    """
+
+    def write_stream(self, batches: Iterable[Batch], *,
+                     on_written: Callable[[int], None] | None = None) -> int:
+        """Write ``batches`` in order; return how many were written.
+
+        ``on_written(n)`` is called once the first ``n`` batches are written.
+
+        Raises:
+            TemporaryError: A batch failed; the ones before it were written, it and the
+                later ones were not.
+        """
+        ...
+
+
+def write_batches(store: Store, batches: Iterable[Batch]) -> int:
+    """Write ``batches`` in order through ``store``; return how many were written.
+
+    Through :meth:`StreamingStore.write_stream` where the store has it, else one
+    ``write`` after another. Errors are the store's; the batches before the failing one
+    were written.
+    """
+    if isinstance(store, StreamingStore):
+        return store.write_stream(batches)
+    count = 0
+    for samples, events in batches:
+        store.write(samples, events)
+        count += 1
+    return count
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ from typing import IO, Any, Literal
 
 from core.catalog import CATALOG
 from core.clock import Clock, system_clock
-from core.protocols import Store
+from core.protocols import Batch, Store, write_batches
 from core.records import EntityId, EntityRef, Event, Evidence, NodeName, Record, Sample
 from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
 
@@ -798,7 +798,8 @@ def import_lines(
         store: The target store.
         sources: Files to read, in order.
         precision: Timestamp unit of the files.
-        batch_size: Records per ``store.write`` call.
+        batch_size: Records per batch (``store.write`` call, or one batch of its
+            ``write_stream``: :func:`core.protocols.write_batches`).
         clock: Epoch seconds, for the future bound.
         max_future_seconds: Latest accepted timestamp after ``clock()``.
 
@@ -815,17 +816,13 @@ def import_lines(
     raw_keep: float | None = getattr(store, "retention_seconds", None)
     tier_keep = max((keep for _, keep in getattr(store, "downsample", ()) or ()),
                     default=raw_keep or 0.0)
-    samples: list[Sample] = []
-    events: list[Event] = []
 
-    def flush() -> None:
+    def checked(samples: list[Sample], events: list[Event]) -> Batch:
         now = clock()
         good = check_samples(samples, now=now, counts=report.rejected,
                              max_future_seconds=max_future_seconds)
         good_events = check_events(events, now=now, counts=report.rejected,
                                    max_future_seconds=max_future_seconds)
-        if good or good_events:
-            store.write(good, good_events)
         if raw_keep is not None:
             for sample in good:
                 if sample.observed_at is None:
@@ -837,18 +834,28 @@ def import_lines(
                         report.past_all_retention += 1
         report.samples += len(good)
         report.events += len(good_events)
-        samples.clear()
-        events.clear()
+        return good, good_events
 
-    for record in read_records(list(sources), precision=precision, report=decode, clock=clock,
-                               max_future_seconds=max_future_seconds):
-        if isinstance(record, Sample):
-            samples.append(record)
-        else:
-            events.append(record)
-        if len(samples) + len(events) >= batch_size:
-            flush()
-    flush()
+    def batches() -> Iterator[Batch]:
+        samples: list[Sample] = []
+        events: list[Event] = []
+        for record in read_records(list(sources), precision=precision, report=decode,
+                                   clock=clock, max_future_seconds=max_future_seconds):
+            if isinstance(record, Sample):
+                samples.append(record)
+            else:
+                events.append(record)
+            if len(samples) + len(events) >= batch_size:
+                batch = checked(samples, events)
+                samples, events = [], []
+                if batch[0] or batch[1]:
+                    yield batch
+        batch = checked(samples, events)
+        if batch[0] or batch[1]:
+            yield batch
+
+    # a remote store reads and encodes the next batch while one is on the wire
+    write_batches(store, batches())
     for problem in report.problems:
         logger.warning("import: %s", problem)
     if report.rejected:

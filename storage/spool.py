@@ -40,15 +40,15 @@ import struct
 import threading
 import time
 import zlib
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from core.clock import Clock, system_clock
 from core.errors import PermanentError, TemporaryError
-from core.protocols import Store
+from core.protocols import Batch, Store, StreamingStore
 from core.records import EntityRef, Event, Sample
 from storage.lineprotocol import DecodeReport, LineEncoder, decode_line
 from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
@@ -87,6 +87,17 @@ def _read_records(path: Path, seq: int, start: int) -> Iterator[_Record]:
                 return
             yield _Record(seq, offset, kind, count, payload)
             offset += _HEADER.size + length
+
+
+def _decode(record: _Record) -> Batch:
+    """Return the samples and events of a spooled record."""
+    report = DecodeReport()
+    samples: list[Sample] = []
+    events: list[Event] = []
+    for line in record.payload.decode().splitlines():
+        for item in decode_line(line, precision="us", report=report):
+            (samples if isinstance(item, Sample) else events).append(item)  # type: ignore[arg-type]
+    return samples, events
 
 
 class SpoolingStore:
@@ -293,6 +304,81 @@ class SpoolingStore:
             self._enforce_bound()
             self.flush()
 
+    def write_stream(self, batches: Iterable[Batch], *,
+                     on_written: Callable[[int], None] | None = None) -> int:
+        """Write a run of batches as :meth:`write` would, each delivered or accepted.
+
+        While the spool is empty and the wrapped store is a
+        :class:`~core.protocols.StreamingStore`, the batches go through its ``write_stream``
+        (the next one checked and encoded while one is on the wire). When it fails with
+        :class:`~core.errors.TemporaryError`, the batch that failed and every later one are
+        appended to the spool in order, as :meth:`write` does for one batch. Otherwise one
+        :meth:`write` after another.
+
+        Args:
+            batches: (samples, events) pairs.
+            on_written: Called with ``n`` once the first ``n`` batches are accepted.
+
+        Returns:
+            The number of batches accepted (delivered or spooled): all of them.
+
+        Raises:
+            PermanentError: The store refused a batch; the ones before it were delivered,
+                it and the later ones were not accepted.
+            OSError: The spool folder cannot be written.
+        """
+        inner = self.store
+        with self._lock:
+            if (not isinstance(inner, StreamingStore) or self._depth
+                    or not self._may_try(self.clock())):
+                return self._write_each(batches, on_written, 0)
+            iterator = iter(batches)
+            unconfirmed: deque[Batch] = deque()
+
+            def checked() -> Iterator[Batch]:
+                for samples, events in iterator:  # runs on the store's helper thread
+                    now = self.clock()
+                    batch = (
+                        check_samples(samples, now=now, counts=self.rejected,
+                                      max_future_seconds=self.max_future_seconds,
+                                      min_at=self.min_at),
+                        check_events(events, now=now, counts=self.rejected,
+                                     max_future_seconds=self.max_future_seconds,
+                                     min_at=self.min_at))
+                    unconfirmed.append(batch)
+                    yield batch
+
+            done = [0]
+
+            def confirmed(count: int) -> None:
+                unconfirmed.popleft()
+                done[0] = count
+                if on_written is not None:
+                    on_written(count)
+
+            try:
+                return inner.write_stream(checked(), on_written=confirmed)
+            except TemporaryError as exc:
+                self._note_failure(self.clock(), exc)
+                accepted = done[0]
+                for index, (samples, events) in enumerate(unconfirmed):
+                    # the first was tried and may have reached the store; the next never went
+                    self._spool(samples, events, failed=index == 0)
+                    accepted += 1
+                    if on_written is not None:
+                        on_written(accepted)
+                self._enforce_bound()
+                return self._write_each(iterator, on_written, accepted)
+
+    def _write_each(self, batches: Iterable[Batch], on_written: Callable[[int], None] | None,
+                    accepted: int) -> int:
+        for samples, events in batches:
+            self.write(samples, events)
+            accepted += 1
+            if on_written is not None:
+                on_written(accepted)
+        return accepted
+
     def _spool(self, samples: Sequence[Sample], events: Sequence[Event], *, failed: bool
                ) -> None:
         keys = []
@@ -315,6 +401,11 @@ class SpoolingStore:
     def flush(self, *, budget_seconds: float | None = None) -> int:
         """Deliver spooled batches oldest first until one fails or the budget is spent.
 
+        Through the wrapped store's ``write_stream`` when it is a
+        :class:`~core.protocols.StreamingStore` (the next record decoded and encoded while
+        one is on the wire; the cursor moves as each is confirmed), else one ``write``
+        per record.
+
         Args:
             budget_seconds: Wall time to spend; default ``replay_budget_seconds``; ``0``
                 or less means no limit.
@@ -331,15 +422,11 @@ class SpoolingStore:
             while self._segments:
                 seq = self._segments[0]
                 start = self._cursor[1] if seq == self._cursor[0] else 0
-                progressed = False
-                for record in _read_records(self._seg(seq), seq, start):
-                    if deadline is not None and time.monotonic() > deadline:
-                        return delivered
-                    if not self._deliver(record):
-                        return delivered
-                    delivered += record.count
-                    progressed = True
-                if seq == self._active and not progressed:
+                count, finished = self._deliver_segment(seq, start, deadline)
+                delivered += count
+                if not finished:
+                    return delivered
+                if seq == self._active and not count:
                     break
                 if seq == self._active:
                     continue  # more may have been appended meanwhile; loop re-reads
@@ -350,6 +437,76 @@ class SpoolingStore:
             if not self._segments or (self._depth == 0 and self._segments == [self._active]):
                 self._reset()
         return delivered
+
+    def _deliver_segment(self, seq: int, start: int,
+                         deadline: float | None) -> tuple[int, bool]:
+        """Deliver the records of segment ``seq`` from offset ``start``.
+
+        Returns (records delivered, whether the segment was read to its end: False when a
+        delivery failed or the deadline passed).
+        """
+        delivered = 0
+        inner = self.store
+        if not isinstance(inner, StreamingStore):
+            for record in _read_records(self._seg(seq), seq, start):
+                if deadline is not None and time.monotonic() > deadline:
+                    return delivered, False
+                if not self._deliver(record):
+                    return delivered, False
+                delivered += record.count
+            return delivered, True
+        while True:
+            count, finished, refused_end = self._stream(inner, seq, start, deadline)
+            delivered += count
+            if refused_end is None:
+                return delivered, finished
+            start = refused_end  # the records after the refused one, in a new stream
+
+    def _stream(self, inner: StreamingStore, seq: int, start: int,
+                deadline: float | None) -> tuple[int, bool, int | None]:
+        """Stream segment ``seq`` from ``start`` through ``inner.write_stream``.
+
+        Returns (records delivered, whether the segment was read to its end, and the end
+        offset of a record the store refused for good, which is dropped: the caller goes
+        on after it).
+        """
+        sent: deque[_Record] = deque()
+        stopped = False
+        delivered = 0
+
+        def batches() -> Iterator[Batch]:
+            nonlocal stopped
+            for record in _read_records(self._seg(seq), seq, start):  # on the helper thread
+                if deadline is not None and time.monotonic() > deadline:
+                    stopped = True
+                    return
+                batch = _decode(record)
+                sent.append(record)
+                yield batch
+
+        def confirmed(_: int) -> None:
+            nonlocal delivered
+            record = sent.popleft()
+            self._delivered(record)
+            delivered += record.count
+
+        try:
+            inner.write_stream(batches(), on_written=confirmed)
+        except TemporaryError as exc:
+            self._note_failure(self.clock(), exc)
+            if sent:
+                self._failed.add((sent[0].seq, sent[0].offset))
+            return delivered, False, None
+        except PermanentError as exc:
+            if not sent:
+                raise
+            record = sent.popleft()
+            logger.error("store refused a spooled batch of %d records; dropped: %s",  # noqa: TRY400
+                         record.count, exc)
+            self.rejected["permanent"] += record.count
+            self._delivered(record)
+            return delivered, False, record.end
+        return delivered, not stopped, None
 
     def _reset(self) -> None:
         for seq in self._segments:
@@ -362,23 +519,23 @@ class SpoolingStore:
         self._failed.clear()
 
     def _deliver(self, record: _Record) -> bool:
-        report = DecodeReport()
-        samples: list[Sample] = []
-        events: list[Event] = []
-        for line in record.payload.decode().splitlines():
-            for item in decode_line(line, precision="us", report=report):
-                (samples if isinstance(item, Sample) else events).append(item)  # type: ignore[arg-type]
-        key = (record.seq, record.offset)
+        samples, events = _decode(record)
         try:
             self.store.write(samples, events)
         except TemporaryError as exc:
             self._note_failure(self.clock(), exc)
-            self._failed.add(key)
+            self._failed.add((record.seq, record.offset))
             return False
         except PermanentError as exc:
             logger.error("store refused a spooled batch of %d records; dropped: %s",  # noqa: TRY400
                          record.count, exc)
             self.rejected["permanent"] += record.count
+        self._delivered(record)
+        return True
+
+    def _delivered(self, record: _Record) -> None:
+        """Move the cursor past ``record``, which the store took (or refused for good)."""
+        key = (record.seq, record.offset)
         if key in self._failed:
             self._failed.discard(key)
             self.retried_batches += 1
@@ -387,7 +544,6 @@ class SpoolingStore:
         self._depth -= record.count
         self._cursor = (record.seq, record.end)
         self._save_cursor()
-        return True
 
     def read(
         self,

@@ -67,6 +67,35 @@ def test_write_with_influx_client_and_read_with_promql(victoria_metrics: Server)
     reader.close()
 
 
+def test_import_streams_a_recording_through_the_spool_into_victoria_metrics(
+        victoria_metrics: Server, tmp_path) -> None:
+    # gpuhealth import: file -> checked batches -> spool -> write_stream (encoding the next
+    # batch while one is posted) -> a real VictoriaMetrics; read back whole and in order
+    from storage.lineprotocol import import_lines
+    from storage.spool import SpoolingStore
+
+    stamp = int(NOW) * 10**9
+    lines = [f"gpu,node=n{g % 3},entity=GPU-{g} imported_temperature_celsius={g + i / 10},"
+             f"imported_power_watts={300 + i} {stamp + i * 10**9}"
+             for i in range(40) for g in range(30)]
+    lines.insert(7, "gpu,node=n1,entity=GPU-x temperature_celsius=\"hot\" " + str(stamp))
+    recording = tmp_path / "fleet.lp"
+    recording.write_text("\n".join(lines) + "\n")
+    store = InfluxDbStore(url=victoria_metrics.url, org="o", bucket="fleet", token="x")
+    spool = SpoolingStore(store=store, path=tmp_path / "spool")
+    report = import_lines(spool, [recording], batch_size=100)
+    spool.close()
+    assert (report.samples, dict(report.rejected)) == (2400, {"string_field": 1})
+    assert spool.depth == 0
+    reader = PromqlStore(url=victoria_metrics.url)
+    frame = _wait_rows(victoria_metrics, reader, "gpu_imported_power_watts", 1200)
+    assert len(frame) == 1200
+    one = frame[frame["entity"] == "GPU-7"]
+    assert one["observed_at"].tolist() == [NOW + i for i in range(40)]
+    assert one["value"].tolist() == [300.0 + i for i in range(40)]
+    reader.close()
+
+
 def test_dcgm_exporter_series_are_read_through_the_catalog(victoria_metrics: Server) -> None:
     at_ms = int(NOW * 1000)
     body = (f'DCGM_FI_DEV_POWER_USAGE{{gpu="0",UUID="GPU-dcgm",Hostname="dgx1",'

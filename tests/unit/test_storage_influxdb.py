@@ -186,3 +186,83 @@ def test_failed_first_half_raises_and_the_second_is_not_posted() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_write_stream_posts_every_batch_in_order_as_write_would() -> None:
+    server = _serve()
+    url = f"http://127.0.0.1:{server.server_port}"
+    clock = lambda: 1_700_000_100.0  # noqa: E731
+    try:
+        one = InfluxDbStore(url=url, org="o", bucket="b", token="t", overlap_min_samples=0,
+                            clock=clock)
+        batches = [(_batch(readings=4 + i), []) for i in range(5)]
+        for samples, events in batches:
+            one.write(samples, events)
+        each = list(_Writes.bodies)
+        _Writes.bodies.clear()
+        streamed = InfluxDbStore(url=url, org="o", bucket="b", token="t", clock=clock,
+                                 stream_depth=2)
+        seen: list[int] = []
+        assert streamed.write_stream(iter(batches), on_written=seen.append) == 5
+        assert _Writes.bodies == each
+        assert seen == [1, 2, 3, 4, 5]
+        assert streamed.rejected == one.rejected == {"nan": 5}
+        # an empty batch (all rejected) counts as written and posts nothing
+        _Writes.bodies.clear()
+        nan = [Sample(metric="gpu_m0_celsius", value=float("nan"), observed_at=1.7e9,
+                      node=NodeName("n1"), entity=EntityId("GPU-0"))]
+        assert streamed.write_stream([(nan, []), batches[0]]) == 2
+        assert _Writes.bodies == each[:1]
+        one.close()
+        streamed.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_write_stream_stops_at_the_failed_batch() -> None:
+    server = _serve()
+    failures: list[bytes] = []
+    try:
+        store = InfluxDbStore(url=f"http://127.0.0.1:{server.server_port}", org="o",
+                              bucket="b", token="t", max_retries=0, stream_depth=2,
+                              on_error=lambda conf, body, exc: failures.append(body),
+                              clock=lambda: 1_700_000_100.0)
+        taken: list[int] = []
+
+        def batches():  # endless: the helper must stop taking once a batch failed
+            i = 0
+            while True:
+                taken.append(i)
+                yield _batch(readings=3 + i % 6), []
+                i += 1
+
+        seen: list[int] = []
+        _Writes.statuses[:] = [204, 204, 503]
+        with pytest.raises(TemporaryError):
+            store.write_stream(batches(), on_written=seen.append)
+        assert seen == [1, 2]
+        assert len(_Writes.bodies) == 3  # the third was tried and failed; nothing after it
+        assert failures == _Writes.bodies[2:]
+        # encoded ahead (at most stream_depth queued, one in hand), never sent
+        assert 3 <= len(taken) <= 3 + 2 + 1
+        _Writes.bodies.clear()
+        _Writes.statuses[:] = [400]
+        with pytest.raises(PermanentError):
+            store.write_stream([(_batch(), []), (_batch(), [])])
+        assert len(_Writes.bodies) == 1
+        # an error of the batches' own source comes out after the batches before it
+        _Writes.bodies.clear()
+
+        def broken():
+            yield _batch(), []
+            raise ValueError("bad record in the recording")
+
+        seen.clear()
+        with pytest.raises(ValueError, match="bad record"):
+            store.write_stream(broken(), on_written=seen.append)
+        assert (seen, len(_Writes.bodies)) == ([1], 1)
+        store.close()
+    finally:
+        server.shutdown()
+        server.server_close()
