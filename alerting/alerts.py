@@ -109,6 +109,9 @@ def alert_name(kind: str, code: str) -> str:
     return prefix + "".join(w[:1].upper() + w[1:].lower() for w in words)
 
 
+PREDICTION_KIND = "prediction"
+"""``Finding.kind`` of a failure prediction (:func:`finding_from_prediction`)."""
+
 PREDICTION_WARNING = 0.5
 """Failure probability from which a prediction becomes a ``warning`` alert (a ticket)."""
 
@@ -147,7 +150,7 @@ def finding_from_prediction(
     return Finding(
         node=prediction.node,
         entity=prediction.entity,
-        kind="prediction",
+        kind=PREDICTION_KIND,
         code="failure",
         severity=severity,
         action=Action.SERVICE_HARDWARE,

@@ -491,6 +491,12 @@ class RemediationSettings(BaseModel):
     approval_steps: tuple[RemediationStep, ...] = ()
     """Steps that always wait for approval (e.g. ``["reboot", "hand_off"]``)."""
 
+    act_on_predictions: StrictBool = False
+    """Let a predicted failure (``prediction`` alerts, ``major`` from 0.9) drain its node at
+    the next safe point and hand it off, as a recognised fault would. Off: predictions only
+    notify. Turn it on once ``gpuhealth evaluate`` on the site's own history shows the
+    predictor precise enough (docs/analytics.md)."""
+
     probation_seconds: float = Field(default=3600.0, ge=0)
     """After a fix (reboot, GPU reset), how long without recurrence before resuming."""
 

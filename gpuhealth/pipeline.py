@@ -105,6 +105,8 @@ class Pipeline:
             service at once, in (0, 1].
         cluster_size: Nodes in the fleet, >= 1.
         opt_out_nodes: Nodes never remediated automatically.
+        act_on_predictions: Let predicted failures take steps beyond notify (policy
+            guard; default off).
         min_alert_severity: Lowest severity that alerts (never below ``warning``).
         clock: Returns now, epoch seconds.
         resend_interval_seconds: Re-send an unchanged firing alert after this long.
@@ -152,6 +154,7 @@ class Pipeline:
         max_disrupted_fraction: float = 0.10,
         cluster_size: int = 1,
         opt_out_nodes: frozenset[str] = frozenset(),
+        act_on_predictions: bool = False,
         min_alert_severity: Severity = Severity.WARNING,
         clock: Clock = system_clock,
         resend_interval_seconds: float = 4 * 3600.0,
@@ -240,14 +243,8 @@ class Pipeline:
         self._silence_key: tuple[tuple[str, float], ...] = ()
         self._silence_cache: dict[str, str | None] = {}
         self._lock = threading.RLock()
-        self._policy = RemediationPolicy(
-            dry_run=dry_run,
-            max_disrupted_fraction=max_disrupted_fraction,
-            cluster_size=cluster_size,
-            opt_out_nodes=opt_out_nodes,
-            gpu_level_drain=gpu_level_drain,
-            clock=clock,
-        )
+        self.act_on_predictions = act_on_predictions
+        self._policy = self._new_policy()
         self._audit = AuditLog(path=audit_log_path) if audit_log_path else None
         if self._audit is not None:
             try:
@@ -304,6 +301,17 @@ class Pipeline:
                 logger.error("cannot write the audit log: %s", exc)  # noqa: TRY400
         return records
 
+    def _new_policy(self) -> RemediationPolicy:
+        return RemediationPolicy(
+            dry_run=self.dry_run,
+            max_disrupted_fraction=self.max_disrupted_fraction,
+            cluster_size=self.cluster_size,
+            opt_out_nodes=self.opt_out_nodes,
+            gpu_level_drain=self.gpu_level_drain,
+            act_on_predictions=self.act_on_predictions,
+            clock=self.clock,
+        )
+
     def _check_leadership(self) -> None:
         """On becoming leader, rebuild the policy and decide what the standby only tracked.
 
@@ -314,24 +322,15 @@ class Pipeline:
         if leader and not self._was_leader:
             logger.warning("this controller is leader now: taking over remediation")
             with self._lock:
-                policy = RemediationPolicy(
-                    dry_run=self.dry_run,
-                    max_disrupted_fraction=self.max_disrupted_fraction,
-                    cluster_size=self.cluster_size,
-                    opt_out_nodes=self.opt_out_nodes,
-                    gpu_level_drain=self.gpu_level_drain,
-                    clock=self.clock,
-                )
+                policy = self._new_policy()
                 if self.audit_log_path:
                     policy.restore(read_audit_log(self.audit_log_path))
                 self._policy = self._engine.policy = policy
-                decided = PolicyResult()
-                for alert in self._tracker.active():
-                    finding = self._tracker.finding_of(alert.fingerprint)
-                    if finding is not None:
-                        result = policy.decide(finding, fingerprint=alert.fingerprint)
-                        result.audit = [r for r in result.audit if r.decision != "duplicate"]
-                        decided.extend(result)
+                active = [(finding, alert.fingerprint) for alert in self._tracker.active()
+                          if (finding := self._tracker.finding_of(alert.fingerprint))
+                          is not None]
+                decided = policy.decide_worst_first(active)
+                decided.audit = [r for r in decided.audit if r.decision != "duplicate"]
             records = [*decided.audit, *self._engine.enqueue(decided)]
             if records and self._audit is not None:
                 self._audit.extend(records)
@@ -536,9 +535,7 @@ class Pipeline:
                         fresh.append((finding, alert.fingerprint))
             leader = self.is_leader()
             if leader:
-                decided.extend(self._policy.retry_held())
-                for finding, fp in fresh:
-                    decided.extend(self._policy.decide(finding, fingerprint=fp))
+                decided.extend(self._policy.decide_worst_first(fresh))
                 for alert in changed:  # the fault came back while its node was on probation
                     if alert.state != AlertState.FIRING or alert.fingerprint not in before:
                         continue

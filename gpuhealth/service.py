@@ -379,6 +379,7 @@ class Service:
                 max_disrupted_fraction=s.remediation.max_disrupted_fraction,
                 cluster_size=s.remediation.cluster_size,
                 opt_out_nodes=frozenset(s.remediation.opt_out_nodes),
+                act_on_predictions=s.remediation.act_on_predictions,
                 min_alert_severity=a.min_severity,
                 resend_interval_seconds=a.resend_interval_seconds,
                 page_notifiers=pagers,

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from alerting.alerts import NETWORK_KINDS, alert_name
+from alerting.alerts import NETWORK_KINDS, PREDICTION_KIND, alert_name
 from core.clock import Clock, system_clock
 from core.records import (
     NODE_ENTITY,
@@ -251,8 +251,12 @@ class RemediationPolicy:
     Guards, in the order they are checked for each step other than ``notify``:
 
     1. per-node opt-out (``opt_out_nodes``): held back;
-    2. confidence below ``min_confidence``: held back;
-    3. the disruption budget: a step that takes a node out of service (cordon,
+    2. a predicted failure (kind ``prediction``) unless ``act_on_predictions``: held
+       back, it only notifies (nothing is broken yet, and a predictor's precision is
+       rarely good enough to take nodes out on its word: measure it on the site's own
+       history with ``gpuhealth evaluate`` first);
+    3. confidence below ``min_confidence``: held back;
+    4. the disruption budget: a step that takes a node out of service (cordon,
        node drain, reboot, hand-off) is held back when
        ``max(1, floor(max_disrupted_fraction * cluster_size))`` nodes are already
        out of service because of gpuhealth and this node is not one of them.
@@ -270,6 +274,8 @@ class RemediationPolicy:
         opt_out_nodes: Nodes never remediated automatically (notify still happens).
         gpu_level_drain: Whether the scheduler can drain one GPU's work.
         min_confidence: Findings below this confidence (0-1) only notify.
+        act_on_predictions: Let predicted failures take steps beyond ``notify``
+            (drain at the next safe point, hand-off); default off.
         actor: The ``actor`` of audit records.
         clock: Returns now, epoch seconds.
 
@@ -286,6 +292,7 @@ class RemediationPolicy:
         opt_out_nodes: frozenset[str] = frozenset(),
         gpu_level_drain: bool = True,
         min_confidence: float = 0.5,
+        act_on_predictions: bool = False,
         actor: str = "gpuhealth",
         clock: Clock = system_clock,
     ) -> None:
@@ -303,6 +310,7 @@ class RemediationPolicy:
         self.opt_out_nodes = frozenset(opt_out_nodes)
         self.gpu_level_drain = gpu_level_drain
         self.min_confidence = min_confidence
+        self.act_on_predictions = act_on_predictions
         self.actor = actor
         self.clock = clock
         self._done: set[str] = set()
@@ -349,12 +357,36 @@ class RemediationPolicy:
     def retry_held(self) -> PolicyResult:
         """Decide again for every finding with held-back steps (after the budget freed up).
 
-        Holds that persist are not audited again; only steps now taken are.
+        The most severe first (:meth:`decide_worst_first`). Holds that persist are not
+        audited again; only steps now taken are.
         """
+        return self.decide_worst_first(())
+
+    def decide_worst_first(self, fresh: Sequence[tuple[Finding, str]]) -> PolicyResult:
+        """Retry the held findings and decide ``fresh`` ones, the most severe first.
+
+        The disruption budget goes to the worst faults: critical before major before
+        warning; within one severity, held findings (older) before fresh ones, each in
+        arrival order. Without this a major fault that came first in a burst took the
+        last slot, and a GPU that had fallen off the bus after it waited.
+
+        Args:
+            fresh: (finding, alert fingerprint) pairs seen for the first time.
+        """
+        again = {fp for _, fp in fresh}
+        queue = [(-finding.severity.rank, 0, index, fp, finding)
+                 for index, (fp, finding) in enumerate(self._held.items()) if fp not in again]
+        queue += [(-finding.severity.rank, 1, index, fp, finding)
+                  for index, (finding, fp) in enumerate(fresh)]
+        queue.sort(key=lambda item: item[:3])
         result = PolicyResult()
-        for fp, finding in list(self._held.items()):
-            plan, extra = self._held_plan.get(fp, (None, None))
-            result.extend(self._decide(finding, fp, quiet_holds=True, plan=plan, extra=extra))
+        for _, is_fresh, _, fp, finding in queue:
+            if is_fresh:
+                result.extend(self.decide(finding, fingerprint=fp))
+            elif fp in self._held:
+                plan, extra = self._held_plan.get(fp, (None, None))
+                result.extend(self._decide(finding, fp, quiet_holds=True, plan=plan,
+                                           extra=extra))
         return result
 
     def escalate(self, finding: Finding, *, fingerprint: str, why: str) -> PolicyResult:
@@ -530,6 +562,8 @@ class RemediationPolicy:
             return None
         if finding.node in self.opt_out_nodes:
             return "node opted out of automatic remediation"
+        if finding.kind == PREDICTION_KIND and not self.act_on_predictions:
+            return "predicted failure: notify only ([remediation] act_on_predictions = false)"
         if finding.confidence < self.min_confidence:
             return f"confidence {finding.confidence:.2f} below {self.min_confidence:.2f}"
         if held_before is not None:

@@ -209,6 +209,48 @@ def test_budget_holds_second_node_and_later_steps_follow():
     assert more.audit[0].reason == "already requested by another incident (a/cordon)"
 
 
+def test_the_budget_goes_to_the_worst_fault_first():
+    # budget 1; a major fault arrives first in the burst, a lost GPU after it
+    p = policy(cluster_size=10, max_disrupted_fraction=0.10)
+    major = make_finding(node=NodeName("gpu-001"), severity=Severity.MAJOR, code="119",
+                         summary="GSP timeout")
+    lost = make_finding(node=NodeName("gpu-002"))
+    result = p.decide_worst_first([(major, "m"), (lost, "c")])
+    assert {(r.node, r.step) for r in result.requests if r.step == S.CORDON} == {
+        ("gpu-002", S.CORDON)}
+    assert p.held == {"m"}
+    # held: a major (older) and then a critical (newer); when the slot frees, the critical
+    # takes it although it came later
+    p.decide_worst_first([(make_finding(node=NodeName("gpu-003")), "c2")])
+    assert p.held == {"m", "c2"}
+    p.resolve(fingerprint="c", node="gpu-002")
+    retried = p.retry_held()
+    assert [(r.node, r.step) for r in retried.requests][:1] == [("gpu-003", S.CORDON)]
+    assert p.held == {"m"}
+    # within one severity, arrival order
+    q = policy(cluster_size=10, max_disrupted_fraction=0.10)
+    first, second = (make_finding(node=NodeName(n)) for n in ("gpu-005", "gpu-004"))
+    q.decide_worst_first([(first, "a"), (second, "b")])
+    assert q.held == {"b"}
+
+
+def test_a_predicted_failure_only_notifies_unless_the_site_opts_in():
+    from alerting.alerts import finding_from_prediction
+    from core.records import Prediction
+
+    predicted = finding_from_prediction(Prediction(
+        node=NodeName("gpu-007"), entity=GPU, probability=0.95, horizon_seconds=6 * 3600,
+        top_features={"sbe_rate": 0.7}, predicted_at=1000.0))
+    assert predicted is not None and predicted.severity == Severity.MAJOR
+    by_default = policy(cluster_size=10).decide(predicted, fingerprint="p")
+    assert [r.step for r in by_default.requests] == [S.NOTIFY]
+    held = [a.reason for a in by_default.audit if a.decision == "held"]
+    assert held and held[0].startswith("predicted failure: notify only")
+    opted_in = policy(cluster_size=10, act_on_predictions=True).decide(predicted,
+                                                                        fingerprint="p")
+    assert S.DRAIN in [r.step for r in opted_in.requests]
+
+
 def test_node_resumes_only_when_every_incident_holding_it_resolved():
     p = policy(cluster_size=10)
     p.decide(XID79, fingerprint="a")
