@@ -240,8 +240,10 @@ def remote(seconds: float, repeats: int = 3, pin: bool = True) -> None:
                       f" median {statistics.median(ratios):.0%} (range {ratios[0]:.0%}"
                       f"-{ratios[-1]:.0%})")
             print(f"  influxdb backend, a run of batches (gpuhealth import, a spool's backlog) = "
-                  f"{got['stream'][0] / raw:.0%} of the raw limit (goal >= 60%); one write() "
-                  f"per batch (the service's steady state) = {whole[0] / raw:.0%}")
+                  f"{got['stream'][0] / raw:.0%} of the raw limit (goal >= 60%), "
+                  f"{got['stream'][0] / got['client'][0]:.0%} of influxdb-client's own limit "
+                  f"on the same bodies; one write() per batch (the service's steady state) = "
+                  f"{whole[0] / raw:.0%}")
             layer = got["client"][1] - got["raw"][1]
             print(f"  influxdb-client's HTTP layer costs {layer:+.0f} ns "
                   f"of our CPU per sample over http.client, check + encode "

@@ -405,7 +405,9 @@ def export_cmd(config_path: str | None, since: str, until: str, metrics: tuple[s
         sys.exit(1)
     finally:
         getattr(store, "close", lambda: None)()
-    click.echo(f"exported {report.samples} samples and {report.events} events", err=True)
+    older = (f" ({report.aggregated} of them 1-minute means: the store keeps only aggregates "
+             "past its raw retention)" if report.aggregated else "")
+    click.echo(f"exported {report.samples} samples{older} and {report.events} events", err=True)
 
 
 @main.command("import")

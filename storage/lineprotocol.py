@@ -30,13 +30,16 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from core.catalog import CATALOG
 from core.clock import Clock, system_clock
 from core.protocols import Batch, Store, write_batches
 from core.records import EntityId, EntityRef, Event, Evidence, NodeName, Record, Sample
 from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -704,6 +707,8 @@ class TransferReport:
             aggregates keep them.
         past_all_retention: Of those, samples older than every downsampled tier's
             retention too: the store will not keep them at all.
+        aggregated: Of the samples exported, those that are the finest tier's means
+            rather than raw samples (the window reached back past the raw retention).
     """
 
     samples: int = 0
@@ -712,6 +717,25 @@ class TransferReport:
     problems: list[LineProblem] = field(default_factory=list)
     past_raw_retention: int = 0
     past_all_retention: int = 0
+    aggregated: int = 0
+
+
+def _write_frame(out: IO[str], encoder: LineEncoder, metric: str, frame: pd.DataFrame) -> int:
+    """Write the rows of a ``Store.read`` frame as line protocol; return how many."""
+    if frame.empty:
+        return 0
+    label_cols = [c for c in frame.columns if c not in ("observed_at", "node", "entity", "value")]
+    batch = []
+    for rowd in frame.to_dict("records"):
+        labels = {c: str(rowd[c]) for c in label_cols if isinstance(rowd[c], str) and rowd[c]}
+        batch.append(Sample(metric=metric, value=float(rowd["value"]),
+                            observed_at=float(rowd["observed_at"]),
+                            node=NodeName(str(rowd["node"])),
+                            entity=EntityId(str(rowd["entity"])), labels=labels))
+    lines = encoder.samples(s for s in batch if math.isfinite(s.value))
+    if lines:
+        out.write("\n".join(lines) + "\n")
+    return len(lines)
 
 
 def _metrics_of(store: Store) -> list[str]:
@@ -744,28 +768,40 @@ def export(
         precision: Timestamp unit written; a file without a declared unit is ``ns``.
 
     Returns:
-        How many samples and events were written.
+        How many samples and events were written (``aggregated``: how many of the
+        samples are means of the store's finest downsampling tier: a store with
+        retention, SQLite, keeps only those past its raw retention, and the header line
+        says from when).
     """
     encoder = LineEncoder(precision=precision)
     report = TransferReport()
-    out.write(f"# gpuhealth export {since_at!r}..{until_at!r} precision={precision}\n")
+    # A store with retention (SQLite) keeps raw samples only so long, then aggregates:
+    # the older part of the window is exported as the finest tier's means.
+    raw_keep: float | None = getattr(store, "retention_seconds", None)
+    tiers = getattr(store, "downsample", ()) or ()
+    store_clock = getattr(store, "clock", None)
+    split: tuple[float, float] | None = None  # (tier step, first raw bucket)
+    if raw_keep is not None and tiers and callable(store_clock):
+        step = min(float(tier_step) for tier_step, _ in tiers)
+        cutoff = float(store_clock()) - raw_keep
+        raw_from = math.ceil(cutoff / step) * step  # tier buckets before, raw after
+        if since_at < raw_from:
+            split = (step, raw_from)
+    header = f"# gpuhealth export {since_at!r}..{until_at!r} precision={precision}"
+    if split is not None:
+        header += (f"; samples before {split[1]!r} are {split[0]:g}-second means (the store "
+                   "keeps only aggregates older than its raw retention)")
+    out.write(header + "\n")
     for metric in metrics if metrics is not None else _metrics_of(store):
-        frame = store.read(metric, entities, since_at, until_at)
-        if frame.empty:
-            continue
-        label_cols = [c for c in frame.columns
-                      if c not in ("observed_at", "node", "entity", "value")]
-        batch = []
-        for rowd in frame.to_dict("records"):
-            labels = {c: str(rowd[c]) for c in label_cols
-                      if isinstance(rowd[c], str) and rowd[c]}
-            batch.append(Sample(metric=metric, value=float(rowd["value"]),
-                                observed_at=float(rowd["observed_at"]),
-                                node=NodeName(str(rowd["node"])),
-                                entity=EntityId(str(rowd["entity"])), labels=labels))
-        lines = encoder.samples(s for s in batch if math.isfinite(s.value))
-        out.write("\n".join(lines) + "\n")
-        report.samples += len(lines)
+        if split is not None:
+            step, raw_from = split
+            old = store.read(metric, entities, since_at, min(until_at, raw_from - 0.001),
+                             step_seconds=step)
+            report.aggregated += _write_frame(out, encoder, metric, old)
+        raw = store.read(metric, entities,
+                         since_at if split is None else max(since_at, split[1]), until_at)
+        report.samples += _write_frame(out, encoder, metric, raw)
+    report.samples += report.aggregated
     read_events = getattr(store, "read_events", None)
     if callable(read_events):
         events = [e for e in read_events(since_at, until_at)

@@ -241,11 +241,13 @@ def test_a_predicted_failure_only_notifies_unless_the_site_opts_in():
     predicted = finding_from_prediction(Prediction(
         node=NodeName("gpu-007"), entity=GPU, probability=0.95, horizon_seconds=6 * 3600,
         top_features={"sbe_rate": 0.7}, predicted_at=1000.0))
-    assert predicted is not None and predicted.severity == Severity.MAJOR
+    assert predicted is not None
+    assert predicted.severity == Severity.MAJOR
     by_default = policy(cluster_size=10).decide(predicted, fingerprint="p")
     assert [r.step for r in by_default.requests] == [S.NOTIFY]
     held = [a.reason for a in by_default.audit if a.decision == "held"]
-    assert held and held[0].startswith("predicted failure: notify only")
+    assert held
+    assert held[0].startswith("predicted failure: notify only")
     opted_in = policy(cluster_size=10, act_on_predictions=True).decide(predicted,
                                                                         fingerprint="p")
     assert S.DRAIN in [r.step for r in opted_in.requests]

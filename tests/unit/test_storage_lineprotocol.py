@@ -254,3 +254,28 @@ def test_import_counts_history_older_than_the_stores_retention(tmp_path: Path) -
                         downsample=[(60.0, 90 * day)])
     report = import_lines(store, [path], clock=clock)
     assert (report.samples, report.past_raw_retention, report.past_all_retention) == (3, 2, 1)
+
+
+def test_export_reaches_past_raw_retention_through_the_aggregates(tmp_path: Path) -> None:
+    # SQLite keeps raw samples 7 days, then 1-minute means: an export of the last 30 days
+    # brings the older part as those means, counts them, and says so in its header.
+    day = 86400
+    clock = FakeClock(now=T0)
+    store = SqliteStore(path=tmp_path / "s.sqlite", clock=clock, retention_seconds=7 * day,
+                        downsample=[(60.0, 90 * day)])
+    minute = 60 * (int(T0 - 10 * day) // 60)  # one minute ten days ago, in 6 samples
+    old = [_s(float(v), at=minute + 10 * i) for i, v in enumerate((1, 2, 3, 4, 5, 6))]
+    recent = [_s(float(v), at=T0 - 3600 + i) for i, v in enumerate((7, 8))]
+    store.write(old + recent, [])
+    store.compact()
+    out = io.StringIO()
+    report = export(store, out, since_at=T0 - 30 * day, until_at=T0)
+    assert (report.samples, report.aggregated) == (3, 1)
+    header, *lines = out.getvalue().splitlines()
+    assert "60-second means" in header
+    values = [(r.observed_at, r.value) for line in lines for r in decode_line(line)]
+    assert values == [(float(minute), 3.5), (T0 - 3600, 7.0), (T0 - 3599, 8.0)]
+    # a window inside the raw retention is exported as it was, with a plain header
+    inside = io.StringIO()
+    assert export(store, inside, since_at=T0 - day, until_at=T0).aggregated == 0
+    assert "means" not in inside.getvalue().splitlines()[0]
