@@ -584,11 +584,9 @@ class RemediationEngine:
     def _returned(self, action: StoredAction, now: float, exc: ReturnedToService, *,
                   expect: ActionPhase) -> list[AuditRecord]:
         """The adapter found the node returned to service by someone: stop the incident."""
-        why = (f"a human returned node {action.node} to service after gpuhealth took it out: "
-               f"{action.step.value} not carried out ({exc})")
-        self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
-                          message=why, expect=(expect,))
-        return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]
+        return self._stop_for_human(action, now, (
+            f"a human returned node {action.node} to service after gpuhealth took it out: "
+            f"{action.step.value} not carried out ({exc})"), expect=expect)
 
     async def _poll(self, action: StoredAction, now: float) -> list[AuditRecord]:
         adapter = self._adapter_for(action)
@@ -734,11 +732,9 @@ class RemediationEngine:
             return None
         if not state.schedulable:
             return None
-        why = (f"a human returned node {action.node} to service while gpuhealth's "
-               f"{action.step.value} ran: stopped, not taken out again")
-        self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
-                          message=why, expect=(ActionPhase.RUNNING,))
-        return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]
+        return self._stop_for_human(action, now, (
+            f"a human returned node {action.node} to service while gpuhealth's "
+            f"{action.step.value} ran: stopped, not taken out again"))
 
     async def _returned_meanwhile(self, action: StoredAction, message: str,
                                   now: float) -> list[AuditRecord] | None:
@@ -760,10 +756,15 @@ class RemediationEngine:
             return None
         if not state.exists or not state.schedulable:
             return None
-        why = (f"a human returned node {action.node} to service while gpuhealth's "
-               f"{action.step.value} ran: stopped, not taken out again ({message})")
+        return self._stop_for_human(action, now, (
+            f"a human returned node {action.node} to service while gpuhealth's "
+            f"{action.step.value} ran: stopped, not taken out again ({message})"))
+
+    def _stop_for_human(self, action: StoredAction, now: float, why: str, *,
+                        expect: ActionPhase = ActionPhase.RUNNING) -> list[AuditRecord]:
+        """Cancel ``action`` (in phase ``expect``) and stop its incident: a human acted."""
         self.store.update(action.id, now=now, phase=ActionPhase.CANCELLED, finished_at=now,
-                          message=why, expect=(ActionPhase.RUNNING,))
+                          message=why, expect=(expect,))
         return [self._audit(action, CANCELLED, why, now), *self._human(action, now, why)]
 
     def _human(self, action: StoredAction, now: float, why: str) -> list[AuditRecord]:

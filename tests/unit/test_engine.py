@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,17 +130,22 @@ def test_human_resume_in_between_is_respected(tmp_path):
     assert [a.step for a in cancelled] == [S.DRAIN, S.REBOOT]  # the running drain stops too
 
 
-def test_a_human_resume_just_before_the_drain_is_not_undone(tmp_path):
-    # the human resumes the node between gpuhealth's cordon and the drain's submission (no
-    # read of the node in between): the drain must not cordon it again
+@pytest.mark.parametrize(("hook", "step", "first"), [
+    # resumed between gpuhealth's cordon and the drain's submission (no read in between):
+    # the drain must not cordon it again
+    ("before_submit", S.DRAIN, ActionPhase.SUCCEEDED),
+    # resumed before the cordon's first status read: the cordon ends cancelled
+    ("after_submit", S.CORDON, ActionPhase.CANCELLED),
+], ids=["before-the-drain", "before-the-cordons-status"])
+def test_a_human_resume_right_after_the_cordon_is_not_undone(tmp_path, hook, step, first):
     clock = FakeClock(now=1000.0)
     cluster = cluster_of(4)
 
     def human(request):
-        if request.step == S.DRAIN:
+        if request.step == step:
             cluster.human_resume(request.node)
 
-    p = make(tmp_path, cluster, clock, fake={"before_submit": human})
+    p = make(tmp_path, cluster, clock, fake={hook: human})
     p.observe_findings([xid79("n002")], hold_seconds=1e6)
     p.evaluate()
     run(p, 5, clock)
@@ -150,29 +156,7 @@ def test_a_human_resume_just_before_the_drain_is_not_undone(tmp_path):
     assert "human returned" in inc.note
     assert p.policy.out_of_service == frozenset()
     assert [(a.step, a.phase) for a in p.actions.actions()] == [
-        (S.CORDON, ActionPhase.SUCCEEDED), (S.DRAIN, ActionPhase.CANCELLED),
-        (S.REBOOT, ActionPhase.CANCELLED)]
-
-
-def test_a_human_resume_before_the_cordons_first_status_read_is_not_undone(tmp_path):
-    clock = FakeClock(now=1000.0)
-    cluster = cluster_of(4)
-
-    def human(request):
-        if request.step == S.CORDON:
-            cluster.human_resume(request.node)
-
-    p = make(tmp_path, cluster, clock, fake={"after_submit": human})
-    p.observe_findings([xid79("n002")], hold_seconds=1e6)
-    p.evaluate()
-    run(p, 5, clock)
-    assert [h[0] for h in cluster.history] == ["cordon"]
-    assert cluster.nodes["n002"].schedulable
-    [inc] = p.actions.incidents()
-    assert inc.state == INCIDENT_HUMAN
-    assert [(a.step, a.phase) for a in p.actions.actions()] == [
-        (S.CORDON, ActionPhase.CANCELLED), (S.DRAIN, ActionPhase.CANCELLED),
-        (S.REBOOT, ActionPhase.CANCELLED)]
+        (S.CORDON, first), (S.DRAIN, ActionPhase.CANCELLED), (S.REBOOT, ActionPhase.CANCELLED)]
 
 
 def test_the_first_take_out_is_not_marked_taken_out(tmp_path):
