@@ -542,6 +542,11 @@ class RemediationSettings(BaseModel):
     """Most nodes (fraction of ``cluster_size``, never fewer than one) out of service
     because of gpuhealth at once; 10 % keeps a cluster serving through a bad rule."""
 
+    critical_reserve_fraction: float = Field(default=0.25, ge=0, lt=1)
+    """Share of the disruption budget (rounded up; none when the budget is one node) that
+    only ``critical`` faults may take: a node whose GPU already fails work is not held back
+    behind degraded (``major``) nodes that took the budget first. 0 reserves nothing."""
+
     cluster_size: int = Field(default=1, ge=1)
     """Nodes in the cluster, for the disruption budget; 1 for a single machine."""
 

@@ -107,6 +107,8 @@ class Pipeline:
         opt_out_nodes: Nodes never remediated automatically.
         act_on_predictions: Let predicted failures take steps beyond notify (policy
             guard; default off).
+        critical_reserve_fraction: Share of the disruption budget kept for critical
+            findings (policy guard; default 0.25).
         min_alert_severity: Lowest severity that alerts (never below ``warning``).
         clock: Returns now, epoch seconds.
         resend_interval_seconds: Re-send an unchanged firing alert after this long.
@@ -155,6 +157,7 @@ class Pipeline:
         cluster_size: int = 1,
         opt_out_nodes: frozenset[str] = frozenset(),
         act_on_predictions: bool = False,
+        critical_reserve_fraction: float = 0.25,
         min_alert_severity: Severity = Severity.WARNING,
         clock: Clock = system_clock,
         resend_interval_seconds: float = 4 * 3600.0,
@@ -244,6 +247,7 @@ class Pipeline:
         self._silence_cache: dict[str, str | None] = {}
         self._lock = threading.RLock()
         self.act_on_predictions = act_on_predictions
+        self.critical_reserve_fraction = critical_reserve_fraction
         self._policy = self._new_policy()
         self._audit = AuditLog(path=audit_log_path) if audit_log_path else None
         if self._audit is not None:
@@ -309,6 +313,7 @@ class Pipeline:
             opt_out_nodes=self.opt_out_nodes,
             gpu_level_drain=self.gpu_level_drain,
             act_on_predictions=self.act_on_predictions,
+            critical_reserve_fraction=self.critical_reserve_fraction,
             clock=self.clock,
         )
 

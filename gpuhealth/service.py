@@ -380,6 +380,7 @@ class Service:
                 cluster_size=s.remediation.cluster_size,
                 opt_out_nodes=frozenset(s.remediation.opt_out_nodes),
                 act_on_predictions=s.remediation.act_on_predictions,
+                critical_reserve_fraction=s.remediation.critical_reserve_fraction,
                 min_alert_severity=a.min_severity,
                 resend_interval_seconds=a.resend_interval_seconds,
                 page_notifiers=pagers,

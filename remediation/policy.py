@@ -259,7 +259,10 @@ class RemediationPolicy:
     4. the disruption budget: a step that takes a node out of service (cordon,
        node drain, reboot, hand-off) is held back when
        ``max(1, floor(max_disrupted_fraction * cluster_size))`` nodes are already
-       out of service because of gpuhealth and this node is not one of them.
+       out of service because of gpuhealth and this node is not one of them. The last
+       ``ceil(critical_reserve_fraction * limit)`` slots (none when the limit is 1) are
+       kept for ``critical`` findings: a node whose GPU is already failing work must not
+       wait behind degraded ones (``major``) that took the budget first.
 
     Once a step of a plan is held back, the steps after it are held back too
     (no reset without its drain). Idempotency: a step is requested once per
@@ -276,6 +279,8 @@ class RemediationPolicy:
         min_confidence: Findings below this confidence (0-1) only notify.
         act_on_predictions: Let predicted failures take steps beyond ``notify``
             (drain at the next safe point, hand-off); default off.
+        critical_reserve_fraction: Share of the disruption budget, in [0, 1), that only
+            critical findings may use (rounded up; 0 reserves nothing); default 0.25.
         actor: The ``actor`` of audit records.
         clock: Returns now, epoch seconds.
 
@@ -293,6 +298,7 @@ class RemediationPolicy:
         gpu_level_drain: bool = True,
         min_confidence: float = 0.5,
         act_on_predictions: bool = False,
+        critical_reserve_fraction: float = 0.25,
         actor: str = "gpuhealth",
         clock: Clock = system_clock,
     ) -> None:
@@ -302,6 +308,9 @@ class RemediationPolicy:
             )
         if cluster_size < 1:
             raise ValueError(f"cluster_size must be >= 1, got {cluster_size!r}")
+        if not 0.0 <= critical_reserve_fraction < 1.0:
+            raise ValueError("critical_reserve_fraction must be in [0, 1), got "
+                             f"{critical_reserve_fraction!r}")
         if not 0.0 <= min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence!r}")
         self.dry_run = dry_run
@@ -311,6 +320,7 @@ class RemediationPolicy:
         self.gpu_level_drain = gpu_level_drain
         self.min_confidence = min_confidence
         self.act_on_predictions = act_on_predictions
+        self.critical_reserve_fraction = critical_reserve_fraction
         self.actor = actor
         self.clock = clock
         self._done: set[str] = set()
@@ -325,6 +335,17 @@ class RemediationPolicy:
     def disruption_limit(self) -> int:
         """Nodes gpuhealth may hold out of service at once: ``max(1, floor(fraction x size))``."""
         return max(1, math.floor(self.max_disrupted_fraction * self.cluster_size + 1e-9))
+
+    @property
+    def critical_reserve(self) -> int:
+        """Budget slots only critical findings may take: ``ceil(fraction x limit)``.
+
+        None when the limit is 1: a small cluster keeps its one slot for any fault.
+        """
+        limit = self.disruption_limit
+        if limit < 2:
+            return 0
+        return min(limit - 1, math.ceil(self.critical_reserve_fraction * limit - 1e-9))
 
     @property
     def out_of_service(self) -> frozenset[str]:
@@ -570,12 +591,21 @@ class RemediationPolicy:
             return f"an earlier step was held back ({held_before})"
         if planned.disrupts_node:
             holders = self._out_of_service.get(finding.node)
-            if not holders and len(self._out_of_service) >= self.disruption_limit:
+            used = len(self._out_of_service)
+            if not holders and used >= self.disruption_limit:
                 names = ", ".join(sorted(self._out_of_service))
                 return (
-                    f"disruption budget exhausted: {len(self._out_of_service)} of "
+                    f"disruption budget exhausted: {used} of "
                     f"{self.disruption_limit} node(s) out of service because of gpuhealth "
                     f"({names})"
+                )
+            reserve = self.critical_reserve
+            if (not holders and finding.severity != Severity.CRITICAL
+                    and used >= self.disruption_limit - reserve):
+                return (
+                    f"disruption budget: {used} of {self.disruption_limit} node(s) out of "
+                    f"service because of gpuhealth; the last {reserve} slot(s) are kept for "
+                    "critical faults"
                 )
         return None
 

@@ -234,6 +234,30 @@ def test_the_budget_goes_to_the_worst_fault_first():
     assert q.held == {"b"}
 
 
+def test_the_last_budget_slots_are_kept_for_critical_faults():
+    # budget 4 (40 nodes x 10 %), a quarter (1 slot) kept for critical faults
+    p = policy(cluster_size=40, max_disrupted_fraction=0.10)
+    assert (p.disruption_limit, p.critical_reserve) == (4, 1)
+    majors = [make_finding(node=NodeName(f"gpu-00{i}"), severity=Severity.MAJOR, code="119",
+                           summary="GSP timeout") for i in range(4)]
+    taken = [bool(p.decide(f, fingerprint=f"m{i}").requests[1:]) for i, f in
+             enumerate(majors)]
+    assert taken == [True, True, True, False]  # the fourth major waits for the reserve
+    held = p.decide(majors[3], fingerprint="m3")
+    lost = p.decide(make_finding(node=NodeName("gpu-009")), fingerprint="c")
+    assert [r.step for r in lost.requests][:1] == [S.CORDON]  # a lost GPU takes the last
+    assert p.held == {"m3"}
+    assert held.requests == []
+    reasons = [a.reason for a in p.decide(majors[3], fingerprint="m3").audit]
+    assert any("exhausted: 4 of 4" in r for r in reasons)
+    # one node's budget keeps its slot for any fault; the reserve can be turned off
+    assert policy(cluster_size=5, max_disrupted_fraction=0.2).critical_reserve == 0
+    assert policy(cluster_size=40, critical_reserve_fraction=0.0).critical_reserve == 0
+    assert policy(cluster_size=100, max_disrupted_fraction=0.1).critical_reserve == 3
+    with pytest.raises(ValueError, match="critical_reserve_fraction"):
+        policy(critical_reserve_fraction=1.0)
+
+
 def test_a_predicted_failure_only_notifies_unless_the_site_opts_in():
     from alerting.alerts import finding_from_prediction
     from core.records import Prediction
