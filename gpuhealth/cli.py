@@ -391,6 +391,11 @@ def export_cmd(config_path: str | None, since: str, until: str, metrics: tuple[s
     now = time.time()
     try:
         since_at, until_at = parse_when(since, now=now), parse_when(until, now=now)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if since_at > until_at:
+        raise click.BadParameter(f"--since {since} is after --until {until}: nothing to export")
+    try:
         store = _open_store(config_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
@@ -425,8 +430,12 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
+    from storage import store_stats
+
+    waiting_before = store_stats(store).spool_depth
     try:
         report = import_lines(store, paths, precision=cast(Any, precision))
+        waiting = store_stats(store).spool_depth
     except GpuHealthError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -435,6 +444,13 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.rejected.items()))
     click.echo(f"imported {report.samples} samples and {report.events} events"
                + (f"; skipped or converted: {skipped}" if skipped else ""), err=True)
+    if waiting_before and waiting < waiting_before:
+        click.echo(f"delivered {waiting_before - waiting if waiting else waiting_before} of the "
+                   f"{waiting_before} record(s) an earlier run had spooled", err=True)
+    if waiting:
+        click.echo(f"warning: the store did not answer: {waiting} record(s) wait in the spool "
+                   f"({getattr(store, 'path', 'spool')}) and reach the store "
+                   "with the next import or `gpuhealth run` once it answers", err=True)
     if report.past_raw_retention:
         kept = report.past_raw_retention - report.past_all_retention
         click.echo(f"warning: {report.past_raw_retention} sample(s) are older than the store's "
@@ -575,12 +591,19 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
-def config_check(path: str | None) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="The settings file (the same as PATH, as the other commands take it).")
+def config_check(path: str | None, config_path: str | None) -> None:
     """Validate a settings file and GPUHEALTH_* overrides; print the result, exit 1 if invalid.
 
-    Without PATH, checks the embedded defaults (plus the environment overrides).
+    Without PATH (or --config), checks the embedded defaults (plus the environment
+    overrides).
     """
     from gpuhealth.config import check, load_settings
+
+    if path and config_path and path != config_path:
+        raise click.UsageError(f"two settings files given: {path} and --config {config_path}")
+    path = path or config_path
 
     problems = check(path)
     if problems:

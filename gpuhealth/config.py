@@ -199,15 +199,19 @@ class StorageSettings(BaseModel):
 
     model_config = _FROZEN
 
-    type: Literal["sqlite", "influxdb"] = "sqlite"
+    type: Literal["sqlite", "influxdb", "promql"] = "sqlite"
     """Store plugin (``gpuhealth.stores``): ``sqlite``, the embedded default that needs no
-    server; ``influxdb`` writes to InfluxDB 2 or VictoriaMetrics through a durable spool."""
+    server; ``influxdb`` writes to InfluxDB 2 or VictoriaMetrics through a durable spool;
+    ``promql`` only reads Prometheus or VictoriaMetrics (``/api/v1/query_range``: gpuhealth's
+    series as scraped from its ``/metrics``, and dcgm-exporter's), for ``export`` and reads;
+    ``gpuhealth run`` then writes nothing itself."""
 
     path: Path | None = None
     """SQLite file; default ``<data_dir>/gpuhealth.sqlite``."""
 
     url: str | None = None
-    """``influxdb``: base URL (``http://victoria:8428``, ``http://influx:8086``); required."""
+    """``influxdb`` and ``promql``: base URL (``http://victoria:8428``,
+    ``http://influx:8086``, ``http://prometheus:9090``); required."""
 
     org: str = "gpuhealth"
     """``influxdb``: organization (any value for VictoriaMetrics)."""
@@ -226,8 +230,9 @@ class StorageSettings(BaseModel):
     @field_validator("url")
     @classmethod
     def _url_for_influxdb(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if info.data.get("type") == "influxdb" and not value:
-            raise ValueError("required when type = 'influxdb'")
+        kind = info.data.get("type")
+        if kind in ("influxdb", "promql") and not value:
+            raise ValueError(f"required when type = {kind!r}")
         return value
 
     retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)
@@ -665,7 +670,8 @@ class Settings(BaseModel):
         data_dir = Path(str(node.get("data_dir", DEFAULT_DATA_DIR))) if isinstance(
             node, Mapping) else DEFAULT_DATA_DIR
         storage = data.get("storage", {})
-        if isinstance(storage, Mapping) and storage.get("path") is None:
+        if (isinstance(storage, Mapping) and storage.get("path") is None
+                and storage.get("type", "sqlite") == "sqlite"):  # the file only sqlite uses
             data["storage"] = {**storage, "path": str(data_dir / "gpuhealth.sqlite")}
         remediation = data.get("remediation", {})
         if isinstance(remediation, Mapping) and remediation.get("audit_log") is None:
@@ -683,6 +689,8 @@ class Settings(BaseModel):
         s = self.storage
         if s.type == "influxdb":
             return {"url": s.url, "org": s.org, "bucket": s.bucket, "token_env": s.token_env}
+        if s.type == "promql":
+            return {"url": s.url}
         return {"path": str(self.storage_path), "retention_seconds": s.retention_seconds}
 
     @property

@@ -63,6 +63,7 @@ from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
 from remediation.policy import RemediationPolicy
 from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
+from storage.factory import READ_ONLY_STORES
 from storage.history import IncidentHistory
 
 logger = logging.getLogger(__name__)
@@ -225,9 +226,14 @@ class Service:
         except OSError as exc:
             raise StartupError(f"[node] data_dir {data_dir}: {exc.strerror}") from exc
         try:
-            self.store = open_store(s.storage.type, s.store_options,
-                                    spool_path=data_dir / "spool",
-                                    spool_max_bytes=s.storage.spool_max_bytes)
+            if s.storage.type in READ_ONLY_STORES:
+                logger.info("[storage] type = %r only reads (%s): this service writes no "
+                            "samples; let Prometheus scrape its /metrics", s.storage.type,
+                            s.storage.url)
+            else:
+                self.store = open_store(s.storage.type, s.store_options,
+                                        spool_path=data_dir / "spool",
+                                        spool_max_bytes=s.storage.spool_max_bytes)
         except Exception as exc:  # a corrupt or unreadable database file, a bad plugin
             raise StartupError(
                 f"[storage] cannot open the {s.storage.type} store "
@@ -274,7 +280,7 @@ class Service:
         logger.info(
             "gpuhealth running on node %s: data in %s (store %s), metrics at %s, audit log %s"
             " (remediation %s)",
-            s.node.name, s.node.data_dir, s.storage_path,
+            s.node.name, s.node.data_dir, _store_name(s),
             self.server.url if self.server else "disabled", s.audit_log_path,
             "dry-run" if s.remediation.dry_run else "LIVE")
         for name, collector in self.collectors.items():
@@ -597,8 +603,10 @@ class Service:
         self._predict(batch)
         if self.recorder is not None:
             self.recorder.observe(r for r in batch if isinstance(r, Sample))
+        if self.store is None:  # a read-only store: nothing is written here
+            return True
         self._unwritten.extend(batch)
-        if not self._unwritten or self.store is None:
+        if not self._unwritten:
             return True
         samples = [r for r in self._unwritten if isinstance(r, Sample)]
         events = [r for r in self._unwritten if isinstance(r, Event)]
@@ -869,6 +877,13 @@ def _signals(stop: threading.Event) -> Iterator[None]:
 
 
 EXIT_CONFIG = 78
+
+
+def _store_name(settings: Settings) -> str:
+    """Where samples go, for the start-up line: the SQLite file or the server's URL."""
+    if settings.storage.type == "sqlite":
+        return str(settings.storage_path)
+    return f"{settings.storage.type} {settings.storage.url}"
 """Exit status for an invalid configuration (BSD sysexits EX_CONFIG)."""
 
 

@@ -21,6 +21,9 @@ from storage.spool import SpoolingStore
 LOCAL_STORES = frozenset({"sqlite"})
 """Store types that are files on this machine and need no spool."""
 
+READ_ONLY_STORES = frozenset({"promql"})
+"""Store types that only read (``gpuhealth run`` writes nothing to them; no spool)."""
+
 
 def open_store(
     kind: str,
@@ -41,7 +44,7 @@ def open_store(
         PluginError: No such store, or it does not implement the Store protocol.
     """
     store = plugins.build("gpuhealth.stores", kind, options, expect=Store)
-    if kind in LOCAL_STORES or spool_path is None:
+    if kind in LOCAL_STORES or kind in READ_ONLY_STORES or spool_path is None:
         return store
     return SpoolingStore(store=store, path=spool_path, max_bytes=spool_max_bytes)
 

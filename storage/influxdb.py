@@ -431,8 +431,16 @@ class InfluxDbStore:
         if entities is not None and not entities:
             return pd.DataFrame(columns=_BASE_COLUMNS)
         query = self.flux(metric, entities, since_at, until_at, step_seconds)
-        with _mapped_errors(self.url):
-            tables = self._query_api.query(query, org=self.org)
+        try:
+            with _mapped_errors(self.url):
+                tables = self._query_api.query(query, org=self.org)
+        except PermanentError as exc:
+            if "/api/v2/query" in str(exc) or ": HTTP 404 " in str(exc):
+                raise PermanentError(
+                    f"{exc} -- this server does not answer Flux (/api/v2/query): "
+                    "VictoriaMetrics takes the InfluxDB write API but not Flux; read it "
+                    'back with [storage] type = "promql" and the same url') from exc
+            raise
         rows: list[dict[str, Any]] = []
         label_keys: set[str] = set()
         for table in tables:

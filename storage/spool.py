@@ -436,6 +436,9 @@ class SpoolingStore:
                 self._save_cursor()
             if not self._segments or (self._depth == 0 and self._segments == [self._active]):
                 self._reset()
+        if delivered:
+            logger.info("spool: delivered %d spooled record(s) to the store; %d still spooled",
+                        delivered, self._depth)
         return delivered
 
     def _deliver_segment(self, seq: int, start: int,

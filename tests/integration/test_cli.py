@@ -94,3 +94,46 @@ def test_each_file_of_a_folder_is_its_own_node(tmp_path: Path) -> None:
     assert by_node["040"]["severity"] == "major"
     assert by_node["010"]["severity"] == "warning"  # topology unknown, not borrowed from 040
     assert code == 2
+
+
+def test_config_check_takes_the_file_as_argument_or_as_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[remediation]\nact_on_predictions = "yes"\n')
+    for args in (["config", "check", str(bad)], ["config", "check", "--config", str(bad)]):
+        code, _, err = invoke(*args)
+        assert code == 1
+        assert "act_on_predictions" in err
+    good = tmp_path / "good.toml"
+    good.write_text("[remediation]\nact_on_predictions = true\ncritical_reserve_fraction = 0\n")
+    assert invoke("config", "check", "--config", str(good))[0] == 0
+    # a non-sqlite store shows no SQLite file
+    influx = tmp_path / "influx.toml"
+    influx.write_text('[storage]\ntype = "influxdb"\nurl = "http://127.0.0.1:9"\n')
+    code, out, _ = invoke("config", "check", "--config", str(influx))
+    assert code == 0
+    assert "gpuhealth.sqlite" not in out
+    promql = tmp_path / "promql.toml"
+    promql.write_text('[storage]\ntype = "promql"\n')
+    code, _, err = invoke("config", "check", str(promql))
+    assert code == 1
+    assert "url" in err
+    assert "required when type = 'promql'" in err
+
+
+def test_import_into_an_unreachable_store_says_the_samples_wait_in_the_spool(
+        tmp_path: Path) -> None:
+    config = tmp_path / "influx.toml"
+    config.write_text(f'[node]\ndata_dir = "{tmp_path / "data"}"\n'
+                      '[storage]\ntype = "influxdb"\nurl = "http://127.0.0.1:9"\n')
+    recording = tmp_path / "fleet.lp"
+    recording.write_text("gpu,node=n1,entity=GPU-0 temperature_celsius=41 1796000000000000000\n")
+    code, _, err = invoke("import", "--config", str(config), str(recording))
+    assert code == 0
+    assert "imported 1 samples" in err
+    assert "warning: the store did not answer: 1 record(s) wait in the spool" in err
+
+
+def test_export_refuses_a_window_that_ends_before_it_starts(tmp_path: Path) -> None:
+    code, _, err = invoke("export", "--since", "1d", "--until", "2d")
+    assert code == 64
+    assert "is after --until" in err

@@ -264,3 +264,33 @@ def test_shutdown_writes_everything_buffered(tmp_path: Path) -> None:
     assert _wait_for(lambda: len(service.buffer) == 5000, 10)
     service.shutdown()
     assert _sample_count(tmp_path / "data" / "gpuhealth.sqlite") == 5000
+
+
+def test_a_read_only_store_writes_nothing_keeps_nothing_and_stops(tmp_path: Path) -> None:
+    # [storage] type = "promql": Prometheus scrapes /metrics; the service writes no samples,
+    # keeps none in memory, and stops at once (it used to spin at shutdown)
+    path = tmp_path / "promql.toml"
+    path.write_text(f"""
+[node]
+data_dir = "{tmp_path / 'data'}"
+[metrics]
+enabled = false
+[storage]
+type = "promql"
+url = "http://127.0.0.1:9"
+flush_interval_seconds = "50ms"
+[collectors.good]
+type = "probe"
+interval_seconds = "50ms"
+""")
+    burst = _Burst(500)
+    service = Service(load_settings(path, env={}), collectors={"good": burst})
+    service.start()
+    assert service.store is None
+    assert burst.done.wait(10)
+    assert _wait_for(lambda: len(service.buffer) == 0, 10)
+    started = time.monotonic()
+    service.shutdown()
+    assert time.monotonic() - started < 5
+    assert not service._unwritten
+    assert not (tmp_path / "data" / "gpuhealth.sqlite").exists()

@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from core.catalog import BY_NAME
+from core.errors import PermanentError
 from core.records import EntityId, EntityRef, Event, NodeName, Sample
 from storage.influxdb import InfluxDbStore
 from storage.promql import PromqlStore
@@ -94,6 +95,25 @@ def test_import_streams_a_recording_through_the_spool_into_victoria_metrics(
     assert one["observed_at"].tolist() == [NOW + i for i in range(40)]
     assert one["value"].tolist() == [300.0 + i for i in range(40)]
     reader.close()
+    # reading back through the influxdb store fails (no Flux here) and says what to use
+    with pytest.raises(PermanentError, match='type = "promql"'):
+        InfluxDbStore(url=victoria_metrics.url, org="o", bucket="fleet", token="x").read(
+            "gpu_imported_power_watts", None, NOW, NOW + 60)
+    # ... and gpuhealth export with [storage] type = "promql" reads it back
+    from click.testing import CliRunner
+
+    from gpuhealth.cli import main
+
+    config = tmp_path / "promql.toml"
+    config.write_text(f'[node]\ndata_dir = "{tmp_path / "data"}"\n'
+                      f'[storage]\ntype = "promql"\nurl = "{victoria_metrics.url}"\n')
+    result = CliRunner().invoke(main, ["export", "--config", str(config), "--since",
+                                       str(NOW - 10), "--until", str(NOW + 60), "--metric",
+                                       "gpu_imported_power_watts"])
+    assert result.exit_code == 0, result.output
+    lines = [x for x in result.stdout.splitlines() if not x.startswith("#")]
+    assert len(lines) == 1200
+    assert "exported 1200 samples" in result.stderr
 
 
 def test_dcgm_exporter_series_are_read_through_the_catalog(victoria_metrics: Server) -> None:
