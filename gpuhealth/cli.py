@@ -104,7 +104,9 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
                        f"[{f.kind} {f.code}] {f.summary}")
             for e in f.evidence[:6]:
                 click.echo(f"    {e.file}:{e.line}: {e.text.strip()[:160]}")
-        if not result.findings:
+        if not result.findings and not result.parsed_anything:
+            click.echo("nothing could be read: no diagnosis (see the errors)")
+        elif not result.findings:
             click.echo("no findings: worst severity info, action none")
         else:
             actions = ", ".join(a.value for a in result.worst_actions)

@@ -586,9 +586,10 @@ def read_records(
 
     A line **without a timestamp** is rejected (``no_timestamp``): recorded history must
     keep its own times, and InfluxDB's "stamp it with the server's now" makes no sense for
-    a file read later. A last line without a trailing newline that fails to parse or lacks
-    a timestamp is a file cut off while it was written: it is rejected as ``truncated``
-    rather than read as a reading at the current time.
+    a file read later. A last line without a trailing newline that fails to parse, lacks
+    a timestamp, or whose timestamp is before ``min_at`` (digits cut off) is a file cut off
+    while it was written: it is rejected as ``truncated`` rather than read as a reading at
+    the current time.
 
     Every line left out (or converted) is counted in ``report.skipped`` by reason, and
     the first lines of each reason are listed in ``report.problems`` with file, line
@@ -635,6 +636,10 @@ def read_records(
                         good = check_samples(
                             records, now=now, counts=counts,  # type: ignore[arg-type]
                             max_future_seconds=max_future_seconds, min_at=min_at)
+                    if not good and not line.endswith("\n") and counts["past"]:
+                        # a timestamp cut short reads as one from long before 2000
+                        counts.clear()
+                        counts["truncated"] += 1
                     yield from good
                 if counts:
                     for reason, n in counts.items():

@@ -62,10 +62,12 @@ def test_unparseable_input_exits_4_with_a_reason_naming_the_file(
 
 
 def test_missing_file_is_an_error_not_a_traceback(tmp_path: Path) -> None:
-    code, _, err = invoke("diagnose", str(tmp_path / "nope.log"))
+    code, out, err = invoke("diagnose", str(tmp_path / "nope.log"))
     assert code == 4
     assert "nope.log" in err
     assert "Traceback" not in err
+    assert "nothing could be read" in out  # not "no findings", which reads as healthy
+    assert "no findings" not in out
 
 
 def test_usage_errors_exit_64() -> None:

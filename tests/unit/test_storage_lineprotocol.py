@@ -152,7 +152,8 @@ def test_cut_off_last_line_is_truncated_with_its_line_number(tmp_path: Path) -> 
     from storage.lineprotocol import DecodeReport
 
     at = int(T0) * _NS
-    for tail in ("3", "", "3 "):  # no time, no value, a cut-off field list
+    # no time, no value, a cut-off field list, a timestamp cut short (it reads as 1970)
+    for tail in ("3", "", "3 ", f"41.0 {str(at)[:10]}"):
         path = _lp(tmp_path, f"{_HEAD}40.0 {at}\n{_HEAD}{tail}")
         report = DecodeReport()
         records = list(read_records([path], report=report, clock=FakeClock(now=T0)))
