@@ -484,7 +484,7 @@ class RemediationSettings(BaseModel):
     within ``breaker_window_seconds``; default ``max(3, ceil(20 % of cluster_size))``,
     above the 15-20 % spare capacity a fleet plans for failures."""
 
-    breaker_window_seconds: float = Field(default=600.0, gt=0)
+    breaker_window_seconds: Duration = Field(default=600.0, gt=0)
     """Window of the circuit breaker, seconds."""
 
     max_actions_per_minute: float = Field(default=600.0, gt=0)
@@ -502,13 +502,13 @@ class RemediationSettings(BaseModel):
     notify. Turn it on once ``gpuhealth evaluate`` on the site's own history shows the
     predictor precise enough (docs/analytics.md)."""
 
-    probation_seconds: float = Field(default=3600.0, ge=0)
+    probation_seconds: Duration = Field(default=3600.0, ge=0)
     """After a fix (reboot, GPU reset), how long without recurrence before resuming."""
 
-    step_timeout_seconds: float = Field(default=3600.0, gt=0)
+    step_timeout_seconds: Duration = Field(default=3600.0, gt=0)
     """A step still running after this long fails (and the incident stops there)."""
 
-    tick_seconds: float = Field(default=0.5, gt=0)
+    tick_seconds: Duration = Field(default=0.5, gt=0)
     """How often running steps are polled."""
 
     election: str = "local"

@@ -725,6 +725,13 @@ class TransferReport:
     aggregated: int = 0
 
 
+def _iso(at: float) -> str:
+    """Return epoch seconds as UTC ISO 8601 to the second (``2026-11-30T06:00:00Z``)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _write_frame(out: IO[str], encoder: LineEncoder, metric: str, frame: pd.DataFrame) -> int:
     """Write the rows of a ``Store.read`` frame as line protocol; return how many."""
     if frame.empty:
@@ -792,10 +799,11 @@ def export(
         raw_from = math.ceil(cutoff / step) * step  # tier buckets before, raw after
         if since_at < raw_from:
             split = (step, raw_from)
-    header = f"# gpuhealth export {since_at!r}..{until_at!r} precision={precision}"
+    header = (f"# gpuhealth export {_iso(since_at)} .. {_iso(until_at)} "
+              f"(epoch {since_at!r}..{until_at!r}) precision={precision}")
     if split is not None:
-        header += (f"; samples before {split[1]!r} are {split[0]:g}-second means (the store "
-                   "keeps only aggregates older than its raw retention)")
+        header += (f"; samples before {_iso(split[1])} are {split[0]:g}-second means (the "
+                   "store keeps only aggregates older than its raw retention)")
     out.write(header + "\n")
     for metric in metrics if metrics is not None else _metrics_of(store):
         if split is not None:

@@ -73,6 +73,8 @@ retention_seconds = "3d"
 
 [remediation]
 opt_out_nodes = ["gpu-007"]
+probation_seconds = "1h"
+breaker_window_seconds = "15m"
 
 [inventory]
 nvlink = "absent"
@@ -92,6 +94,8 @@ ib_unused = "mlx5_1:1"
     assert dcgm.options == {"url": "http://127.0.0.1:9400/metrics"}
     assert s.storage.retention_seconds == 3 * 86400.0
     assert s.remediation.opt_out_nodes == ("gpu-007",)
+    assert (s.remediation.probation_seconds, s.remediation.breaker_window_seconds) == (
+        3600.0, 900.0)
     assert s.inventory == {"nvlink": "absent", "ib_unused": "mlx5_1:1"}
 
 

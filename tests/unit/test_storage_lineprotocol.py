@@ -274,6 +274,8 @@ def test_export_reaches_past_raw_retention_through_the_aggregates(tmp_path: Path
     assert (report.samples, report.aggregated) == (3, 1)
     header, *lines = out.getvalue().splitlines()
     assert "60-second means" in header
+    assert header.startswith("# gpuhealth export 20")  # readable UTC times, then epochs
+    assert "Z .. " in header
     values = [(r.observed_at, r.value) for line in lines for r in decode_line(line)]
     assert values == [(float(minute), 3.5), (T0 - 3600, 7.0), (T0 - 3599, 8.0)]
     # a window inside the raw retention is exported as it was, with a plain header
