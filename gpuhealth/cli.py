@@ -550,8 +550,9 @@ def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int
     try:
         if gpus:
             config = dataclasses.replace(config, gpus=gpus)
-        if days:
-            config = dataclasses.replace(config, days=days)
+        if days:  # a short stream keeps its first third quiet for the detectors to calibrate
+            config = dataclasses.replace(config, days=days,
+                                         quiet_days=min(config.quiet_days, days / 3))
         names = tuple(n.strip() for n in only.split(",") if n.strip()) if only else stream_eval.ALL
         result = stream_eval.evaluate(
             config, stream_eval.REPORTING_SEED if seed is None else seed, only=names)

@@ -172,6 +172,14 @@ def test_evaluate_stream_command(tmp_path: Path) -> None:
         assert s["true_episodes"] + s["false_episodes"] + s["ignored_episodes"] == s["episodes"]
 
 
+def test_a_short_stream_keeps_a_third_quiet() -> None:
+    # --days below the default quiet day used to fail ("need quiet_days < days")
+    result = CliRunner().invoke(main, ["evaluate", "stream", "--small", "--gpus", "8",
+                                       "--days", "1", "--only", "spot"])
+    assert result.exit_code == 0, result.output
+    assert "x 1 days" in result.output or "x 1.0 days" in result.output, result.output
+
+
 def test_evaluate_stream_command_rejects_bad_options() -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["evaluate", "stream", "--small", "--only", "nope"])
