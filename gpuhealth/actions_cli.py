@@ -129,6 +129,9 @@ def _decide(config_path: str | None, action_id: int, who: str | None, verb: str)
         details={"action_id": str(action_id), "incident": done.incident},
     ))
     click.echo(_line(done))
+    if verb in ("approve", "undo"):
+        click.echo("recorded: the controller (`gpuhealth run`, the leader) carries it out at "
+                   "its next tick; nothing happens while none runs", err=True)
 
 
 @actions.command("approve")

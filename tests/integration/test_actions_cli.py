@@ -51,6 +51,7 @@ def test_list_approve_cancel_undo_breaker(tmp_path):
     out = runner.invoke(main, ["actions", "undo", str(cordon1), "--by", "carol",
                                "--config", str(config)])
     assert out.exit_code == 0, out.output
+    assert "nothing happens while none runs" in out.stderr
     asyncio.run(p.atick())
     assert ("resume", "n1") in cluster.history
     assert cluster.nodes["n1"].schedulable
