@@ -105,7 +105,9 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
             for e in f.evidence[:6]:
                 click.echo(f"    {e.file}:{e.line}: {e.text.strip()[:160]}")
         if not result.findings and not result.parsed_anything:
-            click.echo("nothing could be read: no diagnosis (see the errors)")
+            click.echo("nothing could be read: no diagnosis"
+                       + (" (see the errors)" if result.issues else
+                          " (nothing in the input is a log or tool output gpuhealth knows)"))
         elif not result.findings:
             click.echo("no findings: worst severity info, action none")
         else:
@@ -147,7 +149,8 @@ def run(ctx: click.Context, config_path: str | None) -> None:
               help="Machine facts, as for diagnose (repeatable).")
 @click.option("--audit-log", type=click.Path(dir_okay=False), default=None,
               help="Also append the dry-run decisions to this JSONL audit log.")
-@click.option("--max-disrupted-fraction", type=click.FloatRange(0.0, 1.0), default=0.10,
+@click.option("--max-disrupted-fraction", type=click.FloatRange(0.0, 1.0, min_open=True),
+              default=0.10,
               show_default=True, help="Disruption budget: fraction of the replayed nodes.")
 @click.option("--cluster-size", type=click.IntRange(min=1), default=None,
               help="Nodes in the cluster for the budget (default: the nodes replayed).")
@@ -412,6 +415,12 @@ def export_cmd(config_path: str | None, since: str, until: str, metrics: tuple[s
         sys.exit(1)
     finally:
         getattr(store, "close", lambda: None)()
+    from core.catalog import BY_NAME
+
+    for name in metrics:
+        if name not in BY_NAME:
+            click.echo(f"warning: --metric {name}: not a catalogued metric (names such as "
+                       "gpu_temperature_celsius; the catalog is core/catalog.py)", err=True)
     older = (f" ({report.aggregated} of them 1-minute means: the store keeps only aggregates "
              "past its raw retention)" if report.aggregated else "")
     click.echo(f"exported {report.samples} samples{older} and {report.events} events", err=True)
@@ -444,8 +453,13 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
     finally:
         getattr(store, "close", lambda: None)()
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.rejected.items()))
-    click.echo(f"imported {report.samples} samples and {report.events} events"
+    verb = "accepted" if waiting else "imported"
+    click.echo(f"{verb} {report.samples} samples and {report.events} events"
                + (f"; skipped or converted: {skipped}" if skipped else ""), err=True)
+    out_of_range = report.rejected["future"] + report.rejected["past"]
+    if out_of_range and out_of_range >= report.samples:
+        click.echo(f"hint: {out_of_range} value(s) fell outside the accepted time range: is "
+                   f"--precision {precision} the unit of the file's timestamps?", err=True)
     if waiting_before and waiting < waiting_before:
         click.echo(f"delivered {waiting_before - waiting if waiting else waiting_before} of the "
                    f"{waiting_before} record(s) an earlier run had spooled", err=True)

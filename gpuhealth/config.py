@@ -233,6 +233,8 @@ class StorageSettings(BaseModel):
         kind = info.data.get("type")
         if kind in ("influxdb", "promql") and not value:
             raise ValueError(f"required when type = {kind!r}")
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
         return value
 
     retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)

@@ -725,6 +725,20 @@ class TransferReport:
     aggregated: int = 0
 
 
+class _HeaderFirst:
+    """A text stream that writes ``header`` before the first write (an empty one too)."""
+
+    def __init__(self, out: IO[str], header: str) -> None:
+        self._out = out
+        self._header: str | None = header
+
+    def write(self, text: str) -> int:
+        if self._header is not None:
+            self._out.write(self._header)
+            self._header = None
+        return self._out.write(text) if text else 0
+
+
 def _iso(at: float) -> str:
     """Return epoch seconds as UTC ISO 8601 to the second (``2026-11-30T06:00:00Z``)."""
     from datetime import UTC, datetime
@@ -732,7 +746,7 @@ def _iso(at: float) -> str:
     return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _write_frame(out: IO[str], encoder: LineEncoder, metric: str, frame: pd.DataFrame) -> int:
+def _write_frame(out: _HeaderFirst, encoder: LineEncoder, metric: str, frame: pd.DataFrame) -> int:
     """Write the rows of a ``Store.read`` frame as line protocol; return how many."""
     if frame.empty:
         return 0
@@ -804,24 +818,27 @@ def export(
     if split is not None:
         header += (f"; samples before {_iso(split[1])} are {split[0]:g}-second means (the "
                    "store keeps only aggregates older than its raw retention)")
-    out.write(header + "\n")
+    # the header goes out with the first data (or at the end): a read that fails at once
+    # leaves no file behind a lazily opened output, not one holding only a header
+    sink = _HeaderFirst(out, header + "\n")
     for metric in metrics if metrics is not None else _metrics_of(store):
         if split is not None:
             step, raw_from = split
             old = store.read(metric, entities, since_at, min(until_at, raw_from - 0.001),
                              step_seconds=step)
-            report.aggregated += _write_frame(out, encoder, metric, old)
+            report.aggregated += _write_frame(sink, encoder, metric, old)
         raw = store.read(metric, entities,
                          since_at if split is None else max(since_at, split[1]), until_at)
-        report.samples += _write_frame(out, encoder, metric, raw)
+        report.samples += _write_frame(sink, encoder, metric, raw)
     report.samples += report.aggregated
     read_events = getattr(store, "read_events", None)
     if callable(read_events):
         events = [e for e in read_events(since_at, until_at)
                   if entities is None or EntityRef(node=e.node, entity=e.entity) in entities]
         if events:
-            out.write("\n".join(encoder.events(events)) + "\n")
+            sink.write("\n".join(encoder.events(events)) + "\n")
         report.events = len(events)
+    sink.write("")
     return report
 
 

@@ -131,7 +131,7 @@ def test_import_into_an_unreachable_store_says_the_samples_wait_in_the_spool(
     recording.write_text("gpu,node=n1,entity=GPU-0 temperature_celsius=41 1796000000000000000\n")
     code, _, err = invoke("import", "--config", str(config), str(recording))
     assert code == 0
-    assert "imported 1 samples" in err
+    assert "accepted 1 samples" in err  # not "imported": it is only in the spool
     assert "warning: the store did not answer: 1 record(s) wait in the spool" in err
 
 
@@ -139,3 +139,36 @@ def test_export_refuses_a_window_that_ends_before_it_starts(tmp_path: Path) -> N
     code, _, err = invoke("export", "--since", "1d", "--until", "2d")
     assert code == 64
     assert "is after --until" in err
+
+
+def test_export_warns_of_an_unknown_metric_and_import_of_a_wrong_precision(
+        tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[node]\ndata_dir = "{tmp_path / "data"}"\n')
+    code, _, err = invoke("export", "--config", str(config), "--since", "1h", "--metric",
+                          "gpu_temperature")
+    assert code == 0
+    assert "--metric gpu_temperature: not a catalogued metric" in err
+    recording = tmp_path / "ns.lp"
+    recording.write_text("gpu,node=n1,entity=GPU-0 temperature_celsius=41 1796000000000000000\n")
+    code, _, err = invoke("import", "--config", str(config), "--precision", "s", str(recording))
+    assert code == 1
+    assert "is --precision s the unit of the file's timestamps?" in err
+    # a URL that is not one is refused when the file is checked, not when it is used
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[storage]\ntype = "promql"\nurl = "not a url"\n')
+    code, _, err = invoke("config", "check", str(bad))
+    assert code == 1
+    assert "not an http:// or https:// URL" in err
+
+
+def test_an_empty_folder_and_a_zero_budget_are_told_not_crashed(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, _ = invoke("diagnose", str(empty))
+    assert code == 4
+    assert "nothing in the input is a log or tool output gpuhealth knows" in out
+    code, _, err = invoke("replay", "--max-disrupted-fraction", "0",
+                          str(CASES / sorted(EXPECTED)[0]))
+    assert code == 64
+    assert "max-disrupted-fraction" in err
