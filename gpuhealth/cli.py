@@ -174,7 +174,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     go through the online detectors and the failure predictor in record time, with the
     [analytics] settings of --config; their predictions are listed.
     """
-    from gpuhealth.replay import load_node_facts, render_text, to_json
+    from gpuhealth.replay import load_node_facts, render_errors, render_text, to_json
     from gpuhealth.replay import replay as run_replay
 
     live_options: dict[str, Any] = {}
@@ -197,7 +197,9 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2))
     else:
-        click.echo(render_text(report), nl=False)
+        click.echo(render_text(report, errors=False), nl=False)
+        for line in render_errors(report):  # on stderr, as diagnose puts them
+            click.echo(line, err=True)
     if not report.parsed_lines:
         click.echo("error: nothing in the input could be replayed", err=True)
         sys.exit(EXIT_UNPARSEABLE)

@@ -577,11 +577,13 @@ def replay(
     return report
 
 
-def render_text(report: ReplayReport) -> str:
+def render_text(report: ReplayReport, *, errors: bool = True) -> str:
     """Return the replay as text: per node, the actions, then the findings worst first.
 
     A node's first line is ``node NAME: step, step, ... (dry-run)`` (``no action``
-    when there is none); held-back steps follow with why.
+    when there is none); held-back steps follow with why. With ``errors``, the lines that
+    could not be read close the text (``error: FILE:LINE: reason``; see
+    :func:`render_errors`).
     """
     mode = "dry-run" if report.dry_run else "LIVE"
     lines = [
@@ -620,10 +622,15 @@ def render_text(report: ReplayReport) -> str:
             )
     if report.analysis is not None:
         lines.extend(_render_analysis(report.analysis))
-    for issue in report.issues:
-        where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
-        lines.append(f"error: {where}: {issue.reason}")
+    if errors:
+        lines.extend(render_errors(report))
     return "\n".join(lines) + "\n"
+
+
+def render_errors(report: ReplayReport) -> list[str]:
+    """Return one ``error: FILE[:LINE]: reason`` line per input problem of the replay."""
+    return [f"error: {issue.file}:{issue.line}: {issue.reason}" if issue.line is not None
+            else f"error: {issue.file}: {issue.reason}" for issue in report.issues]
 
 
 def _utc(at: float) -> str:

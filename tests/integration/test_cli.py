@@ -172,3 +172,15 @@ def test_an_empty_folder_and_a_zero_budget_are_told_not_crashed(tmp_path: Path) 
                           str(CASES / sorted(EXPECTED)[0]))
     assert code == 64
     assert "max-disrupted-fraction" in err
+
+
+def test_replay_puts_unreadable_lines_on_stderr(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("NVRM: Xid (PCI:0000:b1:00): 79, pid=1, GPU has fallen off the bus.\n")
+    recording = tmp_path / "fleet.lp"
+    recording.write_text("gpu,node=n1,entity=GPU-0 temperature_celsius=41 1796000000000000000\n"
+                         "gpu,node=n1,entity=GPU-0 temperature_celsius=")
+    code, out, err = invoke("replay", str(log), str(recording))
+    assert code == 0
+    assert "error:" not in out
+    assert f"error: {recording}:2: truncated" in err
