@@ -104,6 +104,18 @@ def parse_duration(value: object) -> object:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds, written as a number or as ``"30s"``/``"5m"``/``"1h"``/``"7d"``."""
 
+
+def _number_not_bool(value: Any) -> Any:
+    """Refuse ``true``/``false`` where a number is meant (pydantic would read 1.0/0.0)."""
+    if isinstance(value, bool):
+        # pydantic turns a ValueError into a ValidationError naming the key; a TypeError not
+        raise ValueError(f"a number is needed, got the boolean {str(value).lower()}")  # noqa: TRY004
+    return value
+
+
+Fraction = Annotated[float, BeforeValidator(_number_not_bool)]
+"""A share, a plain number (``0.25``); a boolean is refused rather than read as 1 or 0."""
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
@@ -545,11 +557,11 @@ class RemediationSettings(BaseModel):
     audit_log: Path | None = None
     """Append-only JSON-lines audit log; default ``<data_dir>/audit.jsonl``."""
 
-    max_disrupted_fraction: float = Field(default=0.10, gt=0, le=1)
+    max_disrupted_fraction: Fraction = Field(default=0.10, gt=0, le=1)
     """Most nodes (fraction of ``cluster_size``, never fewer than one) out of service
     because of gpuhealth at once; 10 % keeps a cluster serving through a bad rule."""
 
-    critical_reserve_fraction: float = Field(default=0.25, ge=0, lt=1)
+    critical_reserve_fraction: Fraction = Field(default=0.25, ge=0, lt=1)
     """Share of the disruption budget (rounded up; none when the budget is one node) that
     only ``critical`` faults may take: a node whose GPU already fails work is not held back
     behind degraded (``major``) nodes that took the budget first. 0 reserves nothing."""

@@ -105,6 +105,11 @@ def test_config_check_takes_the_file_as_argument_or_as_config(tmp_path: Path) ->
         code, _, err = invoke(*args)
         assert code == 1
         assert "act_on_predictions" in err
+    boolean = tmp_path / "boolean.toml"
+    boolean.write_text("[remediation]\ncritical_reserve_fraction = true\n")
+    code, _, err = invoke("config", "check", str(boolean))
+    assert code == 1
+    assert "critical_reserve_fraction: a number is needed, got the boolean true" in err
     good = tmp_path / "good.toml"
     good.write_text("[remediation]\nact_on_predictions = true\ncritical_reserve_fraction = 0\n")
     assert invoke("config", "check", "--config", str(good))[0] == 0
