@@ -283,11 +283,7 @@ class SpoolingStore:
                 accepted.
         """
         now = self.clock()
-        good = check_samples(samples, now=now, counts=self.rejected,
-                             max_future_seconds=self.max_future_seconds, min_at=self.min_at)
-        good_events = check_events(events, now=now, counts=self.rejected,
-                                   max_future_seconds=self.max_future_seconds,
-                                   min_at=self.min_at)
+        good, good_events = self._checked(samples, events, now)
         if not good and not good_events:
             return
         with self._lock:
@@ -337,14 +333,7 @@ class SpoolingStore:
 
             def checked() -> Iterator[Batch]:
                 for samples, events in iterator:  # runs on the store's helper thread
-                    now = self.clock()
-                    batch = (
-                        check_samples(samples, now=now, counts=self.rejected,
-                                      max_future_seconds=self.max_future_seconds,
-                                      min_at=self.min_at),
-                        check_events(events, now=now, counts=self.rejected,
-                                     max_future_seconds=self.max_future_seconds,
-                                     min_at=self.min_at))
+                    batch = self._checked(samples, events, self.clock())
                     unconfirmed.append(batch)
                     yield batch
 
@@ -504,10 +493,7 @@ class SpoolingStore:
             if not sent:
                 raise
             record = sent.popleft()
-            logger.error("store refused a spooled batch of %d records; dropped: %s",  # noqa: TRY400
-                         record.count, exc)
-            self.rejected["permanent"] += record.count
-            self._delivered(record)
+            self._refused(record, exc)
             return delivered, False, record.end
         return delivered, not stopped, None
 
@@ -530,11 +516,24 @@ class SpoolingStore:
             self._failed.add((record.seq, record.offset))
             return False
         except PermanentError as exc:
-            logger.error("store refused a spooled batch of %d records; dropped: %s",  # noqa: TRY400
-                         record.count, exc)
-            self.rejected["permanent"] += record.count
+            self._refused(record, exc)
+            return True
         self._delivered(record)
         return True
+
+    def _refused(self, record: _Record, exc: PermanentError) -> None:
+        """Drop ``record``, which the store refused for good; count it and move on."""
+        logger.error("store refused a spooled batch of %d records; dropped: %s",
+                     record.count, exc)
+        self.rejected["permanent"] += record.count
+        self._delivered(record)
+
+    def _checked(self, samples: Sequence[Sample], events: Sequence[Event], now: float) -> Batch:
+        """Return the batch without what the checks reject (counted in ``rejected``)."""
+        return (check_samples(samples, now=now, counts=self.rejected,
+                              max_future_seconds=self.max_future_seconds, min_at=self.min_at),
+                check_events(events, now=now, counts=self.rejected,
+                             max_future_seconds=self.max_future_seconds, min_at=self.min_at))
 
     def _delivered(self, record: _Record) -> None:
         """Move the cursor past ``record``, which the store took (or refused for good)."""
