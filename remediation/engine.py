@@ -726,11 +726,7 @@ class RemediationEngine:
         incident = self.store.incident(action.incident)
         if incident is None or incident.out_of_service_at is None or not incident.claimed:
             return None
-        try:
-            state = await self.scheduler.node_state(action.node, workload=False)
-        except GpuHealthError:
-            return None
-        if not state.schedulable:
+        if not await self._back_in_service(action.node):
             return None
         return self._stop_for_human(action, now, (
             f"a human returned node {action.node} to service while gpuhealth's "
@@ -748,17 +744,21 @@ class RemediationEngine:
         """
         if (action.dry_run or action.step not in _TAKING_OUT
                 or action.attrs.get("scope") == SCOPE_GPU
-                or not isinstance(self.scheduler, NodeInspector)):
-            return None
-        try:
-            state = await self.scheduler.node_state(action.node, workload=False)
-        except GpuHealthError:
-            return None
-        if not state.exists or not state.schedulable:
+                or not await self._back_in_service(action.node)):
             return None
         return self._stop_for_human(action, now, (
             f"a human returned node {action.node} to service while gpuhealth's "
             f"{action.step.value} ran: stopped, not taken out again ({message})"))
+
+    async def _back_in_service(self, node: NodeName) -> bool:
+        """Whether the scheduler shows ``node`` in service now (False if unreadable)."""
+        if not isinstance(self.scheduler, NodeInspector):
+            return False
+        try:
+            state = await self.scheduler.node_state(node, workload=False)
+        except GpuHealthError:
+            return False
+        return state.exists and state.schedulable
 
     def _stop_for_human(self, action: StoredAction, now: float, why: str, *,
                         expect: ActionPhase = ActionPhase.RUNNING) -> list[AuditRecord]:
