@@ -83,17 +83,24 @@ def finding_to_json(finding: Finding) -> dict[str, Any]:
     }
 
 
+SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages", "venv"})
+"""Folders a walk of a folder does not enter (besides hidden ones): code, not logs."""
+
+
 def expand_paths(paths: Sequence[str]) -> Iterator[str]:
     """Yield the files named by ``paths``; folders are walked in sorted order.
 
     ``README.md`` and ``*.json`` files inside folders are skipped: they are the
     case collection's notes and expectations, not artifacts; so are anything but regular
-    files (a named pipe in a walked folder would block the reader forever).
+    files (a named pipe in a walked folder would block the reader forever), and hidden
+    folders and :data:`SKIPPED_FOLDERS` (a virtual environment or a git checkout under
+    ``/tmp`` held gigabytes that are never logs).
     """
     for path in paths:
         if os.path.isdir(path):
             for root, dirs, files in os.walk(path):
-                dirs.sort()
+                dirs[:] = sorted(d for d in dirs
+                                 if not d.startswith(".") and d not in SKIPPED_FOLDERS)
                 for name in sorted(files):
                     if name.startswith(".") or name == "README.md" or name.endswith(".json"):
                         continue

@@ -189,3 +189,17 @@ def test_replay_puts_unreadable_lines_on_stderr(tmp_path: Path) -> None:
     assert code == 0
     assert "error:" not in out
     assert f"error: {recording}:2: truncated" in err
+
+
+def test_a_folder_walk_skips_hidden_folders_and_environments(tmp_path: Path) -> None:
+    import shutil
+
+    (src,) = CASES.glob("001-*")
+    for sub in (".venv/lib", "site-packages", "__pycache__", "logs"):
+        (tmp_path / sub).mkdir(parents=True)
+        shutil.copy(src, tmp_path / sub / src.name)
+    code, out, _ = invoke("diagnose", "--json", str(tmp_path))
+    files = {e["file"].split(str(tmp_path))[1] for f in json.loads(out)["findings"]
+             for e in f["evidence"]}
+    assert code == 3
+    assert files == {f"/logs/{src.name}"}
