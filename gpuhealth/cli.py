@@ -150,10 +150,12 @@ def run(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--audit-log", type=click.Path(dir_okay=False), default=None,
               help="Also append the dry-run decisions to this JSONL audit log.")
 @click.option("--max-disrupted-fraction", type=click.FloatRange(0.0, 1.0, min_open=True),
-              default=0.10,
-              show_default=True, help="Disruption budget: fraction of the replayed nodes.")
+              default=None,
+              help="Disruption budget: fraction of the replayed nodes (default 0.10; with "
+                   "--live the [remediation] setting of --config).")
 @click.option("--cluster-size", type=click.IntRange(min=1), default=None,
-              help="Nodes in the cluster for the budget (default: the nodes replayed).")
+              help="Nodes in the cluster for the budget (default: the nodes replayed; with "
+                   "--live the [remediation] cluster_size of --config).")
 @click.option("--node-facts", type=click.Path(exists=True, dir_okay=False), default=None,
               help='JSON of facts per node ({file or node: {"context": {k: v}}}).')
 @click.option("--live", is_flag=True,
@@ -179,15 +181,15 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
 
     live_options: dict[str, Any] = {}
     if live:
-        live_options = _live_remediation(config_path)
+        live_options = _live_remediation(config_path, cluster_size=cluster_size,
+                                         max_disrupted_fraction=max_disrupted_fraction)
         audit_log = audit_log or live_options.pop("audit_log")
-    else:
-        live_options.pop("audit_log", None)
     report = run_replay(
         list(paths),
         facts=_parse_context(context),
         audit_log_path=audit_log,
-        max_disrupted_fraction=max_disrupted_fraction,
+        max_disrupted_fraction=(max_disrupted_fraction if max_disrupted_fraction is not None
+                                else 0.10),
         cluster_size=cluster_size,
         node_facts=load_node_facts(node_facts) if node_facts else None,
         wait_seconds=wait_seconds if live else 0.0,
@@ -234,11 +236,14 @@ _config_option = click.option(
     envvar="GPUHEALTH_CONFIG", help="TOML settings file (names the silences file).")
 
 
-def _live_remediation(config_path: str | None) -> dict[str, Any]:
-    """Build the scheduler and engine options of ``replay --live`` from the settings."""
-    from core import plugins
-    from core.errors import PluginError
-    from core.protocols import SchedulerAdapter
+def _live_remediation(config_path: str | None, *, cluster_size: int | None,
+                      max_disrupted_fraction: float | None) -> dict[str, Any]:
+    """The scheduler and guards of ``replay --live``, built as ``run`` builds them.
+
+    Every guard comes from the settings (:func:`gpuhealth.compose.guards`); a
+    ``--cluster-size`` or ``--max-disrupted-fraction`` given on the command line wins.
+    """
+    from gpuhealth.compose import build_schedulers, guards
     from gpuhealth.config import load_settings
 
     try:
@@ -246,31 +251,21 @@ def _live_remediation(config_path: str | None) -> dict[str, Any]:
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
-    r = settings.remediation
-    if r.dry_run:
+    if settings.remediation.dry_run:
         click.echo(f"error: {settings.source}: --live needs [remediation] dry_run = false and "
                    "a scheduler", err=True)
         sys.exit(EXIT_CONFIG)
     try:
-        scheduler = plugins.build("gpuhealth.schedulers", r.scheduler,
-                                  dict(r.scheduler_options), expect=SchedulerAdapter)
-    except PluginError as exc:
-        click.echo(f"error: {settings.source}: [remediation] scheduler: {exc}", err=True)
+        scheduler, _ = build_schedulers(settings, live=True)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     return {
         "scheduler": scheduler,
-        "dry_run": False,
+        "guard": guards(settings, cluster_size=cluster_size,
+                        max_disrupted_fraction=max_disrupted_fraction, dry_run=False),
         "action_store_path": str(settings.action_store_path),
         "audit_log": str(settings.audit_log_path),
-        "engine_options": {
-            "probation_seconds": r.probation_seconds,
-            "step_timeout_seconds": r.step_timeout_seconds,
-            "max_actions_per_minute": r.max_actions_per_minute,
-            "breaker_max_nodes": r.breaker_max_nodes,
-            "breaker_window_seconds": r.breaker_window_seconds,
-            "approval_min_severity": r.approval_min_severity,
-            "approval_steps": frozenset(r.approval_steps),
-        },
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from analytics.fault_model import Context, Observations, evaluate, worst
 from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
 from collectors.parsers import artifact_parsers
+from core.codec import finding_to_json
 from core.records import Action, Finding, NodeName, Record, Severity
 from storage.lineprotocol import DecodeReport, head_is_line_protocol, read_records
 
@@ -62,25 +63,6 @@ class Diagnosis:
             "findings": [finding_to_json(f) for f in self.findings],
             "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in self.issues],
         }
-
-
-def finding_to_json(finding: Finding) -> dict[str, Any]:
-    """Return one finding as the contract's JSON object."""
-    return {
-        "node": finding.node,
-        "entity": finding.entity,
-        "kind": finding.kind,
-        "code": finding.code,
-        "severity": finding.severity.value,
-        "action": finding.action.value,
-        "summary": finding.summary,
-        "evidence": [{"file": e.file, "line": e.line, "text": e.text} for e in finding.evidence],
-        "source": finding.source,
-        "first_seen_at": finding.first_seen_at,
-        "last_seen_at": finding.last_seen_at,
-        "occurrences": finding.occurrences,
-        "confidence": finding.confidence,
-    }
 
 
 SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages", "venv"})

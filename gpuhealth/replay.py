@@ -58,9 +58,9 @@ from core.records import (
     Sample,
     Severity,
 )
+from gpuhealth.compose import Guards, replay_guards, replay_pipeline
 from gpuhealth.config import AnalyticsSettings
 from gpuhealth.diagnose import LINE_PROTOCOL_SUFFIXES, expand_paths, finding_to_json
-from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
 from storage import read_records
 from storage.lineprotocol import CONVERSIONS, DecodeReport
@@ -370,6 +370,7 @@ def replay(
     poll_seconds: float = 0.5,
     analytics: AnalyticsSettings | None = None,
     analyse: bool = True,
+    guard: Guards | None = None,
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -407,6 +408,10 @@ def replay(
             which detectors, the predictor's horizon and interval.
         analyse: Run the online detectors and the failure predictor over line-protocol
             inputs (see :class:`StreamAnalysis`); the fault model runs whatever this says.
+        guard: Every remediation guard at once (``replay --live``:
+            :func:`gpuhealth.compose.guards` of the configuration, as ``run`` builds them);
+            when given, ``max_disrupted_fraction``, ``cluster_size``, ``opt_out_nodes``,
+            ``dry_run`` and ``engine_options`` are not used.
 
     Returns:
         Per-node findings, alerts, pages, dry-run actions and held-back steps, and for
@@ -419,13 +424,16 @@ def replay(
         node_facts = {**folder_node_facts(paths), **(node_facts or {})} or None
     node_names = [fixed_node] if fixed_node else list(dict.fromkeys(map(node_of_file, files)))
     size = cluster_size if cluster_size is not None else max(1, len(node_names))
-    pipeline = Pipeline(
+    if guard is None:
+        guard = replay_guards(max_disrupted_fraction=max_disrupted_fraction, cluster_size=size,
+                              opt_out_nodes=opt_out_nodes, dry_run=dry_run,
+                              engine_options=engine_options)
+    dry_run = guard.dry_run
+    pipeline = replay_pipeline(
+        guard=guard,
         facts=facts,
         notifiers=notifiers,
         audit_log_path=audit_log_path,
-        max_disrupted_fraction=max_disrupted_fraction,
-        cluster_size=size,
-        opt_out_nodes=opt_out_nodes,
         min_alert_severity=min_alert_severity,
         clock=clock,
         rules=rules,
@@ -436,11 +444,7 @@ def replay(
         extra_labels=extra_labels,
         outbox_path=outbox_path,
         scheduler=scheduler,
-        dry_run=dry_run,
         action_store_path=action_store_path,
-        engine_options=engine_options,
-        gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
-        tick_inline=dry_run,
     )
     # A live adapter may keep work running on its event loop between ticks (a drain's
     # evictions): every tick of a live replay runs on one loop, in its own thread.

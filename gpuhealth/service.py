@@ -21,7 +21,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import math
 import signal
 import threading
 import time
@@ -31,7 +30,6 @@ from types import FrameType
 from typing import Any
 
 from alerting.inbound import InboundBatch
-from alerting.silences import SilenceStore
 from analytics.online import OnlineAnalytics, OnlineResult, to_finding
 from analytics.prediction_stage import PredictionStage
 from collectors.nvml_events import XidDedup
@@ -44,16 +42,13 @@ from core.errors import (
     PluginError,
     TemporaryError,
 )
-from core.protocols import Collector, Notifier, SchedulerAdapter, Store, StreamingCollector
+from core.protocols import Collector, Store, StreamingCollector
 from core.records import AlertState, Event, Record, Sample, Severity
 from gpuhealth.api import ApiServer, start_api
+from gpuhealth.compose import build_online, build_prediction, service_pipeline
 from gpuhealth.config import (
     Settings,
-    alert_policies,
-    alerting_path,
     collector_options,
-    pagerduty_routing_key,
-    webhook_secret,
 )
 from gpuhealth.history_sync import HistoryRecorder
 from gpuhealth.leader import build_leader_loop
@@ -193,19 +188,8 @@ class Service:
         self._seen_findings: set[tuple[str, str, str, str]] = set()
         self._logged: set[str] = set()
         self._dirty = False
-        an = settings.analytics
-        self.online: OnlineAnalytics | None = (
-            OnlineAnalytics(detector=an.detector, detector_by_metric=an.detector_by_metric,
-                            gap_seconds=an.gap_seconds,
-                            warmup_samples=an.warmup_samples)
-            if an.detectors else None)
-        self.prediction: PredictionStage | None = (
-            PredictionStage(checkpoint_path=settings.node.data_dir / "predictor.pkl",
-                            horizon_seconds=an.predictor_horizon_seconds,
-                            interval_seconds=an.predictor_interval_seconds,
-                            min_positives=an.predictor_min_positives,
-                            vector_detector=an.vector_detector)
-            if an.predictor else None)
+        self.online: OnlineAnalytics | None = build_online(settings)
+        self.prediction: PredictionStage | None = build_prediction(settings)
         self._predicted_at = time.monotonic()
 
     # --- start-up ----------------------------------------------------------------------
@@ -321,87 +305,8 @@ class Service:
                 raise ConfigError(f"{self.settings.source}: [collectors.{name}] {exc}") from exc
 
     def _build_pipeline(self) -> Pipeline:
-        s = self.settings
-        a = s.alerting
-        notifiers: list[Notifier] = []
-        pagers: list[Notifier] = []
-        wanted: list[tuple[str, dict[str, Any], list[Notifier]]] = [("log", {}, notifiers)]
-        if a.webhook_url:
-            options: dict[str, Any] = {"url": a.webhook_url}
-            secret = webhook_secret(s)
-            if secret:
-                options["secret"] = secret
-            wanted.append(("webhook", options, pagers if a.webhook_route == "pages"
-                           else notifiers))
-        if a.alertmanager_url:
-            wanted.append(("alertmanager", {
-                "url": a.alertmanager_url,
-                "resend_interval_seconds": a.alertmanager_resend_interval_seconds,
-                "ends_after_seconds": 4 * a.alertmanager_resend_interval_seconds,
-            }, notifiers))
-        routing_key = pagerduty_routing_key(s)
-        if routing_key:
-            wanted.append(("pagerduty", {"routing_key": routing_key, "url": a.pagerduty_url},
-                           pagers))
-        for kind, options, target in wanted:
-            try:
-                target.append(plugins.build("gpuhealth.notifiers", kind, options,
-                                            expect=Notifier))
-            except (PluginError, ValueError) as exc:
-                logger.error("notifier %r disabled: %s", kind, exc)  # noqa: TRY400 (expected: no traceback)
-        r = s.remediation
-        scheduler: SchedulerAdapter | None = None
-        node_agent: SchedulerAdapter | None = None
-        if not r.dry_run:
-            try:
-                scheduler = plugins.build("gpuhealth.schedulers", r.scheduler,
-                                          dict(r.scheduler_options), expect=SchedulerAdapter)
-                if r.node_agent:
-                    node_agent = plugins.build("gpuhealth.schedulers", "node_agent",
-                                               dict(r.node_agent), expect=SchedulerAdapter)
-            except (PluginError, ValueError, TypeError) as exc:
-                raise ConfigError(f"{s.source}: [remediation] scheduler {r.scheduler!r}: {exc}"
-                                  ) from exc
-        self.elector = build_leader_loop(s)
-        breaker = r.breaker_max_nodes or max(3, math.ceil(0.2 * r.cluster_size))
-        engine_options: dict[str, Any] = {
-            "identity": self.elector.identity,
-            "breaker_max_nodes": breaker,
-            "breaker_window_seconds": r.breaker_window_seconds,
-            "max_actions_per_minute": r.max_actions_per_minute,
-            "approval_min_severity": r.approval_min_severity,
-            "approval_steps": frozenset(r.approval_steps),
-            "probation_seconds": r.probation_seconds,
-            "step_timeout_seconds": r.step_timeout_seconds,
-        }
-        gpu_level = bool(getattr(scheduler, "gpu_level_drain", True))
-        try:
-            return Pipeline(
-                scheduler=scheduler, node_agent=node_agent, gpu_level_drain=gpu_level,
-                action_store_path=str(s.action_store_path), engine_options=engine_options,
-                is_leader=self.elector.is_leader_now, tick_inline=False,
-                facts={"node": s.node.name, **s.inventory}, notifiers=notifiers,
-                audit_log_path=str(s.audit_log_path), dry_run=s.remediation.dry_run,
-                max_disrupted_fraction=s.remediation.max_disrupted_fraction,
-                cluster_size=s.remediation.cluster_size,
-                opt_out_nodes=frozenset(s.remediation.opt_out_nodes),
-                act_on_predictions=s.remediation.act_on_predictions,
-                critical_reserve_fraction=s.remediation.critical_reserve_fraction,
-                min_alert_severity=a.min_severity,
-                resend_interval_seconds=a.resend_interval_seconds,
-                page_notifiers=pagers,
-                silences=SilenceStore(path=alerting_path(s, "silences")),
-                alert_policies=alert_policies(s),
-                extra_labels={"cluster": a.cluster} if a.cluster else None,
-                group_by=a.group_by,
-                page_severity=a.page_severity,
-                outbox_path=str(alerting_path(s, "outbox")),
-                max_outbox=a.outbox_max_per_notifier,
-                runbook_base_url=a.runbook_base_url,
-                event_window_seconds=s.analytics.event_window_seconds,
-            )
-        except (ValueError, OSError) as exc:
-            raise ConfigError(f"{s.source}: cannot start the analysis pipeline: {exc}") from exc
+        return service_pipeline(self.settings, identity=self.elector.identity,
+                                is_leader=self.elector.is_leader_now)
 
     # --- collector threads ---------------------------------------------------------------
 

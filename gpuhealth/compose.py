@@ -1,0 +1,424 @@
+"""The composition root: one place that turns :class:`~gpuhealth.config.Settings` into stages.
+
+Every entry point (``run``, ``agent``, ``controller``, ``replay`` and ``replay --live``)
+builds its notifiers, scheduler adapters, remediation guards and pipeline here, so the
+same configuration gives the same guards everywhere: the circuit breaker, the disruption
+budget (fraction, cluster size, critical reserve), opt-out nodes, the rate limit, the
+approval rules, probation and the step timeout. :class:`Guards` is that set as one
+value; :func:`guards_of` reads it back from a built pipeline (the test that compares
+entry points does).
+
+Nothing else in ``gpuhealth/`` constructs a stage: the service, the agent, the
+controller and replay call these functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from alerting.silences import SilenceStore
+from analytics.online import OnlineAnalytics
+from analytics.prediction_stage import PredictionStage
+from core import plugins
+from core.clock import Clock, system_clock
+from core.errors import ConfigError, PluginError
+from core.protocols import Notifier, SchedulerAdapter
+from core.records import RemediationStep, Severity
+from gpuhealth.config import (
+    Settings,
+    alert_policies,
+    alerting_path,
+    pagerduty_routing_key,
+    webhook_secret,
+)
+from gpuhealth.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+BREAKER_MIN_NODES = 3
+"""The circuit breaker's default never opens below this many nodes in one window."""
+
+BREAKER_FLEET_FRACTION = 0.2
+"""Default breaker: a fifth of the fleet failing within one window is a fleet event."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Guards:
+    """Every remediation guard, as one value (docs/remediation.md, "Guards").
+
+    Attributes:
+        dry_run: Record steps only.
+        max_disrupted_fraction: Fleet share gpuhealth may hold out of service, (0, 1].
+        cluster_size: Nodes in the fleet, >= 1.
+        disruption_limit: Nodes out of service at once: ``max(1, floor(fraction x size))``.
+        critical_reserve_fraction: Share of the budget kept for critical findings, [0, 1).
+        opt_out_nodes: Nodes never remediated automatically.
+        act_on_predictions: Predicted failures take steps beyond notify.
+        breaker_max_nodes: Distinct nodes taken out within ``breaker_window_seconds``
+            that open the circuit breaker; from settings ``max(3, ceil(0.2 x cluster_size))``
+            unless set (``None``, breaker off, only for a dry replay of recorded files).
+        breaker_window_seconds: The breaker's window, seconds.
+        max_actions_per_minute: Rate limit of submitted steps, fleet-wide.
+        approval_min_severity: Findings at or above it wait for a human (``None``: none).
+        approval_steps: Steps that always wait for a human.
+        probation_seconds: How long a fixed node is watched for a recurrence.
+        step_timeout_seconds: Longest a step may run before it is failed.
+    """
+
+    dry_run: bool
+    max_disrupted_fraction: float
+    cluster_size: int
+    disruption_limit: int
+    critical_reserve_fraction: float
+    opt_out_nodes: frozenset[str]
+    act_on_predictions: bool
+    breaker_max_nodes: int | None
+    breaker_window_seconds: float
+    max_actions_per_minute: float
+    approval_min_severity: Severity | None
+    approval_steps: frozenset[RemediationStep]
+    probation_seconds: float
+    step_timeout_seconds: float
+
+    def engine_options(self, identity: str) -> dict[str, Any]:
+        """Keyword arguments of :class:`~remediation.engine.RemediationEngine` for these guards."""
+        return {
+            "identity": identity,
+            "breaker_max_nodes": self.breaker_max_nodes,
+            "breaker_window_seconds": self.breaker_window_seconds,
+            "max_actions_per_minute": self.max_actions_per_minute,
+            "approval_min_severity": self.approval_min_severity,
+            "approval_steps": self.approval_steps,
+            "probation_seconds": self.probation_seconds,
+            "step_timeout_seconds": self.step_timeout_seconds,
+        }
+
+
+def default_breaker(cluster_size: int) -> int:
+    """The breaker's default threshold: ``max(3, ceil(0.2 x cluster_size))`` nodes.
+
+    Examples:
+        >>> default_breaker(1), default_breaker(100)
+        (3, 20)
+    """
+    return max(BREAKER_MIN_NODES, math.ceil(BREAKER_FLEET_FRACTION * cluster_size))
+
+
+def guards(settings: Settings, *, cluster_size: int | None = None,
+           max_disrupted_fraction: float | None = None, dry_run: bool | None = None) -> Guards:
+    """Return the guards of ``[remediation]``; the keyword arguments override the file.
+
+    Args:
+        settings: Loaded settings.
+        cluster_size: Fleet size given on a command line (``replay --cluster-size``).
+        max_disrupted_fraction: Budget fraction given on a command line.
+        dry_run: Force dry-run on or off (``replay`` without ``--live`` is dry-run).
+    """
+    r = settings.remediation
+    size = cluster_size if cluster_size is not None else r.cluster_size
+    fraction = (max_disrupted_fraction if max_disrupted_fraction is not None
+                else r.max_disrupted_fraction)
+    return Guards(
+        dry_run=r.dry_run if dry_run is None else dry_run,
+        max_disrupted_fraction=fraction,
+        cluster_size=size,
+        disruption_limit=max(1, math.floor(fraction * size + 1e-9)),
+        critical_reserve_fraction=r.critical_reserve_fraction,
+        opt_out_nodes=frozenset(r.opt_out_nodes),
+        act_on_predictions=r.act_on_predictions,
+        breaker_max_nodes=r.breaker_max_nodes or default_breaker(size),
+        breaker_window_seconds=r.breaker_window_seconds,
+        max_actions_per_minute=r.max_actions_per_minute,
+        approval_min_severity=r.approval_min_severity,
+        approval_steps=frozenset(r.approval_steps),
+        probation_seconds=r.probation_seconds,
+        step_timeout_seconds=r.step_timeout_seconds,
+    )
+
+
+def replay_guards(*, max_disrupted_fraction: float, cluster_size: int,
+                  opt_out_nodes: frozenset[str] = frozenset(), dry_run: bool = True,
+                  engine_options: Mapping[str, Any] | None = None) -> Guards:
+    """The guards of a replay given without a configuration (``gpuhealth replay`` flags).
+
+    ``engine_options`` may set any of the engine's guards (``breaker_max_nodes``,
+    ``probation_seconds``...); the rest keep the engine's defaults (breaker off: a dry
+    replay of recorded cases is no fleet event).
+
+    Raises:
+        ValueError: An unknown engine option.
+    """
+    options = dict(engine_options or {})
+    known = {"breaker_max_nodes", "breaker_window_seconds", "max_actions_per_minute",
+             "approval_min_severity", "approval_steps", "probation_seconds",
+             "step_timeout_seconds"}
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"unknown engine options {sorted(unknown)}")
+    return Guards(
+        dry_run=dry_run,
+        max_disrupted_fraction=max_disrupted_fraction,
+        cluster_size=cluster_size,
+        disruption_limit=max(1, math.floor(max_disrupted_fraction * cluster_size + 1e-9)),
+        critical_reserve_fraction=0.25,
+        opt_out_nodes=frozenset(opt_out_nodes),
+        act_on_predictions=False,
+        breaker_max_nodes=options.get("breaker_max_nodes"),
+        breaker_window_seconds=float(options.get("breaker_window_seconds", 600.0)),
+        max_actions_per_minute=float(options.get("max_actions_per_minute", 600.0)),
+        approval_min_severity=options.get("approval_min_severity"),
+        approval_steps=frozenset(options.get("approval_steps", ())),
+        probation_seconds=float(options.get("probation_seconds", 3600.0)),
+        step_timeout_seconds=float(options.get("step_timeout_seconds", 3600.0)),
+    )
+
+
+def guards_of(pipeline: Pipeline) -> Guards:
+    """Read the guards back from a built pipeline (its policy and engine)."""
+    policy, engine = pipeline.policy, pipeline.engine
+    return Guards(
+        dry_run=policy.dry_run,
+        max_disrupted_fraction=policy.max_disrupted_fraction,
+        cluster_size=policy.cluster_size,
+        disruption_limit=policy.disruption_limit,
+        critical_reserve_fraction=policy.critical_reserve_fraction,
+        opt_out_nodes=frozenset(policy.opt_out_nodes),
+        act_on_predictions=policy.act_on_predictions,
+        breaker_max_nodes=engine.breaker_max_nodes,
+        breaker_window_seconds=engine.breaker_window_seconds,
+        max_actions_per_minute=engine.max_actions_per_minute,
+        approval_min_severity=engine.approval_min_severity,
+        approval_steps=frozenset(engine.approval_steps),
+        probation_seconds=engine.probation_seconds,
+        step_timeout_seconds=engine.step_timeout_seconds,
+    )
+
+
+def build_notifiers(settings: Settings) -> tuple[list[Notifier], list[Notifier]]:
+    """Build the alert notifiers and the pagers of ``[alerting]``.
+
+    The log notifier is always there; a notifier whose options are wrong is logged and
+    left out (the service still runs and alerts through the others).
+
+    Returns:
+        ``(notifiers, pagers)``: where alerts go, where pages go.
+    """
+    a = settings.alerting
+    notifiers: list[Notifier] = []
+    pagers: list[Notifier] = []
+    wanted: list[tuple[str, dict[str, Any], list[Notifier]]] = [("log", {}, notifiers)]
+    if a.webhook_url:
+        options: dict[str, Any] = {"url": a.webhook_url}
+        secret = webhook_secret(settings)
+        if secret:
+            options["secret"] = secret
+        wanted.append(("webhook", options, pagers if a.webhook_route == "pages" else notifiers))
+    if a.alertmanager_url:
+        wanted.append(("alertmanager", {
+            "url": a.alertmanager_url,
+            "resend_interval_seconds": a.alertmanager_resend_interval_seconds,
+            "ends_after_seconds": 4 * a.alertmanager_resend_interval_seconds,
+        }, notifiers))
+    routing_key = pagerduty_routing_key(settings)
+    if routing_key:
+        wanted.append(("pagerduty", {"routing_key": routing_key, "url": a.pagerduty_url},
+                       pagers))
+    for kind, options, target in wanted:
+        try:
+            target.append(plugins.build("gpuhealth.notifiers", kind, options, expect=Notifier))
+        except (PluginError, ValueError) as exc:
+            logger.error("notifier %r disabled: %s", kind, exc)  # noqa: TRY400 (expected: no traceback)
+    return notifiers, pagers
+
+
+def build_schedulers(settings: Settings, *, live: bool | None = None
+                     ) -> tuple[SchedulerAdapter | None, SchedulerAdapter | None]:
+    """Build the scheduler adapter and the node agent (GPU resets) of ``[remediation]``.
+
+    Args:
+        settings: Loaded settings.
+        live: Build the adapters (default: when ``dry_run = false``).
+
+    Returns:
+        ``(scheduler, node_agent)``; both ``None`` in dry run.
+
+    Raises:
+        ConfigError: An adapter is unknown or its options are wrong (names the key).
+    """
+    r = settings.remediation
+    if not (not r.dry_run if live is None else live):
+        return None, None
+    try:
+        scheduler = plugins.build("gpuhealth.schedulers", r.scheduler,
+                                  dict(r.scheduler_options), expect=SchedulerAdapter)
+        node_agent = (plugins.build("gpuhealth.schedulers", "node_agent", dict(r.node_agent),
+                                    expect=SchedulerAdapter) if r.node_agent else None)
+    except (PluginError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{settings.source}: [remediation] scheduler {r.scheduler!r}: {exc}"
+                          ) from exc
+    return scheduler, node_agent
+
+
+def build_pipeline(
+    settings: Settings,
+    *,
+    guard: Guards,
+    identity: str,
+    scheduler: SchedulerAdapter | None = None,
+    node_agent: SchedulerAdapter | None = None,
+    notifiers: Sequence[Notifier] = (),
+    pagers: Sequence[Notifier] = (),
+    is_leader: Callable[[], bool] = lambda: True,
+    tick_inline: bool = False,
+    facts: Mapping[str, str] | None = None,
+    node_facts: Mapping[str, Mapping[str, str]] | None = None,
+    audit_log_path: str | None = None,
+    action_store_path: str | None = None,
+    outbox_path: str | None = None,
+    silences: SilenceStore | None = None,
+    event_window_seconds: float | None = None,
+    clock: Clock = system_clock,
+    rules: Any = None,
+) -> Pipeline:
+    """Build the analyse → alert → remediate pipeline with ``guard``.
+
+    Args:
+        settings: Loaded settings (alerting policy, labels, grouping, runbooks).
+        guard: From :func:`guards`; the same value for every entry point.
+        identity: This controller's identity (the engine's epoch, the audit trail).
+        scheduler: From :func:`build_schedulers` (``None``: the dry-run adapter).
+        node_agent: From :func:`build_schedulers`: the adapter of ``reset_gpu`` steps.
+        notifiers: From :func:`build_notifiers`: where alerts go.
+        pagers: From :func:`build_notifiers`: where pages go.
+        is_leader: Whether this process may decide and act now.
+        tick_inline: Advance the engine inside each evaluation (dry-run replay).
+        facts: Machine facts for the fault model (``node``, inventory).
+        node_facts: Facts per node over ``facts``.
+        audit_log_path: The audit log (``None``: records only in the outputs).
+        action_store_path: The action store (``None``: memory).
+        outbox_path: The notification outbox (``None``: memory).
+        silences: The silence store.
+        event_window_seconds: Forget events not seen again for this long (``None``: never).
+        clock: Now, epoch seconds.
+        rules: Fault-model rules (default: all registered).
+
+    Raises:
+        ConfigError: The pipeline cannot be built from these settings (names the cause).
+    """
+    a = settings.alerting
+    try:
+        return Pipeline(
+            scheduler=scheduler, node_agent=node_agent,
+            gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
+            action_store_path=action_store_path,
+            engine_options=guard.engine_options(identity),
+            is_leader=is_leader, tick_inline=tick_inline,
+            facts=dict(facts or {}), node_facts=node_facts, notifiers=notifiers,
+            audit_log_path=audit_log_path, dry_run=guard.dry_run,
+            max_disrupted_fraction=guard.max_disrupted_fraction,
+            cluster_size=guard.cluster_size,
+            opt_out_nodes=guard.opt_out_nodes,
+            act_on_predictions=guard.act_on_predictions,
+            critical_reserve_fraction=guard.critical_reserve_fraction,
+            min_alert_severity=a.min_severity,
+            resend_interval_seconds=a.resend_interval_seconds,
+            page_notifiers=pagers,
+            silences=silences,
+            alert_policies=alert_policies(settings),
+            extra_labels={"cluster": a.cluster} if a.cluster else None,
+            group_by=a.group_by,
+            page_severity=a.page_severity,
+            outbox_path=outbox_path,
+            max_outbox=a.outbox_max_per_notifier,
+            runbook_base_url=a.runbook_base_url,
+            event_window_seconds=event_window_seconds,
+            clock=clock,
+            rules=rules,
+        )
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{settings.source}: cannot start the analysis pipeline: {exc}"
+                          ) from exc
+
+
+def replay_pipeline(
+    *,
+    guard: Guards,
+    facts: Mapping[str, str],
+    notifiers: Sequence[Notifier],
+    audit_log_path: str | None,
+    min_alert_severity: Severity,
+    clock: Clock,
+    rules: Any,
+    page_notifiers: Sequence[Notifier],
+    node_facts: Mapping[str, Mapping[str, str]] | None,
+    silences: SilenceStore | None,
+    alert_policies: Mapping[str, Any] | None,
+    extra_labels: Mapping[str, str] | None,
+    outbox_path: str | None,
+    scheduler: SchedulerAdapter | None,
+    action_store_path: str | None,
+) -> Pipeline:
+    """The pipeline of ``gpuhealth replay``: recorded history, nothing forgotten.
+
+    A dry replay advances the engine inside each evaluation; a live one (``guard.dry_run``
+    false) leaves that to the replay's own event loop. Arguments as :class:`Pipeline`'s.
+    """
+    return Pipeline(
+        facts=facts, notifiers=notifiers, audit_log_path=audit_log_path,
+        max_disrupted_fraction=guard.max_disrupted_fraction, cluster_size=guard.cluster_size,
+        opt_out_nodes=guard.opt_out_nodes, act_on_predictions=guard.act_on_predictions,
+        critical_reserve_fraction=guard.critical_reserve_fraction,
+        min_alert_severity=min_alert_severity, clock=clock, rules=rules,
+        page_notifiers=page_notifiers, node_facts=node_facts, silences=silences,
+        alert_policies=alert_policies, extra_labels=extra_labels, outbox_path=outbox_path,
+        scheduler=scheduler, dry_run=guard.dry_run, action_store_path=action_store_path,
+        engine_options=guard.engine_options("gpuhealth"),
+        gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
+        tick_inline=guard.dry_run,
+    )
+
+
+def service_pipeline(settings: Settings, *, identity: str,
+                     is_leader: Callable[[], bool]) -> Pipeline:
+    """The pipeline of a long-running service (``run``, ``controller``): state in the data folder.
+
+    Raises:
+        ConfigError: A notifier, adapter or guard setting is wrong.
+    """
+    notifiers, pagers = build_notifiers(settings)
+    scheduler, node_agent = build_schedulers(settings)
+    return build_pipeline(
+        settings, guard=guards(settings), identity=identity, scheduler=scheduler,
+        node_agent=node_agent, notifiers=notifiers, pagers=pagers, is_leader=is_leader,
+        facts={"node": settings.node.name, **settings.inventory},
+        audit_log_path=str(settings.audit_log_path),
+        action_store_path=str(settings.action_store_path),
+        outbox_path=str(alerting_path(settings, "outbox")),
+        silences=SilenceStore(path=alerting_path(settings, "silences")),
+        event_window_seconds=settings.analytics.event_window_seconds,
+    )
+
+
+def build_online(settings: Settings) -> OnlineAnalytics | None:
+    """The online detectors of ``[analytics]`` (``None`` when ``detectors = false``)."""
+    an = settings.analytics
+    if not an.detectors:
+        return None
+    return OnlineAnalytics(detector=an.detector, detector_by_metric=an.detector_by_metric,
+                           gap_seconds=an.gap_seconds, warmup_samples=an.warmup_samples)
+
+
+def build_prediction(settings: Settings) -> PredictionStage | None:
+    """The failure predictor of ``[analytics]`` (``None`` when ``predictor = false``)."""
+    an = settings.analytics
+    if not an.predictor:
+        return None
+    return PredictionStage(checkpoint_path=settings.node.data_dir / "predictor.pkl",
+                           horizon_seconds=an.predictor_horizon_seconds,
+                           interval_seconds=an.predictor_interval_seconds,
+                           min_positives=an.predictor_min_positives,
+                           vector_detector=an.vector_detector)
