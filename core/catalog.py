@@ -750,6 +750,57 @@ CATALOG: tuple[MetricSpec, ...] = (
         unit="1",
         help="Alerts waiting in the notifier outbox",
     ),
+    MetricSpec(
+        name="gpuhealth_agent_outbox_depth",
+        type=G,
+        unit="1",
+        help="Records waiting in the agent's outbox for a controller to acknowledge",
+    ),
+    MetricSpec(
+        name="gpuhealth_agent_outbox_dropped_total",
+        type=C,
+        unit="1",
+        help="Records dropped from the agent's outbox because it was full",
+    ),
+    MetricSpec(
+        name="gpuhealth_agent_records_sent_total",
+        type=C,
+        unit="1",
+        help="Agent records acknowledged by a controller",
+    ),
+    MetricSpec(
+        name="gpuhealth_agent_controller_up",
+        type=G,
+        unit="1",
+        help="Whether the last batch reached a controller (1) or none answered (0)",
+    ),
+    MetricSpec(
+        name="gpuhealth_controller_records_accepted_total",
+        type=C,
+        unit="1",
+        help="Agent records a controller replica wrote to the fleet state store",
+        labels=("kind",),
+    ),
+    MetricSpec(
+        name="gpuhealth_controller_batches_total",
+        type=C,
+        unit="1",
+        help="Agent batches a controller replica answered, by HTTP status code",
+        labels=("code",),
+    ),
+    MetricSpec(
+        name="gpuhealth_controller_agents",
+        type=G,
+        unit="1",
+        help="Registered agents, by state (reporting or silent)",
+        labels=("state",),
+    ),
+    MetricSpec(
+        name="gpuhealth_controller_consumer_lag_records",
+        type=G,
+        unit="1",
+        help="Accepted agent records this replica has not consumed yet",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOG}

@@ -142,6 +142,56 @@ def run(ctx: click.Context, config_path: str | None) -> None:
     sys.exit(run_service(settings))
 
 
+def _service_settings(ctx: click.Context, config_path: str | None) -> Any:
+    from gpuhealth.config import load_settings
+
+    if not ctx.find_root().params.get("quiet") and logging.getLogger().level > logging.INFO:
+        logging.getLogger().setLevel(logging.INFO)  # a service says where its data goes
+    try:
+        return load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings file ([agent] names the "
+              "controllers and the token).")
+@click.pass_context
+def agent(ctx: click.Context, config_path: str | None) -> None:
+    """Run the node agent of a fleet: collect, judge and detect here, report to the controllers.
+
+    Findings go to the [agent] controllers through a durable outbox (nothing is lost
+    while they are away); samples go to [storage]. Exit status 0 on a clean stop, 1
+    when start-up fails, 78 for an invalid configuration.
+    """
+    from gpuhealth.service import run as run_service
+
+    sys.exit(run_service(_service_settings(ctx, config_path), role="agent"))
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings file ([controller] names the "
+              "state store and the agent tokens).")
+@click.pass_context
+def controller(ctx: click.Context, config_path: str | None) -> None:
+    """Run one replica of the fleet controller: accept agents' batches; lead or stand by.
+
+    Every replica accepts and stores agents' batches; the leader ([remediation]
+    election) alerts and remediates for the fleet. Exit status 0 on a clean stop, 1
+    when start-up fails, 78 for an invalid configuration.
+    """
+    try:
+        from gpuhealth.controller import run_controller
+    except ImportError as exc:
+        click.echo(f"error: the controller needs its extra: pip install 'gpuhealth[controller]' "
+                   f"({exc})", err=True)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(run_controller(_service_settings(ctx, config_path)))
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")

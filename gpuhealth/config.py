@@ -609,6 +609,88 @@ class ReportSettings(BaseModel):
         return value
 
 
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class AgentSettings(BaseModel):
+    """``[agent]``: how ``gpuhealth agent`` reaches its controllers (docs/fleet.md)."""
+
+    model_config = _FROZEN
+
+    controllers: tuple[str, ...] = ()
+    """Base URLs of every controller replica (``https://ctl-a:9837``); the agent sends to
+    the first that answers, so it needs no leader discovery. Required by ``agent``."""
+    token_env: str | None = None
+    """Environment variable holding this agent's bearer token (one token per node)."""
+    token_file: Path | None = None
+    """File holding the token (a mounted Kubernetes Secret); re-read at each send."""
+    ca_file: Path | None = None
+    """CA bundle that signed the controllers' TLS certificates (default: the system's)."""
+    outbox_max_records: int = Field(default=100_000, ge=1)
+    """Records kept while no controller answers; beyond it the oldest are dropped and
+    counted (``gpuhealth_agent_outbox_dropped_total``). 100,000 findings is days of a
+    failing node's output."""
+    batch_max_records: int = Field(default=500, ge=1)
+    """Records per request to the controller."""
+    send_interval_seconds: Duration = Field(default=1.0, gt=0)
+    """How often the outbox is sent (and the heartbeat with it), seconds."""
+    heartbeat_interval_seconds: Duration = Field(default=10.0, gt=0)
+    """Longest time between two batches when nothing is queued, seconds."""
+    timeout_seconds: Duration = Field(default=10.0, gt=0)
+    """Connect and read timeout of one request, seconds."""
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> AgentSettings:
+        if self.token_env and self.token_file:
+            raise ValueError("set token_env or token_file, not both")
+        for url in self.controllers:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"controllers: {url!r} is not an http(s) URL")
+        return self
+
+
+class ControllerSettings(BaseModel):
+    """``[controller]``: the fleet controller's listener and state (docs/fleet.md)."""
+
+    model_config = _FROZEN
+
+    listen_address: str = "127.0.0.1"
+    """Address of the agents' API and the fleet ``/metrics``; beyond loopback it needs TLS."""
+    port: int = Field(default=9837, ge=0, le=65535)
+    """Port of the agents' API and the fleet ``/metrics``."""
+    state: str | None = None
+    """Fleet state store: a PostgreSQL URI or libpq string (password from ``PGPASSWORD`` or
+    ``~/.pgpass``, never here), or a SQLite file for one controller; default: a SQLite
+    file in the data folder. Incidents, actions, the audit trail, accepted agent records
+    and the agent registry live there, shared by the controller replicas."""
+    pool_size: int = Field(default=4, ge=1, le=64)
+    """Fixed number of database connections per replica (never one per node)."""
+    agent_tokens_file: Path | None = None
+    """File of ``node token`` lines (or a JSON object ``{node: token}``): the only agents
+    accepted, each only for its own node. Re-read when it changes."""
+    tls_cert_file: Path | None = None
+    """PEM certificate chain of the listener; required beyond loopback."""
+    tls_key_file: Path | None = None
+    """PEM private key of the listener."""
+    agent_silent_seconds: Duration = Field(default=60.0, gt=0)
+    """An agent not heard from for this long gets a ``warning`` finding (its node is not
+    drained on that alone)."""
+    consume_interval_seconds: Duration = Field(default=0.2, gt=0)
+    """How often every replica reads newly accepted records, seconds."""
+    retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)
+    """Accepted agent records older than this are deleted from the state store."""
+
+    @model_validator(mode="after")
+    def _tls_beyond_loopback(self) -> ControllerSettings:
+        if self.listen_address not in _LOOPBACK and not (self.tls_cert_file
+                                                         and self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file are required when the "
+                             "controller listens beyond loopback")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        return self
+
+
 class TimeSettings(BaseModel):
     """``[time]``: how time stamps that lack a time zone or a year are read."""
 
@@ -658,6 +740,10 @@ class Settings(BaseModel):
     """Free-form machine facts for the rules (``nvlink = "absent"``, ``ib_unused = "mlx5_1:1"``)."""
     time: TimeSettings = TimeSettings()
     """``[time]``: reading stamps without a zone or a year."""
+    agent: AgentSettings = AgentSettings()
+    """``[agent]``: the controllers an agent reports to."""
+    controller: ControllerSettings = ControllerSettings()
+    """``[controller]``: the fleet controller's listener, agents and state store."""
 
     source: str = "(defaults)"
     """The file the settings came from, for messages."""
@@ -721,6 +807,11 @@ class Settings(BaseModel):
     def audit_log_path(self) -> Path:
         """Return the audit log path (always set after loading)."""
         return self.remediation.audit_log or self.node.data_dir / "audit.jsonl"
+
+    @property
+    def fleet_state(self) -> str:
+        """Return the controller's state store: ``[controller] state`` or a SQLite file."""
+        return self.controller.state or str(self.node.data_dir / "fleet.sqlite")
 
     def enabled_collectors(self) -> dict[str, CollectorSettings]:
         """Return the collector tables that are switched on, by table name."""
@@ -890,6 +981,14 @@ def _secret_from(env_name: str | None, path: Path | None, env: Mapping[str, str]
         text = path.read_text(encoding="utf-8")
         return text.splitlines()[0].strip() if text.strip() else None
     return None
+
+
+def agent_token(settings: Settings, env: Mapping[str, str] = os.environ) -> str | None:
+    """Return this agent's bearer token from ``[agent] token_env`` or ``token_file``.
+
+    Never log the result.
+    """
+    return _secret_from(settings.agent.token_env, settings.agent.token_file, env)
 
 
 def pagerduty_routing_key(settings: Settings, env: Mapping[str, str] = os.environ

@@ -419,12 +419,14 @@ class Pipeline:
                      if n == prediction.node), default=0.0)
 
     def observe_findings(self, findings: Iterable[Finding], *,
-                         hold_seconds: float = 3600.0) -> None:
+                         hold_seconds: float = 3600.0, replace_held: bool = False) -> None:
         """Account for findings made outside the fault model (online detectors, gaps).
 
         Each finding stays open, and alerts like any other, until ``hold_seconds`` after
         it was last observed or until :meth:`clear_findings`; a newer finding with the
-        same key replaces it.
+        same key replaces it, adding its occurrences to the held one's unless
+        ``replace_held`` (a finding forwarded by an agent carries its whole count: a
+        record delivered twice must not count twice).
 
         Raises:
             ValueError: ``hold_seconds`` is not > 0.
@@ -435,7 +437,7 @@ class Pipeline:
             until = self.clock() + hold_seconds
             for finding in findings:
                 held = self._held.get(finding.key)
-                if held is not None:
+                if held is not None and not replace_held:
                     first = held[0].first_seen_at
                     finding = replace(
                         finding,

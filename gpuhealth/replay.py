@@ -44,6 +44,7 @@ from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, Pa
 from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
 from core.clock import Clock, system_clock
+from core.codec import finding_to_json
 from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionPhase,
@@ -60,7 +61,7 @@ from core.records import (
 )
 from gpuhealth.compose import Guards, replay_guards, replay_pipeline
 from gpuhealth.config import AnalyticsSettings
-from gpuhealth.diagnose import LINE_PROTOCOL_SUFFIXES, expand_paths, finding_to_json
+from gpuhealth.diagnose import LINE_PROTOCOL_SUFFIXES, expand_paths
 from remediation.policy import DECISION_HELD, describe, describe_request
 from storage import read_records
 from storage.lineprotocol import CONVERSIONS, DecodeReport

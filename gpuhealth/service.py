@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from alerting.inbound import InboundBatch
 from analytics.online import OnlineAnalytics, OnlineResult, to_finding
@@ -44,8 +44,9 @@ from core.errors import (
 )
 from core.protocols import Collector, Store, StreamingCollector
 from core.records import AlertState, Event, Record, Sample, Severity
+from gpuhealth.agent import AgentLink
 from gpuhealth.api import ApiServer, start_api
-from gpuhealth.compose import build_online, build_prediction, service_pipeline
+from gpuhealth.compose import agent_pipeline, build_online, build_prediction, service_pipeline
 from gpuhealth.config import (
     Settings,
     collector_options,
@@ -158,11 +159,21 @@ class Service:
         collectors: Ready-made collectors by name, instead of building the enabled
             ``[collectors.*]`` tables (for tests and embedding); polled every
             ``interval_seconds`` of the table of the same name, else every second.
+        role: ``"run"``: the whole stack in one process. ``"agent"``: one GPU node of a
+            fleet: collect, store, judge and detect on this node, and forward findings
+            to the controllers through the durable outbox (:class:`AgentLink`); no
+            alerting, remediation, history or report here (the controller's).
+
+    Raises:
+        ConfigError: ``role="agent"`` without ``[agent] controllers`` or a token.
     """
 
     def __init__(self, settings: Settings, *, stop: threading.Event | None = None,
-                 collectors: Mapping[str, Collector] | None = None) -> None:
+                 collectors: Mapping[str, Collector] | None = None,
+                 role: Literal["run", "agent"] = "run") -> None:
         self.settings = settings
+        self.role = role
+        self.link: AgentLink | None = None
         self.stop = stop or threading.Event()
         self._given = dict(collectors) if collectors is not None else None
         self.exporter = MetricsExporter()
@@ -228,13 +239,17 @@ class Service:
         else:
             self.collectors = dict(self._given)
         self.pipeline = self._build_pipeline()
-        try:
-            self.recorder = HistoryRecorder(IncidentHistory(s.history_path))
-        except Exception as exc:
-            raise StartupError(f"[report] cannot open the incident history {s.history_path}: "
-                               f"{exc}") from exc
-        if s.report.enabled:
-            self._start_weekly_report()
+        if self.role == "agent":
+            self.link = AgentLink.start(s, exporter=self.exporter, stop=self.stop,
+                                        inventory=self._inventory)
+        else:
+            try:
+                self.recorder = HistoryRecorder(IncidentHistory(s.history_path))
+            except Exception as exc:
+                raise StartupError(f"[report] cannot open the incident history "
+                                   f"{s.history_path}: {exc}") from exc
+            if s.report.enabled:
+                self._start_weekly_report()
         if s.metrics.enabled:
             self.server = MetricsServer(exporter=self.exporter,
                                         listen_address=s.metrics.listen_address,
@@ -261,12 +276,17 @@ class Service:
         self.exporter.inc("gpuhealth_samples_written_total", amount=0.0)
         self.exporter.inc("gpuhealth_events_written_total", amount=0.0)
         self.exporter.render()
-        logger.info(
-            "gpuhealth running on node %s: data in %s (store %s), metrics at %s, audit log %s"
-            " (remediation %s)",
-            s.node.name, s.node.data_dir, _store_name(s),
-            self.server.url if self.server else "disabled", s.audit_log_path,
-            "dry-run" if s.remediation.dry_run else "LIVE")
+        if self.role == "agent":
+            logger.info("gpuhealth agent running on node %s: data in %s (store %s), metrics "
+                        "at %s; findings go to the controllers", s.node.name, s.node.data_dir,
+                        _store_name(s), self.server.url if self.server else "disabled")
+        else:
+            logger.info(
+                "gpuhealth running on node %s: data in %s (store %s), metrics at %s, audit log "
+                "%s (remediation %s)",
+                s.node.name, s.node.data_dir, _store_name(s),
+                self.server.url if self.server else "disabled", s.audit_log_path,
+                "dry-run" if s.remediation.dry_run else "LIVE")
         for name, collector in self.collectors.items():
             if isinstance(collector, StreamingCollector):
                 target, args = self._stream_loop, (name, collector)
@@ -281,6 +301,8 @@ class Service:
         self._writer = threading.Thread(target=self._writer_loop, name="gpuhealth-writer",
                                         daemon=True)
         self._writer.start()
+        if self.role == "agent":
+            return
         self.elector.start()
         if s.remediation.election != "local" and not self.elector.is_leader_now():
             logger.warning(
@@ -305,6 +327,8 @@ class Service:
                 raise ConfigError(f"{self.settings.source}: [collectors.{name}] {exc}") from exc
 
     def _build_pipeline(self) -> Pipeline:
+        if self.role == "agent":
+            return agent_pipeline(self.settings)
         return service_pipeline(self.settings, identity=self.elector.identity,
                                 is_leader=self.elector.is_leader_now)
 
@@ -550,6 +574,8 @@ class Service:
             self._log_once("evaluate", "pipeline.evaluate failed: %s", exc)
             logger.debug("pipeline.evaluate failed", exc_info=exc)
             return
+        if self.link is not None:
+            self.link.forward(output.findings)
         self.exporter.set("gpuhealth_pipeline_lag_seconds", time.monotonic() - started,
                           {"stage": "evaluate"})
         for name, depth in self.pipeline.outbox_depths(every_notifier=True).items():
@@ -610,6 +636,11 @@ class Service:
             spare_fraction=r.spare_fraction, formats=r.formats, link_base=r.link_base)
         scheduler.start()
         self._report_scheduler = scheduler
+
+    def _inventory(self) -> list[dict[str, str]]:
+        """This node's GPUs as the samples name them (the agent's heartbeat)."""
+        node = self.settings.node.name
+        return [{"entity": entity} for n, entity in sorted(self._gpus) if n == node]
 
     def _gpu_reset_endpoint(self) -> GpuResetEndpoint | None:
         """The node side of GPU resets, when ``[remediation.gpu_reset_agent]`` is set."""
@@ -729,6 +760,8 @@ class Service:
         if self._report_scheduler is not None:
             self._report_scheduler.shutdown(wait=False)
         self.elector.stop()
+        if self.link is not None:
+            self.link.close()
         if self.api is not None:
             self.api.stop()
         if self.pipeline is not None:
@@ -796,19 +829,21 @@ class StartupError(PermanentError):
     """The service cannot start; the message names the setting and the path or address."""
 
 
-def run(settings: Settings, *, stop: threading.Event | None = None) -> int:
+def run(settings: Settings, *, stop: threading.Event | None = None,
+        role: Literal["run", "agent"] = "run") -> int:
     """Run the service until ``stop`` is set or SIGTERM/SIGINT arrives.
 
     Args:
         settings: From :func:`gpuhealth.config.load_settings`.
         stop: An event that stops the service when set (tests); SIGTERM and SIGINT set it.
+        role: ``"run"`` (the whole stack) or ``"agent"`` (one node of a fleet).
 
     Returns:
         0 after a clean stop; 78 (EX_CONFIG) when a collector's settings are invalid;
         1 when start-up failed otherwise (data folder, store or ``/metrics`` unavailable).
     """
     stop = stop or threading.Event()
-    service = Service(settings, stop=stop)
+    service = Service(settings, stop=stop, role=role)
     with _signals(stop):
         try:
             service.start()

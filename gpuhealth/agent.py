@@ -1,0 +1,149 @@
+"""``gpuhealth agent``: the link from one GPU node to its controllers.
+
+The agent is :class:`gpuhealth.service.Service` in the ``agent`` role: collectors,
+parsers, node-local fault rules, online detectors and the failure predictor run as in
+``run``; samples go to the configured store through the spool and on ``/metrics``.
+:class:`AgentLink` adds what makes it part of a fleet: each evaluation's findings go
+into the durable outbox (:class:`storage.agent_outbox.FindingForwarder`), and a sender
+thread posts the outbox with a heartbeat to the first controller replica that answers.
+
+While no controller answers the agent keeps collecting, judging, detecting and
+queueing (up to ``[agent] outbox_max_records``); the sender retries with a backoff
+from ``send_interval_seconds`` doubling to :data:`MAX_BACKOFF_SECONDS`, logs the outage
+once and the recovery once, and ``gpuhealth_agent_controller_up`` says which holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from core.errors import ConfigError
+from core.records import Finding
+from gpuhealth import __version__
+from gpuhealth.config import Settings, agent_token
+from gpuhealth.metrics import MetricsExporter
+from storage.agent_outbox import AgentOutbox, FindingForwarder, OutboxSender
+
+logger = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per batch is noise
+
+MAX_BACKOFF_SECONDS = 30.0
+"""Longest pause between two tries while no controller answers."""
+
+
+class AgentLink:
+    """The outbox, the forwarder and the sender thread of one agent.
+
+    Use :meth:`start`. Thread-safe: :meth:`forward` is called from the service's writer
+    thread, the sender runs in its own.
+    """
+
+    def __init__(self, *, outbox: AgentOutbox, sender: OutboxSender, exporter: MetricsExporter,
+                 stop: threading.Event, interval_seconds: float,
+                 heartbeat_seconds: float) -> None:
+        self.outbox = outbox
+        self.sender = sender
+        self.forwarder = FindingForwarder(outbox, node=outbox.node)
+        self.exporter = exporter
+        self.stop = stop
+        self.interval_seconds = interval_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.wake = threading.Event()
+        self.up: bool | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="gpuhealth-agent-link",
+                                        daemon=True)
+
+    @classmethod
+    def start(cls, settings: Settings, *, exporter: MetricsExporter, stop: threading.Event,
+              inventory: Callable[[], list[dict[str, str]]]) -> AgentLink:
+        """Open the outbox in the data folder and start sending.
+
+        Raises:
+            ConfigError: No ``[agent] controllers`` or no token (names the key).
+        """
+        a = settings.agent
+        if not a.controllers:
+            raise ConfigError(f"{settings.source}: [agent] controllers: the agent needs the "
+                              "URL of at least one controller replica")
+        token = agent_token(settings)
+        if not token:
+            raise ConfigError(f"{settings.source}: [agent] token_env or token_file: no agent "
+                              "token (set one; the controller refuses agents without)")
+        outbox = AgentOutbox(settings.node.data_dir / "agent-outbox.sqlite",
+                             node=settings.node.name, max_records=a.outbox_max_records)
+        try:
+            sender = OutboxSender(outbox, controllers=a.controllers, token=token,
+                                  version=__version__, inventory=inventory,
+                                  batch_max_records=a.batch_max_records,
+                                  timeout_seconds=a.timeout_seconds,
+                                  verify=str(a.ca_file) if a.ca_file else True)
+        except ValueError as exc:
+            outbox.close()
+            raise ConfigError(f"{settings.source}: {exc}") from exc
+        link = cls(outbox=outbox, sender=sender, exporter=exporter, stop=stop,
+                   interval_seconds=a.send_interval_seconds,
+                   heartbeat_seconds=a.heartbeat_interval_seconds)
+        link._thread.start()
+        logger.info("agent %s reports to %s (outbox %d records)", outbox.node,
+                    ", ".join(a.controllers), len(outbox))
+        return link
+
+    def forward(self, findings: Sequence[Finding]) -> None:
+        """Queue what changed in this evaluation's findings; wake the sender."""
+        try:
+            with self._lock:
+                queued = self.forwarder.observe(findings, now=time.time())
+        except Exception as exc:  # a full disk: the next evaluation tries again
+            logger.error("agent outbox: cannot queue findings: %s", exc)  # noqa: TRY400
+            return
+        if queued:
+            self.wake.set()
+
+    def _loop(self) -> None:
+        delay = self.interval_seconds
+        last_sent = 0.0
+        while not self.stop.is_set():
+            due = len(self.outbox) > 0 or time.monotonic() - last_sent >= self.heartbeat_seconds
+            if due:
+                result = self.sender.send_once()
+                if result.controller is not None:
+                    last_sent = time.monotonic()
+                    delay = self.interval_seconds
+                    if self.up is False:
+                        logger.warning("agent: controller %s answers again; sending the "
+                                       "%d queued records", result.controller, len(self.outbox))
+                    self.up = True
+                    if result.sent:
+                        self.exporter.inc("gpuhealth_agent_records_sent_total",
+                                          amount=float(result.sent))
+                    if len(self.outbox):
+                        continue  # more queued: the next batch at once
+                else:
+                    if self.up is not False:
+                        logger.error("agent: no controller took the batch (%s); collecting "
+                                     "and queueing until one does", result.error)
+                    self.up = False
+                    delay = min(MAX_BACKOFF_SECONDS, max(self.interval_seconds, delay * 2))
+            self.exporter.set("gpuhealth_agent_controller_up", 1.0 if self.up else 0.0)
+            self.exporter.set("gpuhealth_agent_outbox_depth", float(len(self.outbox)))
+            self.exporter.set("gpuhealth_agent_outbox_dropped_total",
+                              float(self.outbox.dropped))
+            self.wake.wait(delay if self.up is False else self.interval_seconds)
+            self.wake.clear()
+
+    def close(self) -> None:
+        """Stop the sender after one last try; keep the outbox file for the next start."""
+        self.stop.set()
+        self.wake.set()
+        self._thread.join(timeout=15.0)
+        if len(self.outbox):
+            result = self.sender.send_once()
+            if result.controller is None:
+                logger.warning("agent: %d records stay queued for the next start",
+                               len(self.outbox))
+        self.sender.close()
+        self.outbox.close()

@@ -1,0 +1,470 @@
+"""``gpuhealth controller``: one replica of the fleet's controller pair.
+
+Every replica:
+
+- serves the agents' API and the fleet ``/metrics`` (aiohttp, TLS beyond loopback):
+  ``POST /api/v1/agents/{node}/batch`` authenticates the agent by its bearer token
+  (401 for a missing or unknown token, 403 for a token of another node or a record
+  about another node, 400 naming the bad key of a malformed batch), writes the records
+  and the heartbeat to the fleet state store through a fixed pool of connections and
+  answers 200 ``{"accepted", "duplicates"}`` only after the write (503 when the store
+  cannot be written: the agent keeps the batch and retries);
+  ``GET /api/v1/agents`` (the registry), ``GET /api/v1/alerts``, ``GET /-/ready``;
+- consumes the accepted records in order (``seq``) into its pipeline, so a standby's
+  alert state is as current as the leader's when it takes over.
+
+Only the leader (``[remediation] election``) decides and acts: fleet-wide incidents,
+alerting, remediation under one disruption budget and circuit breaker, with the action
+store and the audit trail in the shared state store, so the standby resumes the
+leader's actions (each exactly once, by its idempotency key) after a fail-over.
+
+A node whose agent has sent nothing for ``[controller] agent_silent_seconds`` gets a
+``warning`` finding (``agent``/``silent``, action none): it is watched, never drained
+on that alone. All network I/O of a replica runs on one event loop; database calls run
+on a thread pool of the pool's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from storage.fleet import FleetRecord, FleetStore, open_fleet_store
+
+from alerting.alerts import alert_to_json
+from core.codec import CodecError, finding_from_json
+from core.errors import ConfigError, TemporaryError
+from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
+from gpuhealth.compose import service_pipeline
+from gpuhealth.config import Settings
+from gpuhealth.leader import build_leader_loop
+from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
+from gpuhealth.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+"""Largest batch body accepted (413 beyond)."""
+
+MAX_BATCH_RECORDS = 5_000
+"""Most records in one batch (400 beyond): agents send 500 by default."""
+
+RECORD_KINDS = frozenset({"finding", "finding_cleared", "inventory"})
+"""Record kinds an agent may send."""
+
+SILENT_KIND, SILENT_CODE = "agent", "silent"
+
+
+class AgentTokens:
+    """The agents' bearer tokens from ``[controller] agent_tokens_file``, re-read on change.
+
+    The file holds ``node token`` lines (``#`` comments) or a JSON object
+    ``{"node": "token"}``. Tokens are compared in constant time and never logged.
+
+    Args:
+        path: The file.
+
+    Raises:
+        ConfigError: The file cannot be read or a line is malformed (names the line).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._by_node: dict[str, bytes] = {}
+        self._by_hash: dict[bytes, str] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the file again when its size or modification time changed."""
+        try:
+            stat = self.path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            if stamp == self._stamp:
+                return
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"[controller] agent_tokens_file {self.path}: "
+                              f"{exc.strerror}") from exc
+        tokens: dict[str, str] = {}
+        if text.lstrip().startswith("{"):
+            try:
+                loaded = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{self.path}:{exc.lineno}: not JSON: {exc.msg}") from exc
+            if not isinstance(loaded, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) and v for k, v in loaded.items()):
+                raise ConfigError(f"{self.path}: expected {{node: token}} strings")
+            tokens = dict(loaded)
+        else:
+            for number, line in enumerate(text.splitlines(), 1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                parts = line.split()
+                if len(parts) != 2:
+                    raise ConfigError(f"{self.path}:{number}: expected 'node token'")
+                tokens[parts[0]] = parts[1]
+        self._by_node = {node: token.encode() for node, token in tokens.items()}
+        self._by_hash = {hashlib.sha256(t.encode()).digest(): n for n, t in tokens.items()}
+        self._stamp = stamp
+        logger.info("controller: %d agent tokens from %s", len(tokens), self.path)
+
+    def check(self, node: str, token: str) -> int:
+        """Return 200 when ``token`` is ``node``'s, 403 when it is another node's, else 401."""
+        given = token.encode()
+        own = self._by_node.get(node)
+        if own is not None and hmac.compare_digest(own, given):
+            return 200
+        return 403 if hashlib.sha256(given).digest() in self._by_hash else 401
+
+
+class BatchError(ValueError):
+    """A batch is refused; ``status`` is the HTTP status, the message names the key."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_batch(node: str, payload: Any) -> tuple[list[FleetRecord], dict[str, Any] | None]:
+    """Check one agent batch and return its records and its heartbeat.
+
+    Raises:
+        BatchError: 400 for a malformed batch, 403 for a record about another node.
+    """
+    if not isinstance(payload, dict):
+        raise BatchError(400, "the batch must be a JSON object")
+    if payload.get("node") != node:
+        raise BatchError(403, f"node: the batch is for {payload.get('node')!r}, sent as {node!r}")
+    raw = payload.get("records", [])
+    if not isinstance(raw, list):
+        raise BatchError(400, "records: expected a list")
+    if len(raw) > MAX_BATCH_RECORDS:
+        raise BatchError(400, f"records: {len(raw)} records, at most {MAX_BATCH_RECORDS}")
+    records: list[FleetRecord] = []
+    for i, item in enumerate(raw):
+        where = f"records[{i}]"
+        if not isinstance(item, dict):
+            raise BatchError(400, f"{where}: expected an object")
+        key, kind, at, body = item.get("key"), item.get("kind"), item.get("at"), item.get("body")
+        if not isinstance(key, str) or not key.startswith(f"{node}:") or len(key) > 200:
+            raise BatchError(400, f"{where}.key: expected '{node}:<id>', got {key!r}")
+        if kind not in RECORD_KINDS:
+            raise BatchError(400, f"{where}.kind: unknown kind {kind!r}")
+        if isinstance(at, bool) or not isinstance(at, int | float):
+            raise BatchError(400, f"{where}.at: expected epoch seconds, got {at!r}")
+        if not isinstance(body, dict):
+            raise BatchError(400, f"{where}.body: expected an object")
+        if kind in ("finding", "finding_cleared"):
+            if body.get("node") != node:
+                raise BatchError(403, f"{where}.body.node: {body.get('node')!r} is not {node!r}")
+            if kind == "finding":
+                try:
+                    finding_from_json(body, where=f"{where}.body")
+                except CodecError as exc:
+                    raise BatchError(400, str(exc)) from exc
+        records.append(FleetRecord(key=key, node=node, kind=str(kind), at=float(at), body=body))
+    heartbeat = payload.get("heartbeat")
+    if heartbeat is not None and not isinstance(heartbeat, dict):
+        raise BatchError(400, "heartbeat: expected an object")
+    return records, heartbeat
+
+
+class Controller:
+    """One controller replica (module docstring); :func:`run_controller` runs it.
+
+    Args:
+        settings: Loaded settings (``[controller]``, ``[remediation]``, ``[alerting]``).
+        store: The fleet state store; opened from ``[controller] state`` by default.
+
+    Raises:
+        ConfigError: No ``[controller] agent_tokens_file``, or a setting is wrong.
+    """
+
+    def __init__(self, settings: Settings, *, store: FleetStore | None = None) -> None:
+        c = settings.controller
+        if c.agent_tokens_file is None:
+            raise ConfigError(f"{settings.source}: [controller] agent_tokens_file: the "
+                              "controller accepts only agents with a token; list them")
+        self.settings = settings
+        self.tokens = AgentTokens(c.agent_tokens_file)
+        self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
+        self.elector = build_leader_loop(settings)
+        self.pipeline: Pipeline = service_pipeline(
+            settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
+            state=settings.fleet_state if settings.controller.state else None)
+        self.exporter = MetricsExporter()
+        self.cursor = 0
+        self.silent: set[str] = set()
+        self.port: int | None = None
+        self.ready = threading.Event()
+        self._db = ThreadPoolExecutor(max_workers=c.pool_size,
+                                      thread_name_prefix="gpuhealth-state")
+
+    # --- HTTP --------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The aiohttp application of the agents' API and ``/metrics``."""
+        app = web.Application(client_max_size=MAX_BATCH_BYTES)
+        app.router.add_post("/api/v1/agents/{node}/batch", self._batch)
+        app.router.add_get("/api/v1/agents", self._agents)
+        app.router.add_get("/api/v1/alerts", self._alerts)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/-/ready", self._ready)
+        return app
+
+    async def _db_call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+
+    def _count(self, status: int) -> None:
+        self.exporter.inc("gpuhealth_controller_batches_total", {"code": str(status)})
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        header = request.headers.get("Authorization", "")
+        token = header[7:] if header.startswith("Bearer ") else ""
+        with contextlib.suppress(ConfigError):
+            self.tokens.reload()
+        status = self.tokens.check(node, token) if token else 401
+        if status != 200:
+            self._count(status)
+            why = "unknown or missing token" if status == 401 else "token of another node"
+            return web.json_response({"error": why}, status=status,
+                                     headers={"WWW-Authenticate": "Bearer"}
+                                     if status == 401 else None)
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self._count(400)
+            return web.json_response({"error": "the body is not JSON"}, status=400)
+        try:
+            records, heartbeat = parse_batch(node, payload)
+        except BatchError as exc:
+            self._count(exc.status)
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        try:
+            result = await self._db_call(self.store.accept, node, records)
+            gpus = heartbeat.get("gpus", []) if heartbeat else []
+            await self._db_call(lambda: self.store.heartbeat(
+                node, version=str(payload.get("agent_version", "")),
+                gpus=gpus if isinstance(gpus, list) else [], at=time.time()))
+        except TemporaryError as exc:
+            self._count(503)
+            logger.warning("controller: cannot write a batch of %s: %s", node, exc)
+            return web.json_response({"error": "the state store is unavailable"}, status=503)
+        self._count(200)
+        for record in records:
+            self.exporter.inc("gpuhealth_controller_records_accepted_total",
+                              {"kind": record.kind})
+        return web.json_response({"accepted": result.accepted,
+                                  "duplicates": result.duplicates})
+
+    async def _agents(self, request: web.Request) -> web.Response:
+        rows = await self._db_call(self.store.agents)
+        now = time.time()
+        silent_after = self.settings.controller.agent_silent_seconds
+        return web.json_response([{
+            "node": r.node, "version": r.version, "gpus": list(r.gpus),
+            "first_seen_at": r.first_seen_at, "last_heartbeat_at": r.last_heartbeat_at,
+            "silent": now - r.last_heartbeat_at > silent_after} for r in rows])
+
+    async def _alerts(self, request: web.Request) -> web.Response:
+        return web.json_response([alert_to_json(a) for a in self.pipeline.active_alerts()])
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self._export()
+        body = self.exporter.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"leader": self.elector.is_leader_now(),
+                                  "consumed": self.cursor})
+
+    def _export(self) -> None:
+        engine = self.pipeline.engine
+        self.exporter.set("gpuhealth_remediation_leader", float(self.elector.is_leader_now()))
+        self.exporter.set("gpuhealth_remediation_breaker_open", float(engine.breaker_open))
+        self.exporter.set("gpuhealth_disruption_budget_nodes",
+                          self.pipeline.policy.disruption_limit)
+
+    # --- the consumer and the leader's work ----------------------------------------
+
+    def _apply(self, records: list[Any]) -> int:
+        """Give consumed records to the pipeline; return how many changed something."""
+        window = self.settings.analytics.event_window_seconds
+        now = time.time()
+        changed = 0
+        for record in records:
+            if record.kind == "finding":
+                hold = record.at + window - now
+                if hold <= 0:
+                    continue
+                try:
+                    finding = finding_from_json(record.body)
+                except CodecError as exc:  # accepted by an older version: skip, say so
+                    logger.warning("controller: record %s skipped: %s", record.key, exc)
+                    continue
+                self.pipeline.observe_findings([finding], hold_seconds=hold, replace_held=True)
+                changed += 1
+            elif record.kind == "finding_cleared":
+                b = record.body
+                self.pipeline.clear_findings([(str(b.get("node")), str(b.get("entity")),
+                                               str(b.get("kind")), str(b.get("code")))])
+                changed += 1
+        return changed
+
+    async def _consume(self, stop: asyncio.Event) -> None:
+        c = self.settings.controller
+        interval = c.consume_interval_seconds
+        next_eval = 0.0
+        next_silent = 0.0
+        while not stop.is_set():
+            changed = 0
+            try:
+                while True:
+                    batch = await self._db_call(self.store.read_after, self.cursor)
+                    if not batch:
+                        break
+                    changed += self._apply(batch)
+                    self.cursor = batch[-1].seq
+                now = time.monotonic()
+                if now >= next_silent:
+                    next_silent = now + min(5.0, c.agent_silent_seconds / 2)
+                    changed += await self._check_silent()
+                if changed or now >= next_eval:
+                    next_eval = now + self.settings.analytics.evaluate_interval_seconds
+                    await self.pipeline.aevaluate()
+                await self.pipeline.atick()
+            except TemporaryError as exc:
+                logger.warning("controller: state store unavailable: %s", exc)
+            except Exception:
+                logger.exception("controller: consuming accepted records failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    async def _check_silent(self) -> int:
+        rows = await self._db_call(self.store.agents)
+        now = time.time()
+        after = self.settings.controller.agent_silent_seconds
+        silent_now = {r.node for r in rows if now - r.last_heartbeat_at > after}
+        self.exporter.set("gpuhealth_controller_agents", float(len(silent_now)),
+                          {"state": "silent"})
+        self.exporter.set("gpuhealth_controller_agents", float(len(rows) - len(silent_now)),
+                          {"state": "reporting"})
+        back = self.silent - silent_now
+        gone = silent_now - self.silent
+        if back:
+            self.pipeline.clear_findings([(n, "node", SILENT_KIND, SILENT_CODE) for n in back])
+        if gone:
+            by_node = {r.node: r for r in rows}
+            self.pipeline.observe_findings(
+                [_silent_finding(by_node[n].node, by_node[n].last_heartbeat_at, after)
+                 for n in gone], hold_seconds=10 * 365 * 86400.0)
+        self.silent = silent_now
+        return len(back) + len(gone)
+
+    # --- running ----------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Serve and consume until ``stop`` is set.
+
+        Raises:
+            OSError: The listener cannot be bound.
+        """
+        c = self.settings.controller
+        context: ssl.SSLContext | None = None
+        if c.tls_cert_file and c.tls_key_file:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(str(c.tls_cert_file), str(c.tls_key_file))
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context,
+                           shutdown_timeout=5.0)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else c.port
+        self.elector.start()
+        logger.info("gpuhealth controller %s listening on %s://%s:%d (state %s, remediation %s)",
+                    self.elector.identity, "https" if context else "http", c.listen_address,
+                    self.port, _redacted(self.settings.fleet_state),
+                    "dry-run" if self.settings.remediation.dry_run else "LIVE")
+        self.ready.set()
+        try:
+            await self._consume(stop)
+        finally:
+            await runner.cleanup()
+            self.elector.stop()
+            await self.pipeline.deliver(force=True)
+            self.pipeline.close()
+            self._db.shutdown(wait=True)
+            self.store.close()
+
+
+def _silent_finding(node: str, last: float, after: float) -> Finding:
+    return Finding(
+        node=NodeName(node), entity=EntityId("node"), kind=SILENT_KIND, code=SILENT_CODE,
+        severity=Severity.WARNING, action=Action.NONE,
+        summary=f"gpuhealth agent on {node} silent for more than {after:.0f} s "
+                "(node down, agent stopped or network cut); not remediated on that alone",
+        evidence=(Evidence(file="controller", line=None, text="last heartbeat at "
+                           + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last))),),
+        source="gpuhealth controller: agent registry", first_seen_at=last + after,
+        last_seen_at=time.time())
+
+
+def _redacted(target: str) -> str:
+    """A state-store target for logs: the password of a URI is never printed."""
+    if "://" in target and "@" in target:
+        scheme, rest = target.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':', 1)[0]}@{host}"
+    return " ".join(p for p in target.split() if not p.startswith("password="))
+
+
+def run_controller(settings: Settings, *, stop: threading.Event | None = None) -> int:
+    """Run one controller replica until SIGTERM/SIGINT or ``stop``.
+
+    Returns:
+        0 after a clean stop; 78 for a configuration error; 1 when start-up failed.
+    """
+    from gpuhealth.service import EXIT_CONFIG, _signals
+
+    stop = stop or threading.Event()
+    try:
+        settings.node.data_dir.mkdir(parents=True, exist_ok=True)
+        controller = Controller(settings)
+    except ConfigError as exc:
+        logger.error("gpuhealth controller cannot start: %s", exc)  # noqa: TRY400
+        return EXIT_CONFIG
+    except (OSError, TemporaryError) as exc:
+        logger.error("gpuhealth controller cannot start: %s", exc)  # noqa: TRY400
+        return 1
+
+    async def main() -> None:
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
+                         daemon=True).start()
+        await controller.serve(done)
+
+    with _signals(stop):
+        try:
+            asyncio.run(main())
+        except OSError as exc:
+            logger.error("gpuhealth controller cannot listen: %s", exc)  # noqa: TRY400
+            return 1
+    return 0
+

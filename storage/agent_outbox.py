@@ -1,0 +1,326 @@
+"""The agent's durable, bounded outbox to its controller, and the sender that drains it.
+
+Everything the controller needs from a node (findings and their clearing, GPU
+inventory) is put here first, each record with an idempotency key made once, when it
+is put (``<node>:<random hex>``), and kept in one SQLite file (WAL, ``synchronous =
+FULL``) until a controller has acknowledged it. So a record survives an agent restart,
+a ``kill -9``, a controller outage of any length up to the bound and a controller
+fail-over; a record sent twice (the answer was lost) carries the same key and the
+controller stores it once (at-least-once delivery, exactly-once effect).
+
+Bound: ``max_records``; beyond it the oldest records are dropped, counted
+(:attr:`AgentOutbox.dropped`) and logged once per outage, never the newest.
+
+Wire format (``POST <controller>/api/v1/agents/<node>/batch``, JSON,
+``Authorization: Bearer <agent token>``)::
+
+    {"node": "gpu-02", "agent_version": "0.1.0", "sent_at": 1764600000.5,
+     "heartbeat": {"at": 1764600000.5, "gpus": [{"uuid": "GPU-...", "pci_bus_id": "..."}]},
+     "records": [{"key": "gpu-02:5f1c...", "kind": "finding", "at": 1764600000.1,
+                  "body": {<finding JSON, docs/fault-model.md>}}]}
+
+The controller answers 200 ``{"accepted": n, "duplicates": m}`` only after the records
+are written to its state store; 401 for a missing or wrong token, 403 for a batch about
+another node, 400 for a malformed batch (the body names the key), 5xx or no answer when
+it cannot write. :class:`OutboxSender` tries the controllers in turn (every replica
+accepts; agents need no leader discovery) and acknowledges only on 200.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.codec import finding_to_json
+from core.records import Finding
+
+logger = logging.getLogger(__name__)
+
+RECORD_KINDS = frozenset({"finding", "finding_cleared", "inventory"})
+"""What an agent puts in its outbox; heartbeats ride on every batch instead."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutboxRecord:
+    """One record waiting for the controller.
+
+    Attributes:
+        id: Row id (order of :meth:`AgentOutbox.put`).
+        key: Idempotency key, unique across the fleet (``<node>:<hex>``).
+        kind: One of :data:`RECORD_KINDS`.
+        at: When it was made, epoch seconds.
+        body: The JSON object sent.
+    """
+
+    id: int
+    key: str
+    kind: str
+    at: float
+    body: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as it goes on the wire."""
+        return {"key": self.key, "kind": self.kind, "at": self.at, "body": dict(self.body)}
+
+
+class AgentOutbox:
+    """The durable, bounded queue of records for the controller (module docstring).
+
+    Args:
+        path: The SQLite file (its folder is created), or ``None`` for memory (tests).
+        node: This node's name, the prefix of every key.
+        max_records: Records kept while the controller is away, >= 1.
+
+    Raises:
+        ValueError: ``max_records`` < 1 or an empty ``node``.
+        sqlite3.DatabaseError: The file is not an outbox.
+    """
+
+    def __init__(self, path: str | Path | None, *, node: str,
+                 max_records: int = 100_000) -> None:
+        if max_records < 1:
+            raise ValueError(f"max_records must be >= 1, got {max_records!r}")
+        if not node:
+            raise ValueError("node must not be empty")
+        self.node = node
+        self.max_records = max_records
+        self.dropped = 0
+        self._warned = False
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(":memory:" if path is None else str(path), timeout=30.0,
+                                   isolation_level=None, check_same_thread=False)
+        if path is not None:
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def put(self, kind: str, body: Mapping[str, Any], *, at: float) -> str:
+        """Queue one record; return its idempotency key.
+
+        Raises:
+            ValueError: ``kind`` is not one of :data:`RECORD_KINDS`.
+            sqlite3.Error: The file cannot be written (a full disk): nothing was queued.
+        """
+        if kind not in RECORD_KINDS:
+            raise ValueError(f"unknown outbox record kind {kind!r}")
+        key = f"{self.node}:{uuid.uuid4().hex}"
+        text = json.dumps(dict(body), sort_keys=True, separators=(",", ":"))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT INTO outbox (key, kind, at, body) VALUES (?,?,?,?)",
+                                 (key, kind, at, text))
+                over = self._count() - self.max_records
+                if over > 0:
+                    self._db.execute("DELETE FROM outbox WHERE id IN "
+                                     "(SELECT id FROM outbox ORDER BY id LIMIT ?)", (over,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if over > 0:
+            self.dropped += over
+            if not self._warned:
+                self._warned = True
+                logger.warning("agent outbox full (%d records): dropping the oldest until "
+                               "a controller answers", self.max_records)
+        return key
+
+    def _count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._count()
+
+    def peek(self, limit: int) -> list[OutboxRecord]:
+        """Return up to ``limit`` of the oldest records, oldest first (they stay queued)."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, key, kind, at, body FROM outbox ORDER BY id "
+                                    "LIMIT ?", (limit,)).fetchall()
+        return [OutboxRecord(id=int(r[0]), key=str(r[1]), kind=str(r[2]), at=float(r[3]),
+                             body=json.loads(r[4])) for r in rows]
+
+    def ack(self, ids: Sequence[int]) -> None:
+        """Remove acknowledged records."""
+        if not ids:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+            self._db.execute("COMMIT")
+            if not self._count():
+                self._warned = False
+
+    def close(self) -> None:
+        """Close the file (what is queued stays for the next start)."""
+        with self._lock:
+            self._db.close()
+
+
+class FindingForwarder:
+    """Turn each evaluation's findings into outbox records: new or changed, and cleared.
+
+    A finding is sent when it first appears and again whenever its severity,
+    occurrences, last time or evidence change; when it is gone from an evaluation a
+    ``finding_cleared`` record (its key) follows. Findings are only forwarded for this
+    node's own entities' node (an agent reports only for itself).
+
+    Args:
+        outbox: Where the records go.
+        node: This node.
+    """
+
+    def __init__(self, outbox: AgentOutbox, *, node: str) -> None:
+        self.outbox = outbox
+        self.node = node
+        self._sent: dict[tuple[str, str, str, str], tuple[Any, ...]] = {}
+
+    def observe(self, findings: Sequence[Finding], *, now: float) -> int:
+        """Queue what changed since the last call; return the records queued."""
+        queued = 0
+        current: dict[tuple[str, str, str, str], Finding] = {}
+        for f in findings:
+            if f.node != self.node:
+                continue
+            current[f.key] = f
+        for key, f in current.items():
+            stamp = (f.severity, f.occurrences, f.last_seen_at, f.summary, len(f.evidence))
+            if self._sent.get(key) != stamp:
+                self.outbox.put("finding", finding_to_json(f), at=now)
+                self._sent[key] = stamp
+                queued += 1
+        for key in [k for k in self._sent if k not in current]:
+            node, entity, kind, code = key
+            self.outbox.put("finding_cleared", {"node": node, "entity": entity, "kind": kind,
+                                                "code": code}, at=now)
+            del self._sent[key]
+            queued += 1
+        return queued
+
+
+@dataclass(slots=True)
+class SendResult:
+    """What one :meth:`OutboxSender.send_once` did.
+
+    Attributes:
+        sent: Records acknowledged.
+        duplicates: Of those, records the controller had already.
+        controller: URL that answered 200, else ``None``.
+        error: Why no controller took the batch, else ``""``.
+    """
+
+    sent: int = 0
+    duplicates: int = 0
+    controller: str | None = None
+    error: str = ""
+    refused: bool = False
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class OutboxSender:
+    """Send the outbox in batches to the first controller replica that takes them.
+
+    Args:
+        outbox: The queue.
+        controllers: Base URLs of the controller replicas (``https://ctl-a:9837``).
+        token: This agent's bearer token.
+        version: The agent's version, in every batch.
+        inventory: Returns this node's GPUs (``[{"uuid", "pci_bus_id", "index"}]``).
+        batch_max_records: Records per request.
+        timeout_seconds: Connect and read timeout per request.
+        verify: TLS verification: ``True``, a CA bundle path, or ``False`` (tests only).
+        clock: Epoch seconds.
+
+    Raises:
+        ValueError: No controller URL, or one that is not http(s).
+    """
+
+    def __init__(self, outbox: AgentOutbox, *, controllers: Sequence[str], token: str,
+                 version: str, inventory: Callable[[], list[dict[str, str]]] = list,
+                 batch_max_records: int = 500, timeout_seconds: float = 10.0,
+                 verify: bool | str = True, clock: Callable[[], float] = time.time) -> None:
+        urls = [u.rstrip("/") for u in controllers]
+        if not urls:
+            raise ValueError("no controller URL ([agent] controllers)")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"[agent] controllers: {url!r} is not an http(s) URL")
+        self.outbox = outbox
+        self.controllers = urls
+        self.version = version
+        self.inventory = inventory
+        self.batch_max_records = batch_max_records
+        self.clock = clock
+        self._token = token
+        self._next = 0
+        self._client = httpx.Client(timeout=timeout_seconds, verify=verify)
+
+    def send_once(self) -> SendResult:
+        """Send one batch (with the heartbeat, even when nothing is queued).
+
+        Returns:
+            What was acknowledged, or why nothing was (every controller tried once).
+        """
+        records = self.outbox.peek(self.batch_max_records)
+        now = self.clock()
+        payload = {
+            "node": self.outbox.node, "agent_version": self.version, "sent_at": now,
+            "heartbeat": {"at": now, "gpus": self.inventory()},
+            "records": [r.to_json() for r in records],
+        }
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = {"Authorization": f"Bearer {self._token}",
+                   "Content-Type": "application/json"}
+        result = SendResult()
+        for attempt in range(len(self.controllers)):
+            url = self.controllers[(self._next + attempt) % len(self.controllers)]
+            target = f"{url}/api/v1/agents/{self.outbox.node}/batch"
+            try:
+                answer = self._client.post(target, content=body, headers=headers)
+            except httpx.HTTPError as exc:
+                result.error = f"{target}: {type(exc).__name__}: {exc}"
+                continue
+            result.statuses[url] = answer.status_code
+            if answer.status_code == 200:
+                self._next = (self._next + attempt) % len(self.controllers)
+                try:
+                    duplicates = int(answer.json().get("duplicates", 0))
+                except (ValueError, AttributeError):
+                    duplicates = 0
+                self.outbox.ack([r.id for r in records])
+                result.sent, result.duplicates, result.controller = (
+                    len(records), duplicates, url)
+                result.error = ""
+                return result
+            result.error = f"{target}: HTTP {answer.status_code}: {answer.text[:200]}"
+            if answer.status_code in (400, 401, 403):
+                result.refused = True  # the same batch would be refused by every replica
+                return result
+        return result
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self._client.close()

@@ -1,0 +1,17 @@
+CREATE TABLE IF NOT EXISTS fleet_records (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    node TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    body JSONB NOT NULL,
+    accepted_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fleet_records_at ON fleet_records (at);
+CREATE TABLE IF NOT EXISTS fleet_agents (
+    node TEXT PRIMARY KEY,
+    version TEXT NOT NULL,
+    gpus JSONB NOT NULL,
+    first_seen_at DOUBLE PRECISION NOT NULL,
+    last_heartbeat_at DOUBLE PRECISION NOT NULL
+);

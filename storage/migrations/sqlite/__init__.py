@@ -1,0 +1,3 @@
+"""Versioned schema migrations (NNNN_name.sql), applied in order once per database."""
+
+from __future__ import annotations
