@@ -388,10 +388,9 @@ class Controller:
         if c.tls_cert_file and c.tls_key_file:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(str(c.tls_cert_file), str(c.tls_key_file))
-        runner = web.AppRunner(self.app(), access_log=None)
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
-        site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context,
-                           shutdown_timeout=5.0)
+        site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []

@@ -1,0 +1,164 @@
+"""The agent's outbox and the controller's agents' API, end to end on loopback.
+
+The controller is the real :class:`gpuhealth.controller.Controller` (aiohttp) on a free
+port with a SQLite state store; the agent side is the real outbox and sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.records import Action, Evidence, Finding, Severity
+from gpuhealth.config import load_settings
+from gpuhealth.controller import Controller
+from storage.agent_outbox import AgentOutbox, FindingForwarder, OutboxSender
+from tests.servers import eventually, free_port
+
+TOKENS = "gpu-01 tok-one-0123456789abcdef\ngpu-02 tok-two-0123456789abcdef\n"
+
+
+def _finding(node: str = "gpu-02", occurrences: int = 1) -> Finding:
+    return Finding(node=node, entity="0000:b1:00.0", kind="xid", code="79",  # type: ignore[arg-type]
+                   severity=Severity.CRITICAL, action=Action.REBOOT_NODE,
+                   summary="Xid 79: GPU has fallen off the bus",
+                   evidence=(Evidence(file="/var/log/kern.log", line=7,
+                                      text="NVRM: Xid (PCI:0000:b1:00): 79, pid=1234"),),
+                   source="xid.gpu_driver_rule", occurrences=occurrences,
+                   first_seen_at=100.0, last_seen_at=100.0 + occurrences)
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[Controller]:
+    (tmp_path / "tokens").write_text(TOKENS)
+    config = tmp_path / "ctl.toml"
+    config.write_text(f"""
+[node]
+name = "ctl-a"
+data_dir = "{tmp_path / 'ctl'}"
+[report]
+enabled = false
+[analytics]
+evaluate_interval_seconds = 0.2
+[controller]
+port = {free_port()}
+agent_tokens_file = "{tmp_path / 'tokens'}"
+""")
+    settings = load_settings(config, env={})
+    settings.node.data_dir.mkdir(parents=True)
+    ctl = Controller(settings)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=loop.run_until_complete, args=(ctl.serve(stop),))
+    thread.start()
+    assert ctl.ready.wait(10)
+    yield ctl
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(15)
+    loop.close()
+
+
+def _url(ctl: Controller) -> str:
+    return f"http://127.0.0.1:{ctl.port}"
+
+
+def test_outbox_survives_a_restart_and_drops_the_oldest_beyond_its_bound(tmp_path: Path) -> None:
+    box = AgentOutbox(tmp_path / "o.sqlite", node="gpu-02", max_records=3)
+    keys = [box.put("finding", {"n": i}, at=float(i)) for i in range(5)]
+    box.close()
+    again = AgentOutbox(tmp_path / "o.sqlite", node="gpu-02", max_records=3)
+    kept = again.peek(10)
+    assert [r.key for r in kept] == keys[2:]  # the newest three, in order
+    assert box.dropped == 2
+    again.ack([kept[0].id])
+    assert [r.body["n"] for r in again.peek(10)] == [3, 4]
+    again.close()
+
+
+def test_forwarder_sends_new_and_changed_findings_and_their_clearing() -> None:
+    box = AgentOutbox(None, node="gpu-02")
+    fwd = FindingForwarder(box, node="gpu-02")
+    assert fwd.observe([_finding()], now=1.0) == 1
+    assert fwd.observe([_finding()], now=2.0) == 0  # unchanged: nothing again
+    assert fwd.observe([_finding(occurrences=2)], now=3.0) == 1
+    assert fwd.observe([_finding(node="gpu-09")], now=4.0) == 1  # only the clearing
+    kinds = [r.kind for r in box.peek(10)]
+    assert kinds == ["finding", "finding", "finding_cleared"]
+
+
+def test_a_finding_reaches_the_controller_once_though_sent_twice(
+        controller: Controller) -> None:
+    box = AgentOutbox(None, node="gpu-02")
+    FindingForwarder(box, node="gpu-02").observe([_finding()], now=time.time())
+    sender = OutboxSender(box, controllers=["http://127.0.0.1:9", _url(controller)],
+                          token="tok-two-0123456789abcdef", version="test")
+    pending = box.peek(10)
+    result = sender.send_once()  # the first replica is down: the second takes it
+    assert (result.sent, result.duplicates, result.controller) == (1, 0, _url(controller))
+    box.ack([])
+    for r in pending:  # the answer was "lost": the same records again
+        box._db.execute("INSERT INTO outbox (key, kind, at, body) VALUES (?,?,?,?)",
+                        (r.key, r.kind, r.at, '{"node": "gpu-02", "entity": "x", '
+                         '"kind": "xid", "code": "79", "severity": "critical", '
+                         '"action": "reboot_node"}'))
+    assert sender.send_once().duplicates == 1
+    alerts = eventually(lambda: httpx.get(f"{_url(controller)}/api/v1/alerts").json())
+    assert [a["labels"]["alertname"] for a in alerts] == ["GpuXid79"]
+    assert "NVRM: Xid (PCI:0000:b1:00): 79" in alerts[0]["annotations"]["evidence"]
+    assert alerts[0]["annotations"]["occurrences"] == "1"  # counted once
+    agents = httpx.get(f"{_url(controller)}/api/v1/agents").json()
+    assert [(a["node"], a["silent"]) for a in agents] == [("gpu-02", False)]
+    sender.close()
+
+
+@pytest.mark.parametrize(("token", "node", "body_node", "status"), [
+    ("", "gpu-02", "gpu-02", 401),
+    ("wrong-token", "gpu-02", "gpu-02", 401),
+    ("tok-one-0123456789abcdef", "gpu-02", "gpu-02", 403),  # gpu-01's token
+    ("tok-two-0123456789abcdef", "gpu-02", "gpu-01", 403),  # a finding about another node
+    ("tok-two-0123456789abcdef", "gpu-02", "gpu-02", 200),
+])
+def test_agents_are_authenticated_and_report_only_for_themselves(
+        controller: Controller, token: str, node: str, body_node: str, status: int) -> None:
+    finding = {"node": body_node, "entity": "node", "kind": "xid", "code": "79",
+               "severity": "critical", "action": "reboot_node", "summary": "s",
+               "evidence": [], "source": "t"}
+    batch = {"node": node, "records": [{"key": f"{node}:abc", "kind": "finding",
+                                        "at": time.time(),
+                                        "body": finding}]}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = httpx.post(f"{_url(controller)}/api/v1/agents/{node}/batch", json=batch,
+                        headers=headers)
+    assert answer.status_code == status, answer.text
+    stored = controller.store.read_after(0)
+    assert len(stored) == (1 if status == 200 else 0)
+
+
+@pytest.mark.parametrize(("batch", "names"), [
+    ({"node": "gpu-02", "records": {}}, "records"),
+    ({"node": "gpu-02", "records": [{"key": "gpu-01:x", "kind": "finding", "at": 1,
+                                     "body": {}}]}, "records[0].key"),
+    ({"node": "gpu-02", "records": [{"key": "gpu-02:x", "kind": "nonsense", "at": 1,
+                                     "body": {}}]}, "records[0].kind"),
+    ({"node": "gpu-02", "records": [{"key": "gpu-02:x", "kind": "finding", "at": 1,
+                                     "body": {"node": "gpu-02", "severity": "bad"}}]},
+     "records[0].body"),
+])
+def test_a_malformed_batch_is_400_naming_the_key(controller: Controller, batch: dict,
+                                                 names: str) -> None:
+    answer = httpx.post(f"{_url(controller)}/api/v1/agents/gpu-02/batch", json=batch,
+                        headers={"Authorization": "Bearer tok-two-0123456789abcdef"})
+    assert answer.status_code == 400
+    assert names in answer.json()["error"]
+    assert controller.store.read_after(0) == []
+
+
+def test_controller_metrics_are_served(controller: Controller) -> None:
+    text = httpx.get(f"{_url(controller)}/metrics").text
+    assert "gpuhealth_remediation_leader 1.0" in text
