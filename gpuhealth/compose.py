@@ -383,16 +383,13 @@ def replay_pipeline(
 
 
 def service_pipeline(settings: Settings, *, identity: str,
-                     is_leader: Callable[[], bool], state: str | None = None) -> Pipeline:
+                     is_leader: Callable[[], bool]) -> Pipeline:
     """The pipeline of a long-running service (``run``, ``controller``).
 
     Args:
         settings: Loaded settings.
         identity: This process's identity (election, audit trail).
         is_leader: Whether this process may decide and act now.
-        state: The shared state store of a controller pair (a PostgreSQL DSN): the
-            action store and the audit trail live there; ``None``: the data folder's
-            files (``actions.db``, ``audit.jsonl``).
 
     Raises:
         ConfigError: A notifier, adapter or guard setting is wrong.
@@ -403,8 +400,8 @@ def service_pipeline(settings: Settings, *, identity: str,
         settings, guard=guards(settings), identity=identity, scheduler=scheduler,
         node_agent=node_agent, notifiers=notifiers, pagers=pagers, is_leader=is_leader,
         facts={"node": settings.node.name, **settings.inventory},
-        audit_log_path=state or str(settings.audit_log_path),
-        action_store_path=state or str(settings.action_store_path),
+        audit_log_path=str(settings.audit_log_path),
+        action_store_path=str(settings.action_store_path),
         outbox_path=str(alerting_path(settings, "outbox")),
         silences=SilenceStore(path=alerting_path(settings, "silences")),
         event_window_seconds=settings.analytics.event_window_seconds,

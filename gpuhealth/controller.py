@@ -202,9 +202,10 @@ class Controller:
         self.tokens = AgentTokens(c.agent_tokens_file)
         self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
         self.elector = build_leader_loop(settings)
+        # The action store and the audit trail stay in this replica's data folder until
+        # they move to the shared state store (docs/fleet.md, "What is not shared yet").
         self.pipeline: Pipeline = service_pipeline(
-            settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
-            state=settings.fleet_state if settings.controller.state else None)
+            settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now)
         self.exporter = MetricsExporter()
         self.cursor = 0
         self.silent: set[str] = set()
