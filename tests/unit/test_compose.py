@@ -112,6 +112,23 @@ def test_run_and_replay_live_build_identical_guards(
     assert _replay_live_guards(config, monkeypatch) == expected
 
 
+def test_the_controller_builds_the_same_guards(config: Path, tmp_path: Path) -> None:
+    from gpuhealth.controller import Controller
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("gpu-01 tok-0123456789abcdef\n")
+    text = config.read_text() + f'\n[controller]\nagent_tokens_file = "{tokens}"\n'
+    config.write_text(text)
+    settings = load_settings(config, env={})
+    settings.node.data_dir.mkdir(parents=True, exist_ok=True)
+    controller = Controller(settings)
+    try:
+        assert guards_of(controller.pipeline) == guards(settings) == _run_guards(config)
+    finally:
+        controller.pipeline.close()
+        controller.store.close()
+
+
 def test_a_command_line_budget_wins_over_the_file_in_replay_live(config: Path) -> None:
     options = cli._live_remediation(str(config), cluster_size=100,
                                     max_disrupted_fraction=0.05)
