@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from storage.fleet import FleetRecord, FleetStore, open_fleet_store
 
 from alerting.alerts import alert_to_json
 from core.codec import CodecError, finding_from_json
@@ -51,6 +50,7 @@ from gpuhealth.config import Settings
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
+from storage.fleet import FleetRecord, FleetStore, open_fleet_store
 
 logger = logging.getLogger(__name__)
 
@@ -331,6 +331,7 @@ class Controller:
         interval = c.consume_interval_seconds
         next_eval = 0.0
         next_silent = 0.0
+        next_prune = time.monotonic() + 60.0
         while not stop.is_set():
             changed = 0
             try:
@@ -344,6 +345,13 @@ class Controller:
                 if now >= next_silent:
                     next_silent = now + min(5.0, c.agent_silent_seconds / 2)
                     changed += await self._check_silent()
+                if now >= next_prune and self.elector.is_leader_now():
+                    next_prune = now + 3600.0
+                    pruned = await self._db_call(self.store.prune,
+                                                 time.time() - c.retention_seconds)
+                    if pruned:
+                        logger.info("controller: %d accepted records older than %.0f s "
+                                    "deleted", pruned, c.retention_seconds)
                 if changed or now >= next_eval:
                     next_eval = now + self.settings.analytics.evaluate_interval_seconds
                     await self.pipeline.aevaluate()

@@ -204,7 +204,8 @@ def test_fleet_on_loopback(fleet: dict[str, Any]) -> None:
     for node in ("gpu-01", "gpu-03"):
         eventually(lambda n=node: (n, "GpuXid48") in _alerts(fleet, leader), timeout=30)
     records = _records(fleet)
-    assert records.count(("gpu-01", "48")) == 1 and records.count(("gpu-03", "48")) == 1
+    assert records.count(("gpu-01", "48")) == 1
+    assert records.count(("gpu-03", "48")) == 1
     assert records.count(("gpu-02", "79")) == 1
 
     # The leader killed: the standby leads within the lease and has every alert.

@@ -124,7 +124,8 @@ def test_prune_deletes_only_old_records(target: str) -> None:
 
 
 def test_the_backend_is_chosen_by_the_target(tmp_path: Path) -> None:
-    assert is_postgres("postgresql://u@db/fleet") and is_postgres("host=db dbname=x")
+    assert is_postgres("postgresql://u@db/fleet")
+    assert is_postgres("host=db dbname=x")
     assert not is_postgres(str(tmp_path / "fleet.sqlite"))
     store = open_fleet_store(str(tmp_path / "f.sqlite"))
     assert isinstance(store, SqliteFleetStore)
@@ -138,7 +139,7 @@ def test_a_restarted_postgres_is_a_temporary_error_then_works(postgres: Postgres
     try:
         store.accept("gpu-01", [_rec("gpu-01", 1)])
         postgres.stop()
-        with pytest.raises(TemporaryError, match="PostgreSQL 127.0.0.1"):
+        with pytest.raises(TemporaryError, match=r"PostgreSQL 127\.0\.0\.1"):
             store.accept("gpu-01", [_rec("gpu-01", 2)])
         postgres.start()
         for _ in range(20):  # the pool replaces its broken connections
