@@ -152,6 +152,21 @@ def migrations(dialect: str) -> list[tuple[int, str, str]]:
 
 
 _SELECT = "SELECT seq, key, node, kind, at, body, accepted_at FROM fleet_records"
+# One text per statement for both backends, with ``?`` placeholders (``%s`` for psycopg).
+_INSERT_RECORD = ("INSERT INTO fleet_records (key, node, kind, at, body, accepted_at) "
+                  "VALUES (?,?,?,?,?,?) ON CONFLICT (key) DO NOTHING")
+_READ_AFTER = f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?"
+_HEARTBEAT = ("INSERT INTO fleet_agents (node, version, gpus, first_seen_at, last_heartbeat_at) "
+              "VALUES (?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, "
+              "gpus = excluded.gpus, last_heartbeat_at = excluded.last_heartbeat_at")
+_AGENTS = ("SELECT node, version, gpus, first_seen_at, last_heartbeat_at FROM fleet_agents "
+           "ORDER BY node")
+_PRUNE = "DELETE FROM fleet_records WHERE at < ?"
+
+
+def _pg(sql: str) -> str:
+    """The psycopg form of a statement: ``%s`` placeholders."""
+    return sql.replace("?", "%s")
 
 
 class SqliteFleetStore:
@@ -212,44 +227,33 @@ class SqliteFleetStore:
         accepted = 0
         with self._tx() as db:
             for r in records:
-                cur = db.execute(
-                    "INSERT INTO fleet_records (key, node, kind, at, body, accepted_at) "
-                    "VALUES (?,?,?,?,?,?) ON CONFLICT (key) DO NOTHING",
-                    (r.key, node, r.kind, r.at, _json(dict(r.body)), now))
+                cur = db.execute(_INSERT_RECORD,
+                                 (r.key, node, r.kind, r.at, _json(dict(r.body)), now))
                 accepted += cur.rowcount
         return AcceptResult(accepted, len(records) - accepted)
 
     def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
         """See :meth:`FleetStore.read_after`."""
         with self._lock:
-            rows = self._db.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?",
-                                    (seq, limit)).fetchall()
+            rows = self._db.execute(_READ_AFTER, (seq, limit)).fetchall()
         return [_stored(r) for r in rows]
 
     def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
                   at: float) -> None:
         """See :meth:`FleetStore.heartbeat`."""
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO fleet_agents (node, version, gpus, first_seen_at, "
-                "last_heartbeat_at) VALUES (?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET "
-                "version = excluded.version, gpus = excluded.gpus, "
-                "last_heartbeat_at = excluded.last_heartbeat_at",
-                (node, version, _json(list(gpus)), at, at))
+            db.execute(_HEARTBEAT, (node, version, _json(list(gpus)), at, at))
 
     def agents(self) -> list[AgentRow]:
         """See :meth:`FleetStore.agents`."""
         with self._lock:
-            rows = self._db.execute("SELECT node, version, gpus, first_seen_at, "
-                                    "last_heartbeat_at FROM fleet_agents ORDER BY node"
-                                    ).fetchall()
+            rows = self._db.execute(_AGENTS).fetchall()
         return [_agent(r) for r in rows]
 
     def prune(self, older_than: float) -> int:
         """See :meth:`FleetStore.prune`."""
         with self._tx() as db:
-            return int(db.execute("DELETE FROM fleet_records WHERE at < ?",
-                                  (older_than,)).rowcount)
+            return int(db.execute(_PRUNE, (older_than,)).rowcount)
 
     def close(self) -> None:
         """See :meth:`FleetStore.close`."""
@@ -332,8 +336,7 @@ class PostgresFleetStore:
             db.execute("SELECT pg_advisory_xact_lock(%s)", (ACCEPT_LOCK_KEY,))
             cur = db.cursor()
             cur.executemany(
-                "INSERT INTO fleet_records (key, node, kind, at, body, accepted_at) "
-                "VALUES (%s,%s,%s,%s,%s,%s) ON CONFLICT (key) DO NOTHING",
+                _pg(_INSERT_RECORD),
                 [(r.key, node, r.kind, r.at, _json(dict(r.body)), now) for r in records])
             accepted = max(0, cur.rowcount)
         return AcceptResult(accepted, len(records) - accepted)
@@ -341,33 +344,25 @@ class PostgresFleetStore:
     def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
         """See :meth:`FleetStore.read_after`."""
         with self._tx() as db:
-            rows = db.execute(f"{_SELECT} WHERE seq > %s ORDER BY seq LIMIT %s",
-                              (seq, limit)).fetchall()
+            rows = db.execute(_pg(_READ_AFTER), (seq, limit)).fetchall()
         return [_stored(r) for r in rows]
 
     def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
                   at: float) -> None:
         """See :meth:`FleetStore.heartbeat`."""
         with self._tx() as db:
-            db.execute(
-                "INSERT INTO fleet_agents (node, version, gpus, first_seen_at, "
-                "last_heartbeat_at) VALUES (%s,%s,%s,%s,%s) ON CONFLICT (node) DO UPDATE "
-                "SET version = excluded.version, gpus = excluded.gpus, "
-                "last_heartbeat_at = excluded.last_heartbeat_at",
-                (node, version, _json(list(gpus)), at, at))
+            db.execute(_pg(_HEARTBEAT), (node, version, _json(list(gpus)), at, at))
 
     def agents(self) -> list[AgentRow]:
         """See :meth:`FleetStore.agents`."""
         with self._tx() as db:
-            rows = db.execute("SELECT node, version, gpus, first_seen_at, last_heartbeat_at "
-                              "FROM fleet_agents ORDER BY node").fetchall()
+            rows = db.execute(_AGENTS).fetchall()
         return [_agent(r) for r in rows]
 
     def prune(self, older_than: float) -> int:
         """See :meth:`FleetStore.prune`."""
         with self._tx() as db:
-            return int(db.execute("DELETE FROM fleet_records WHERE at < %s",
-                                  (older_than,)).rowcount)
+            return int(db.execute(_pg(_PRUNE), (older_than,)).rowcount)
 
     def close(self) -> None:
         """See :meth:`FleetStore.close`."""
