@@ -90,11 +90,12 @@ def test_concurrent_accepts_never_commit_out_of_order(target: str) -> None:
     def read() -> None:
         cursor = 0
         while True:
+            finished = done.is_set()  # read before the last look: nothing commits after it
             batch = stores[0].read_after(cursor)
             seen.extend(r.seq for r in batch)
             if batch:
                 cursor = batch[-1].seq
-            elif done.is_set():
+            elif finished:
                 return
 
     reader = threading.Thread(target=read)
