@@ -46,9 +46,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.k8s_api import running_k8s_api  # noqa: E402
-from tests.pg_server import start_postgres  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.k8s_api import running_k8s_api
+from tests.pg_server import start_postgres
+from tests.servers import free_port
 
 GPUHEALTH = str(Path(sys.executable).parent / "gpuhealth")
 XID79 = ("[Fri Apr  5 21:29:39 2024] NVRM: Xid (PCI:0000:b1:00): 79, pid=1234, "
