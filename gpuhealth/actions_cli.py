@@ -16,11 +16,12 @@ from typing import Any
 
 import click
 
-from core.errors import ConfigError
+from core.errors import ConfigError, GpuHealthError
 from core.records import ActionPhase, AuditRecord, NodeName
 from remediation.actions import ActionStore, StoredAction
-from remediation.audit import AuditLog
+from remediation.audit import AuditLog, AuditStore
 from remediation.engine import BREAKER, approve, cancel, summarize, undo
+from storage.sql import is_postgres
 
 EXIT_CONFIG = 78
 _config_option = click.option(
@@ -29,7 +30,7 @@ _config_option = click.option(
 _by_option = click.option("--by", "who", default=None, help="Who decides (default: $USER).")
 
 
-def _open(config_path: str | None) -> tuple[ActionStore, AuditLog]:
+def _open(config_path: str | None) -> tuple[ActionStore, AuditLog | AuditStore]:
     from gpuhealth.config import load_settings
 
     try:
@@ -37,6 +38,13 @@ def _open(config_path: str | None) -> tuple[ActionStore, AuditLog]:
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
+    if is_postgres(settings.controller.state):  # a controller pair's shared state
+        dsn = str(settings.controller.state)
+        try:
+            return ActionStore(dsn), AuditStore(dsn)
+        except GpuHealthError as exc:
+            click.echo(f"error: [controller] state: {exc}", err=True)
+            sys.exit(1)
     path = settings.action_store_path
     if not path.exists():
         click.echo(f"error: no action store at {path} (has `gpuhealth run` run with this "

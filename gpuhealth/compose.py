@@ -383,13 +383,16 @@ def replay_pipeline(
 
 
 def service_pipeline(settings: Settings, *, identity: str,
-                     is_leader: Callable[[], bool]) -> Pipeline:
+                     is_leader: Callable[[], bool], shared_state: str | None = None) -> Pipeline:
     """The pipeline of a long-running service (``run``, ``controller``).
 
     Args:
         settings: Loaded settings.
         identity: This process's identity (election, audit trail).
         is_leader: Whether this process may decide and act now.
+        shared_state: A controller pair's PostgreSQL DSN: the action store and the audit
+            trail live there, shared by the replicas; ``None``: the data folder's files
+            (``actions.db``, ``audit.jsonl``).
 
     Raises:
         ConfigError: A notifier, adapter or guard setting is wrong.
@@ -400,8 +403,8 @@ def service_pipeline(settings: Settings, *, identity: str,
         settings, guard=guards(settings), identity=identity, scheduler=scheduler,
         node_agent=node_agent, notifiers=notifiers, pagers=pagers, is_leader=is_leader,
         facts={"node": settings.node.name, **settings.inventory},
-        audit_log_path=str(settings.audit_log_path),
-        action_store_path=str(settings.action_store_path),
+        audit_log_path=shared_state or str(settings.audit_log_path),
+        action_store_path=shared_state or str(settings.action_store_path),
         outbox_path=str(alerting_path(settings, "outbox")),
         silences=SilenceStore(path=alerting_path(settings, "silences")),
         event_window_seconds=settings.analytics.event_window_seconds,

@@ -51,6 +51,7 @@ from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
 from storage.fleet import FleetRecord, FleetStore, open_fleet_store
+from storage.sql import is_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -202,10 +203,11 @@ class Controller:
         self.tokens = AgentTokens(c.agent_tokens_file)
         self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
         self.elector = build_leader_loop(settings)
-        # The action store and the audit trail stay in this replica's data folder until
-        # they move to the shared state store (docs/fleet.md, "What is not shared yet").
+        # On PostgreSQL the action store and the audit trail are the pair's, shared: the
+        # standby resumes the leader's actions from them (each exactly once, by its key).
         self.pipeline: Pipeline = service_pipeline(
-            settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now)
+            settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
+            shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None)
         self.exporter = MetricsExporter()
         self.cursor = 0
         self.silent: set[str] = set()

@@ -53,7 +53,7 @@ from core.records import (
     Severity,
 )
 from remediation.actions import ActionStore
-from remediation.audit import AuditLog, read_audit_log
+from remediation.audit import AuditLog, AuditStore, open_audit
 from remediation.dry_run import DryRunScheduler
 from remediation.engine import RemediationEngine
 from remediation.policy import PolicyResult, RemediationPolicy
@@ -249,15 +249,16 @@ class Pipeline:
         self.act_on_predictions = act_on_predictions
         self.critical_reserve_fraction = critical_reserve_fraction
         self._policy = self._new_policy()
-        self._audit = AuditLog(path=audit_log_path) if audit_log_path else None
+        self._audit: AuditLog | AuditStore | None = (
+            open_audit(audit_log_path) if audit_log_path else None)
         if self._audit is not None:
             try:
                 self._audit.create()  # the path announced at start exists from the start
             except OSError as exc:
                 logger.error("cannot create the audit log %s: %s", audit_log_path, exc)  # noqa: TRY400
-        if audit_log_path:
+        if self._audit is not None:
             # Incidents still open in the log keep their budget slot until they resolve here.
-            self._policy.restore(read_audit_log(audit_log_path))
+            self._policy.restore(self._audit.read())
         self.is_leader = is_leader
         self.tick_inline = tick_inline
         self.wake = threading.Event()
@@ -328,8 +329,8 @@ class Pipeline:
             logger.warning("this controller is leader now: taking over remediation")
             with self._lock:
                 policy = self._new_policy()
-                if self.audit_log_path:
-                    policy.restore(read_audit_log(self.audit_log_path))
+                if self._audit is not None:
+                    policy.restore(self._audit.read())
                 self._policy = self._engine.policy = policy
                 active = [(finding, alert.fingerprint) for alert in self._tracker.active()
                           if (finding := self._tracker.finding_of(alert.fingerprint))
@@ -669,6 +670,8 @@ class Pipeline:
         """Close the outbox and the action store (both keep their files for the next start)."""
         self._outbox.close()
         self._actions.close()
+        if isinstance(self._audit, AuditStore):
+            self._audit.close()
 
     def flush(self) -> int:
         """Try every undelivered notification once now, from synchronous code.

@@ -1,7 +1,8 @@
 """The durable action store: every remediation action, its phase and its incident's state.
 
-One SQLite file (WAL) shared by the controller that acts, its standby (which resumes
-from it after a fail-over) and ``gpuhealth actions`` (which lists, approves, cancels
+One database shared by the controller that acts, its standby (which resumes from it
+after a fail-over) and ``gpuhealth actions``: a SQLite file (WAL) for ``run``, PostgreSQL
+for a controller pair on two machines (:mod:`storage.sql`) (which lists, approves, cancels
 and undoes actions in it while ``gpuhealth run`` is running). Rows are keyed by the
 action's idempotency key, so adding the same request twice stores it once.
 
@@ -19,7 +20,6 @@ Tables:
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from core.records import ActionPhase, ActionRequest, EntityId, NodeName, RemediationStep
+from storage.sql import Connection, Database, PostgresDatabase, SqliteDatabase, is_postgres
 
 TERMINAL = frozenset({ActionPhase.SUCCEEDED, ActionPhase.FAILED, ActionPhase.CANCELLED})
 """Phases an action never leaves."""
@@ -261,49 +262,49 @@ def _incident(row: Any) -> StoredIncident:
 
 
 class ActionStore:
-    """The SQLite action store (see the module docstring).
+    """The action store (see the module docstring) on SQLite or PostgreSQL.
 
     Args:
-        path: The database file (created with its folder), or ``None`` for an in-memory
-            store (tests, replay).
+        path: The SQLite file (created with its folder), ``None`` for an in-memory store
+            (tests, replay), or a PostgreSQL DSN (a controller pair shares it; its schema
+            is ``storage/migrations/postgres``): the same statements, and one writer at a
+            time on both (``BEGIN IMMEDIATE``; a transaction-level advisory lock on
+            PostgreSQL), so a human's cancel and the engine's submit never both win.
 
     Raises:
         OSError: The folder cannot be created.
         sqlite3.DatabaseError: The file is not an action store.
+        TemporaryError: The PostgreSQL server cannot be reached.
     """
 
     def __init__(self, path: str | Path | None) -> None:
-        self.path = None if path is None else Path(path)
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db: Database
+        if is_postgres(path):
+            self.path: Path | None = None
+            self.db = PostgresDatabase(str(path), component="actions")
+        else:
+            self.path = None if path is None else Path(path)
+            self.db = SqliteDatabase(self.path, schema=_SCHEMA)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(
-            ":memory:" if self.path is None else str(self.path),
-            timeout=30.0,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        if self.path is not None:
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
         """Close the database."""
         with self._lock:
-            self._db.close()
+            self.db.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """Run statements in one ``BEGIN IMMEDIATE`` transaction (one writer at a time)."""
+    def transaction(self) -> Iterator[Connection]:
+        """Run statements in one write transaction (one writer at a time)."""
+        with self._lock, self.db.transaction() as db:
+            yield db
+
+    def _rows(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            return self.db.execute(sql, args)
+
+    def _row(self, sql: str, args: Sequence[object] = ()) -> Any:
+        rows = self._rows(sql, args)
+        return rows[0] if rows else None
 
     # -- actions -------------------------------------------------------------------
 
@@ -321,9 +322,10 @@ class ActionStore:
         """Store ``request`` unless its key is stored already; return the new row or ``None``."""
         with self.transaction() as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO actions (key, incident, fingerprint, node, entity, step, "
+                "INSERT INTO actions (key, incident, fingerprint, node, entity, step, "
                 "reason, attrs, dry_run, severity, phase, message, created_at, updated_at, "
-                "not_before) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "not_before) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (key) DO NOTHING RETURNING id",
                 (
                     request.idempotency_key,
                     incident,
@@ -342,27 +344,22 @@ class ActionStore:
                     request.not_before_at,
                 ),
             )
-            if cur.rowcount == 0:
+            added = cur.fetchone()
+            if added is None:
                 return None
             row = db.execute(
-                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (cur.lastrowid,)
+                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (added[0],)
             ).fetchone()
         return _action(row)
 
     def get(self, action_id: int) -> StoredAction | None:
         """Return the action with row id ``action_id``, or ``None``."""
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (action_id,)
-            ).fetchone()
+        row = self._row(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (action_id,))
         return None if row is None else _action(row)
 
     def by_key(self, key: str) -> StoredAction | None:
         """Return the action with idempotency key ``key``, or ``None``."""
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE key = ?", (key,)
-            ).fetchone()
+        row = self._row(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE key = ?", (key,))
         return None if row is None else _action(row)
 
     def actions(
@@ -389,9 +386,7 @@ class ActionStore:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id"
-        with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
-        out = [_action(r) for r in rows]
+        out = [_action(r) for r in self._rows(sql, args)]
         return out[-limit:] if limit is not None and limit > 0 else out
 
     def update(
@@ -440,8 +435,8 @@ class ActionStore:
         """Store a new incident; return ``False`` if it is stored already."""
         with self.transaction() as db:
             cur = db.execute(
-                f"INSERT OR IGNORE INTO incidents ({_INCIDENT_COLUMNS}) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO incidents ({_INCIDENT_COLUMNS}) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (incident) DO NOTHING",
                 (
                     incident.incident, incident.fingerprint, incident.node, incident.entity,
                     incident.kind, incident.code, incident.severity, incident.state,
@@ -454,10 +449,8 @@ class ActionStore:
 
     def incident(self, incident: str) -> StoredIncident | None:
         """Return the incident ``incident``, or ``None``."""
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE incident = ?", (incident,)
-            ).fetchone()
+        row = self._row(f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE incident = ?",
+                        (incident,))
         return None if row is None else _incident(row)
 
     def incidents(self, *, states: Sequence[str] | None = None) -> list[StoredIncident]:
@@ -467,9 +460,7 @@ class ActionStore:
         if states is not None:
             sql += f" WHERE state IN ({','.join('?' * len(states))})"
             args.extend(states)
-        with self._lock:
-            rows = self._db.execute(sql + " ORDER BY opened_at, incident", args).fetchall()
-        return [_incident(r) for r in rows]
+        return [_incident(r) for r in self._rows(sql + " ORDER BY opened_at, incident", args)]
 
     def update_incident(self, incident: str, **fields: object) -> None:
         """Set columns of an incident.
@@ -496,10 +487,7 @@ class ActionStore:
 
     def control(self, name: str) -> tuple[str, float, str, str] | None:
         """Return ``(value, at, who, why)`` of a control flag, or ``None``."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT value, at, who, why FROM control WHERE name = ?", (name,)
-            ).fetchone()
+        row = self._row("SELECT value, at, who, why FROM control WHERE name = ?", (name,))
         return None if row is None else (str(row[0]), float(row[1]), str(row[2]), str(row[3]))
 
     def set_control(self, name: str, value: str, *, at: float, who: str, why: str) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from core.records import AuditRecord, EntityId, NodeName, RemediationStep
 
@@ -138,3 +138,87 @@ def read_audit_log(path: str) -> list[AuditRecord]:
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("%s:%d: skipping unreadable audit record: %s", path, number, exc)
     return records
+
+
+class AuditSink(Protocol):
+    """Where audit records go: the JSONL :class:`AuditLog` or the shared :class:`AuditStore`."""
+
+    def create(self) -> None:
+        """Make sure the log exists (never truncate it)."""
+
+    def extend(self, records: Iterable[AuditRecord]) -> None:
+        """Append records in order, durably, before returning."""
+
+    def read(self) -> list[AuditRecord]:
+        """Return every record, oldest first."""
+
+
+class AuditStore:
+    """The audit trail in PostgreSQL, shared by a controller pair on two machines.
+
+    Table ``audit_records`` (``id`` in append order, ``written_at`` epoch seconds,
+    ``record`` the JSON line :class:`AuditLog` would write); rows are only inserted. A
+    write commits before :meth:`extend` returns, so a decision that was recorded
+    survives the controller, and the standby that takes over rebuilds the budget and
+    idempotency state from the same trail (:meth:`RemediationPolicy.restore`).
+
+    Args:
+        dsn: The PostgreSQL DSN (``[controller] state``).
+
+    Raises:
+        TemporaryError: The server cannot be reached.
+        PluginError: The controller's extra is not installed.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        from storage.sql import PostgresDatabase
+
+        self.path = dsn
+        self.db = PostgresDatabase(dsn, component="audit")
+
+    def create(self) -> None:
+        """The table exists from the migrations; nothing to do."""
+
+    def append(self, record: AuditRecord) -> None:
+        """Append one record."""
+        self.extend((record,))
+
+    def extend(self, records: Iterable[AuditRecord]) -> None:
+        """Append records in order in one transaction.
+
+        Raises:
+            TemporaryError: The server cannot be reached (nothing was written).
+        """
+        import time
+
+        lines = [json.dumps(audit_to_json(r), sort_keys=True, separators=(",", ":"))
+                 for r in records]
+        if not lines:
+            return
+        with self.db.transaction() as db:
+            now = time.time()
+            for line in lines:
+                db.execute("INSERT INTO audit_records (written_at, record) VALUES (?, ?)",
+                           (now, line))
+
+    def read(self) -> list[AuditRecord]:
+        """Return every record, oldest first (an unreadable row is skipped with a warning)."""
+        out: list[AuditRecord] = []
+        for row_id, text in self.db.execute("SELECT id, record FROM audit_records ORDER BY id"):
+            try:
+                out.append(audit_from_json(json.loads(text)))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("audit_records id %s: skipping unreadable record: %s",
+                               row_id, exc)
+        return out
+
+    def close(self) -> None:
+        """Release the connections."""
+        self.db.close()
+
+
+def open_audit(target: str) -> AuditLog | AuditStore:
+    """The audit trail at ``target``: a PostgreSQL DSN (shared), else a JSONL file."""
+    from storage.sql import is_postgres
+
+    return AuditStore(target) if is_postgres(target) else AuditLog(path=target)

@@ -26,17 +26,14 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
 from core.errors import PluginError, TemporaryError
+from storage.sql import is_postgres, migrate_postgres, migrations, server_of
 
 ACCEPT_LOCK_KEY = 0x67707568_6661  # "gpuh" "fa": the accept order lock
 """``pg_advisory_xact_lock`` key that orders the accepting transactions."""
-
-MIGRATE_LOCK_KEY = 0x67707568_6d67  # "gpuh" "mg"
-"""``pg_advisory_xact_lock`` key that lets one replica apply migrations at a time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,17 +135,6 @@ def _agent(row: Sequence[Any]) -> AgentRow:
     return AgentRow(node=str(row[0]), version=str(row[1]),
                     gpus=tuple(json.loads(gpus) if isinstance(gpus, str) else gpus),
                     first_seen_at=float(row[3]), last_heartbeat_at=float(row[4]))
-
-
-def migrations(dialect: str) -> list[tuple[int, str, str]]:
-    """Return ``(version, name, sql)`` of ``storage/migrations/<dialect>``, in order."""
-    folder = resources.files("storage").joinpath("migrations", dialect)
-    out: list[tuple[int, str, str]] = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if name.endswith(".sql") and name[:4].isdigit():
-            out.append((int(name[:4]), name[5:-4], entry.read_text(encoding="utf-8")))
-    return sorted(out)
 
 
 _SELECT = "SELECT seq, key, node, kind, at, body, accepted_at FROM fleet_records"
@@ -292,7 +278,7 @@ class PostgresFleetStore:
         from psycopg_pool import PoolTimeout
 
         self._timeout_errors = (PoolTimeout,)
-        self._where = _server_of(dsn)
+        self._where = server_of(dsn)
         self._pool = ConnectionPool(
             dsn, min_size=pool_size, max_size=pool_size, timeout=timeout_seconds,
             kwargs={"connect_timeout": max(1, int(timeout_seconds)),
@@ -315,17 +301,7 @@ class PostgresFleetStore:
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
-            db.execute("CREATE TABLE IF NOT EXISTS gpuhealth_schema_migrations (component "
-                       "TEXT NOT NULL, version INTEGER NOT NULL, applied_at DOUBLE "
-                       "PRECISION NOT NULL, PRIMARY KEY (component, version))")
-            done = {int(r[0]) for r in db.execute(
-                "SELECT version FROM gpuhealth_schema_migrations WHERE component = 'fleet'")}
-            for version, _name, sql in migrations("postgres"):
-                if version not in done:
-                    db.execute(sql)
-                    db.execute("INSERT INTO gpuhealth_schema_migrations VALUES "
-                               "('fleet', %s, %s)", (version, self.clock()))
+            migrate_postgres(db)
 
     def accept(self, node: str, records: Sequence[FleetRecord]) -> AcceptResult:
         """See :meth:`FleetStore.accept`."""
@@ -367,29 +343,6 @@ class PostgresFleetStore:
     def close(self) -> None:
         """See :meth:`FleetStore.close`."""
         self._pool.close()
-
-
-def is_postgres(target: str) -> bool:
-    """Whether ``target`` names a PostgreSQL server (URI or libpq keywords), not a file.
-
-    Examples:
-        >>> is_postgres("postgresql://gpuhealth@db/fleet"), is_postgres("host=db dbname=f")
-        (True, True)
-        >>> is_postgres("/var/lib/gpuhealth/fleet.sqlite")
-        False
-    """
-    return target.startswith(("postgresql://", "postgres://")) or any(
-        part.startswith(("host=", "dbname=")) for part in target.split())
-
-
-def _server_of(dsn: str) -> str:
-    """Host, port and database of a DSN for messages (never the password)."""
-    if "://" in dsn:
-        rest = dsn.split("://", 1)[1]
-        return rest.rsplit("@", 1)[-1].split("?", 1)[0]
-    keys = dict(p.split("=", 1) for p in dsn.split() if "=" in p)
-    return f"{keys.get('host', 'localhost')}:{keys.get('port', '5432')}/" \
-           f"{keys.get('dbname', '')}"
 
 
 def open_fleet_store(target: str, *, pool_size: int = 4) -> SqliteFleetStore | PostgresFleetStore:
