@@ -78,6 +78,7 @@ class AgentLink:
         try:
             sender = OutboxSender(outbox, controllers=a.controllers, token=token,
                                   version=__version__, inventory=inventory,
+                                  facts=settings.inventory,
                                   batch_max_records=a.batch_max_records,
                                   timeout_seconds=a.timeout_seconds,
                                   verify=str(a.ca_file) if a.ca_file else True)

@@ -679,6 +679,13 @@ class ControllerSettings(BaseModel):
     """How often every replica reads newly accepted records, seconds."""
     retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)
     """Accepted agent records older than this are deleted from the state store."""
+    correlate_by: tuple[str, ...] = ("switch", "driver_version", "rack")
+    """``[inventory]`` facts of the agents that group failing nodes into one fleet incident."""
+    correlate_min_nodes: int = Field(default=3, ge=2)
+    """Failing nodes under one value of a ``correlate_by`` fact that make a fleet incident
+    (and open the circuit breaker instead of draining them one by one)."""
+    correlate_window_seconds: Duration = Field(default=600.0, gt=0)
+    """How close in time their ``major`` or worse findings must be first seen."""
 
     @model_validator(mode="after")
     def _tls_beyond_loopback(self) -> ControllerSettings:

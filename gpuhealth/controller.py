@@ -42,6 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from alerting.alerts import alert_to_json
+from analytics.fleet import FleetCorrelator
 from core.codec import CodecError, finding_from_json
 from core.errors import ConfigError, TemporaryError
 from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
@@ -209,6 +210,10 @@ class Controller:
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None)
         self.exporter = MetricsExporter()
+        self.correlator = FleetCorrelator(attributes=c.correlate_by,
+                                          min_nodes=c.correlate_min_nodes,
+                                          window_seconds=c.correlate_window_seconds)
+        self.facts: dict[str, dict[str, str]] = {}
         self.cursor = 0
         self.silent: set[str] = set()
         self.port: int | None = None
@@ -260,9 +265,12 @@ class Controller:
         try:
             result = await self._db_call(self.store.accept, node, records)
             gpus = heartbeat.get("gpus", []) if heartbeat else []
+            facts = heartbeat.get("facts", {}) if heartbeat else {}
+            facts = {str(k): str(v) for k, v in facts.items()} if isinstance(facts, dict) else {}
+            self.facts[node] = facts  # at once: a burst may come with the first heartbeat
             await self._db_call(lambda: self.store.heartbeat(
                 node, version=str(payload.get("agent_version", "")),
-                gpus=gpus if isinstance(gpus, list) else [], at=time.time()))
+                gpus=gpus if isinstance(gpus, list) else [], at=time.time(), facts=facts))
         except TemporaryError as exc:
             self._count(503)
             logger.warning("controller: cannot write a batch of %s: %s", node, exc)
@@ -354,6 +362,8 @@ class Controller:
                     if pruned:
                         logger.info("controller: %d accepted records older than %.0f s "
                                     "deleted", pruned, c.retention_seconds)
+                if changed:
+                    self._correlate()
                 if changed or now >= next_eval:
                     next_eval = now + self.settings.analytics.evaluate_interval_seconds
                     await self.pipeline.aevaluate()
@@ -365,6 +375,20 @@ class Controller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
+    def _correlate(self) -> None:
+        """Many nodes under one switch or driver version: one fleet incident, the breaker.
+
+        Runs before the evaluation that would decide the nodes' own steps, so the breaker
+        holds them instead of N drains.
+        """
+        for event in self.correlator.update(self.pipeline.held_findings(), self.facts,
+                                            now=time.time()):
+            logger.error("controller: fleet incident: %s", event.finding.summary)
+            self.pipeline.observe_findings(
+                [event.finding], hold_seconds=self.settings.controller.correlate_window_seconds)
+            self.pipeline.trip_breaker(
+                f"fleet incident: {event.finding.summary}", nodes=len(event.nodes))
+
     async def _check_silent(self) -> int:
         rows = await self._db_call(self.store.agents)
         now = time.time()
@@ -374,6 +398,7 @@ class Controller:
                           {"state": "silent"})
         self.exporter.set("gpuhealth_controller_agents", float(len(rows) - len(silent_now)),
                           {"state": "reporting"})
+        self.facts.update({r.node: dict(r.facts) for r in rows})
         back = self.silent - silent_now
         gone = silent_now - self.silent
         if back:

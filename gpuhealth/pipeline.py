@@ -446,6 +446,26 @@ class Pipeline:
                         occurrences=held[0].occurrences + finding.occurrences)
                 self._held[finding.key] = (finding, until)
 
+    def held_findings(self) -> list[Finding]:
+        """Return the findings given to :meth:`observe_findings` that are still open."""
+        with self._lock:
+            now = self.clock()
+            return [f for f, until in self._held.values() if until > now]
+
+    def trip_breaker(self, why: str, *, nodes: int) -> list[AuditRecord]:
+        """Open the circuit breaker for a fleet event; audit it (only the leader acts).
+
+        Returns:
+            The audit records written (none on a standby or when it was open already).
+        """
+        if not self.is_leader():
+            return []
+        with self._lock:
+            records = self._engine.trip_breaker(why, now=self.clock(), nodes=nodes)
+        if records and self._audit is not None:
+            self._audit.extend(records)
+        return records
+
     def clear_findings(self, keys: Iterable[tuple[str, str, str, str]]) -> None:
         """Close findings given to :meth:`observe_findings` by ``(node, entity, kind, code)``."""
         with self._lock:

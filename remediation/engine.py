@@ -361,6 +361,24 @@ class RemediationEngine:
             f"{self.breaker_window_seconds:.0f} s (more than {self.breaker_max_nodes}): "
             "a shared cause is likely; no automatic action until a human resets the breaker"
         )
+        return self.trip_breaker(why, now=now, nodes=len(nodes))
+
+    def trip_breaker(self, why: str, *, now: float, nodes: int) -> list[AuditRecord]:
+        """Open the circuit breaker for a fleet event (many nodes, one shared cause).
+
+        No new step is submitted until a human resets it (``gpuhealth actions breaker
+        reset``); steps already running go on. Does nothing when it is open already.
+
+        Args:
+            why: The reason, stored with the breaker and in the audit record.
+            now: Epoch seconds.
+            nodes: How many nodes the event spans.
+
+        Returns:
+            The ``breaker_opened`` audit record, or nothing when it was open.
+        """
+        if self.breaker_open:
+            return []
         self.store.set_control(BREAKER, "open", at=now, who=self.identity, why=why)
         logger.error("circuit breaker opened: %s", why)
         return [
@@ -374,7 +392,7 @@ class RemediationEngine:
                 reason=why,
                 idempotency_key=f"breaker/{now:.3f}",
                 dry_run=self.policy.dry_run,
-                details={"nodes": str(len(nodes))},
+                details={"nodes": str(nodes)},
             )
         ]
 

@@ -15,7 +15,8 @@ Wire format (``POST <controller>/api/v1/agents/<node>/batch``, JSON,
 ``Authorization: Bearer <agent token>``)::
 
     {"node": "gpu-02", "agent_version": "0.1.0", "sent_at": 1764600000.5,
-     "heartbeat": {"at": 1764600000.5, "gpus": [{"uuid": "GPU-...", "pci_bus_id": "..."}]},
+     "heartbeat": {"at": 1764600000.5, "gpus": [{"entity": "GPU-..."}],
+                   "facts": {"switch": "leaf-12", "rack": "r07"}},
      "records": [{"key": "gpu-02:5f1c...", "kind": "finding", "at": 1764600000.1,
                   "body": {<finding JSON, docs/fault-model.md>}}]}
 
@@ -248,7 +249,9 @@ class OutboxSender:
         controllers: Base URLs of the controller replicas (``https://ctl-a:9837``).
         token: This agent's bearer token.
         version: The agent's version, in every batch.
-        inventory: Returns this node's GPUs (``[{"uuid", "pci_bus_id", "index"}]``).
+        inventory: Returns this node's GPUs (``[{"entity": ...}]``).
+        facts: This node's ``[inventory]`` facts, in every heartbeat (the controller
+            groups failing nodes by them: ``switch``, ``rack``, ``driver_version``).
         batch_max_records: Records per request.
         timeout_seconds: Connect and read timeout per request.
         verify: TLS verification: ``True``, a CA bundle path, or ``False`` (tests only).
@@ -260,6 +263,7 @@ class OutboxSender:
 
     def __init__(self, outbox: AgentOutbox, *, controllers: Sequence[str], token: str,
                  version: str, inventory: Callable[[], list[dict[str, str]]] = list,
+                 facts: Mapping[str, str] | None = None,
                  batch_max_records: int = 500, timeout_seconds: float = 10.0,
                  verify: bool | str = True, clock: Callable[[], float] = time.time) -> None:
         urls = [u.rstrip("/") for u in controllers]
@@ -272,6 +276,7 @@ class OutboxSender:
         self.controllers = urls
         self.version = version
         self.inventory = inventory
+        self.facts = dict(facts or {})
         self.batch_max_records = batch_max_records
         self.clock = clock
         self._token = token
@@ -288,7 +293,7 @@ class OutboxSender:
         now = self.clock()
         payload = {
             "node": self.outbox.node, "agent_version": self.version, "sent_at": now,
-            "heartbeat": {"at": now, "gpus": self.inventory()},
+            "heartbeat": {"at": now, "gpus": self.inventory(), "facts": self.facts},
             "records": [r.to_json() for r in records],
         }
         body = json.dumps(payload, separators=(",", ":")).encode()

@@ -84,6 +84,8 @@ class AgentRow:
         node: The node.
         version: The agent's version at its last heartbeat.
         gpus: Its GPUs (``[{"entity": ...}]``) at its last heartbeat.
+        facts: Its ``[inventory]`` facts (``switch``, ``rack``, ``driver_version``), which
+            fleet correlation groups nodes by.
         first_seen_at: First heartbeat, epoch seconds.
         last_heartbeat_at: Last heartbeat, epoch seconds.
     """
@@ -91,6 +93,7 @@ class AgentRow:
     node: str
     version: str
     gpus: Sequence[Mapping[str, str]] = field(default_factory=tuple)
+    facts: Mapping[str, str] = field(default_factory=dict)
     first_seen_at: float = 0.0
     last_heartbeat_at: float = 0.0
 
@@ -105,7 +108,7 @@ class FleetStore(Protocol):
         """Return accepted records with ``seq`` greater than ``seq``, in order."""
 
     def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
-                  at: float) -> None:
+                  at: float, facts: Mapping[str, str] | None = None) -> None:
         """Record an agent's heartbeat in the registry."""
 
     def agents(self) -> list[AgentRow]:
@@ -131,9 +134,10 @@ def _stored(row: Sequence[Any]) -> StoredFleetRecord:
 
 
 def _agent(row: Sequence[Any]) -> AgentRow:
-    gpus = row[2]
+    gpus, facts = row[2], row[5]
     return AgentRow(node=str(row[0]), version=str(row[1]),
                     gpus=tuple(json.loads(gpus) if isinstance(gpus, str) else gpus),
+                    facts=dict(json.loads(facts) if isinstance(facts, str) else facts),
                     first_seen_at=float(row[3]), last_heartbeat_at=float(row[4]))
 
 
@@ -142,11 +146,12 @@ _SELECT = "SELECT seq, key, node, kind, at, body, accepted_at FROM fleet_records
 _INSERT_RECORD = ("INSERT INTO fleet_records (key, node, kind, at, body, accepted_at) "
                   "VALUES (?,?,?,?,?,?) ON CONFLICT (key) DO NOTHING")
 _READ_AFTER = f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT ?"
-_HEARTBEAT = ("INSERT INTO fleet_agents (node, version, gpus, first_seen_at, last_heartbeat_at) "
-              "VALUES (?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, "
-              "gpus = excluded.gpus, last_heartbeat_at = excluded.last_heartbeat_at")
-_AGENTS = ("SELECT node, version, gpus, first_seen_at, last_heartbeat_at FROM fleet_agents "
-           "ORDER BY node")
+_HEARTBEAT = ("INSERT INTO fleet_agents (node, version, gpus, facts, first_seen_at, "
+              "last_heartbeat_at) VALUES (?,?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET "
+              "version = excluded.version, gpus = excluded.gpus, facts = excluded.facts, "
+              "last_heartbeat_at = excluded.last_heartbeat_at")
+_AGENTS = ("SELECT node, version, gpus, first_seen_at, last_heartbeat_at, facts "
+           "FROM fleet_agents ORDER BY node")
 _PRUNE = "DELETE FROM fleet_records WHERE at < ?"
 
 
@@ -225,10 +230,11 @@ class SqliteFleetStore:
         return [_stored(r) for r in rows]
 
     def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
-                  at: float) -> None:
+                  at: float, facts: Mapping[str, str] | None = None) -> None:
         """See :meth:`FleetStore.heartbeat`."""
         with self._tx() as db:
-            db.execute(_HEARTBEAT, (node, version, _json(list(gpus)), at, at))
+            db.execute(_HEARTBEAT, (node, version, _json(list(gpus)),
+                                    _json(dict(facts or {})), at, at))
 
     def agents(self) -> list[AgentRow]:
         """See :meth:`FleetStore.agents`."""
@@ -324,10 +330,11 @@ class PostgresFleetStore:
         return [_stored(r) for r in rows]
 
     def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
-                  at: float) -> None:
+                  at: float, facts: Mapping[str, str] | None = None) -> None:
         """See :meth:`FleetStore.heartbeat`."""
         with self._tx() as db:
-            db.execute(_pg(_HEARTBEAT), (node, version, _json(list(gpus)), at, at))
+            db.execute(_pg(_HEARTBEAT), (node, version, _json(list(gpus)),
+                                         _json(dict(facts or {})), at, at))
 
     def agents(self) -> list[AgentRow]:
         """See :meth:`FleetStore.agents`."""

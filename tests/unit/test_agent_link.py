@@ -162,3 +162,22 @@ def test_a_malformed_batch_is_400_naming_the_key(controller: Controller, batch: 
 def test_controller_metrics_are_served(controller: Controller) -> None:
     text = httpx.get(f"{_url(controller)}/metrics").text
     assert "gpuhealth_remediation_leader 1.0" in text
+
+
+def test_nodes_under_one_switch_open_the_breaker_instead_of_n_drains(
+        controller: Controller) -> None:
+    tokens = dict(line.split() for line in TOKENS.splitlines())
+    controller.tokens.path.write_text(TOKENS + "gpu-03 tok-three-0123456789abcdef\n")
+    tokens["gpu-03"] = "tok-three-0123456789abcdef"
+    for node in ("gpu-01", "gpu-02", "gpu-03"):
+        box = AgentOutbox(None, node=node)
+        FindingForwarder(box, node=node).observe([_finding(node)], now=time.time())
+        sender = OutboxSender(box, controllers=[_url(controller)], token=tokens[node],
+                              version="test", facts={"switch": "leaf-7"})
+        assert sender.send_once().sent == 1
+        sender.close()
+    alerts = eventually(lambda: [a for a in httpx.get(f"{_url(controller)}/api/v1/alerts")
+                                 .json() if a["labels"]["node"] == "fleet"])
+    assert alerts[0]["labels"]["entity"] == "switch:leaf-7"
+    assert "3 nodes under switch leaf-7" in alerts[0]["annotations"]["summary"]
+    assert eventually(lambda: controller.pipeline.engine.breaker_open)

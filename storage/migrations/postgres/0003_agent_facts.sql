@@ -1,0 +1,1 @@
+ALTER TABLE fleet_agents ADD COLUMN IF NOT EXISTS facts JSONB NOT NULL DEFAULT '{}'::jsonb;

@@ -1,0 +1,1 @@
+ALTER TABLE fleet_agents ADD COLUMN facts TEXT NOT NULL DEFAULT '{}';
