@@ -5,8 +5,8 @@ Plugins do not inherit from gpuhealth classes; they depend only on ``core.record
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from core.records import (
     ActionRequest,
@@ -232,3 +232,55 @@ class LeaderElector(Protocol):
     def leader(self) -> str | None:
         """Return the current leader's identity, or ``None`` when there is none."""
         ...
+
+
+# Optional capabilities: a plugin declares them by having the member; the wiring checks
+# them with ``isinstance`` against these Protocols instead of probing with ``getattr``.
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """Holds resources (files, sockets, threads) to release at shut-down."""
+
+    def close(self) -> None:
+        """Release them; idempotent."""
+        ...
+
+
+@runtime_checkable
+class AsyncCloseable(Protocol):
+    """Holds resources on an event loop (HTTP clients, running drains)."""
+
+    async def aclose(self) -> None:
+        """Release them on the loop that used them; idempotent."""
+        ...
+
+
+@runtime_checkable
+class Resending(Protocol):
+    """A notifier that wants every firing alert again at an interval (Alertmanager)."""
+
+    resend_interval_seconds: float
+
+
+@runtime_checkable
+class GpuLevelDrainer(Protocol):
+    """A scheduler adapter that says whether it can drain one GPU's work, not the node's."""
+
+    gpu_level_drain: bool
+
+
+@runtime_checkable
+class ActionReporter(Protocol):
+    """A scheduler adapter whose steps an external automation reports (the webhook)."""
+
+    def report(self, ref: str, phase: Any, message: str = "") -> Any:
+        """Take an outcome reported for ``ref``."""
+        ...
+
+
+@runtime_checkable
+class ErrorCounting(Protocol):
+    """A collector that counts its own errors by reason (``gpuhealth_collector_errors_total``)."""
+
+    errors_total: Mapping[str, int]

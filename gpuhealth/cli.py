@@ -18,6 +18,7 @@ from analytics.fault_model import check_facts
 from core import logs
 from core.errors import ConfigError, GpuHealthError
 from core.plugins import GROUPS, available
+from core.protocols import Closeable
 from gpuhealth.diagnose import EXIT_UNPARSEABLE
 from gpuhealth.diagnose import diagnose as run_diagnose
 
@@ -461,7 +462,8 @@ def export_cmd(config_path: str | None, since: str, until: str, metrics: tuple[s
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     finally:
-        getattr(store, "close", lambda: None)()
+        if isinstance(store, Closeable):
+            store.close()
     from core.catalog import BY_NAME
 
     for name in metrics:
@@ -498,7 +500,8 @@ def import_cmd(paths: tuple[str, ...], config_path: str | None, precision: str) 
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     finally:
-        getattr(store, "close", lambda: None)()
+        if isinstance(store, Closeable):
+            store.close()
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.rejected.items()))
     verb = "accepted" if waiting else "imported"
     click.echo(f"{verb} {report.samples} samples and {report.events} events"

@@ -26,7 +26,7 @@ from analytics.prediction_stage import PredictionStage
 from core import plugins
 from core.clock import Clock, system_clock
 from core.errors import ConfigError, PluginError
-from core.protocols import Notifier, SchedulerAdapter
+from core.protocols import GpuLevelDrainer, Notifier, SchedulerAdapter
 from core.records import RemediationStep, Severity
 from gpuhealth.config import (
     Settings,
@@ -198,6 +198,11 @@ def guards_of(pipeline: Pipeline) -> Guards:
     )
 
 
+def _gpu_level_drain(scheduler: SchedulerAdapter | None) -> bool:
+    """Whether ``scheduler`` can drain one GPU's work (adapters say so; default yes)."""
+    return scheduler.gpu_level_drain if isinstance(scheduler, GpuLevelDrainer) else True
+
+
 def build_notifiers(settings: Settings) -> tuple[list[Notifier], list[Notifier]]:
     """Build the alert notifiers and the pagers of ``[alerting]``.
 
@@ -313,7 +318,7 @@ def build_pipeline(
     try:
         return Pipeline(
             scheduler=scheduler, node_agent=node_agent,
-            gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
+            gpu_level_drain=_gpu_level_drain(scheduler),
             action_store_path=action_store_path,
             engine_options=guard.engine_options(identity),
             is_leader=is_leader, tick_inline=tick_inline,
@@ -377,7 +382,7 @@ def replay_pipeline(
         alert_policies=alert_policies, extra_labels=extra_labels, outbox_path=outbox_path,
         scheduler=scheduler, dry_run=guard.dry_run, action_store_path=action_store_path,
         engine_options=guard.engine_options("gpuhealth"),
-        gpu_level_drain=bool(getattr(scheduler, "gpu_level_drain", True)),
+        gpu_level_drain=_gpu_level_drain(scheduler),
         tick_inline=guard.dry_run,
     )
 

@@ -42,6 +42,7 @@ from analytics.fault_model import check_facts
 from analytics.online import DEFAULT_DETECTOR_BY_METRIC, check_detector_by_metric
 from core.errors import ConfigError, PluginError
 from core.plugins import available
+from core.protocols import Closeable
 from core.records import RemediationStep, Severity
 
 logger = logging.getLogger(__name__)
@@ -1105,7 +1106,6 @@ def check(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.envir
         except (TypeError, ValueError) as exc:
             problems.append(f"{settings.source}: [collectors.{name}]: {exc}")
             continue
-        close = getattr(built, "close", None)
-        if callable(close):
-            close()
+        if isinstance(built, Closeable):
+            built.close()
     return problems

@@ -428,9 +428,7 @@ class Controller:
         await runner.setup()
         site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else c.port
+        self.port = int(runner.addresses[0][1]) if runner.addresses else c.port
         self.elector.start()
         logger.info("gpuhealth controller %s listening on %s://%s:%d (state %s, remediation %s)",
                     self.elector.identity, "https" if context else "http", c.listen_address,

@@ -41,7 +41,7 @@ from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, InhibitRule, PageG
 from alerting.silences import SilenceStore
 from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
 from core.clock import Clock, system_clock
-from core.protocols import Notifier, SchedulerAdapter
+from core.protocols import Notifier, Resending, SchedulerAdapter
 from core.records import (
     ActionRequest,
     Alert,
@@ -654,8 +654,10 @@ class Pipeline:
         for name in self._alert_targets:
             self._outbox.enqueue(name, out)
         for name, notifier in self._alert_targets.items():
-            interval = getattr(notifier, "resend_interval_seconds", None)
-            if not isinstance(interval, int | float) or interval <= 0:
+            if not isinstance(notifier, Resending):
+                continue
+            interval = notifier.resend_interval_seconds
+            if interval <= 0:
                 continue
             last = self._last_resend.setdefault(name, now)
             if now - last >= interval:

@@ -45,7 +45,7 @@ from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
 from core.clock import Clock, system_clock
 from core.codec import finding_to_json
-from core.protocols import Notifier, SchedulerAdapter
+from core.protocols import AsyncCloseable, Closeable, Notifier, SchedulerAdapter
 from core.records import (
     ActionPhase,
     ActionRequest,
@@ -564,16 +564,13 @@ def replay(
         report.audit.extend(tick())
     report.final_actions = [a.to_json() for a in pipeline.actions.actions()]
     if loop is not None and loop_thread is not None:
-        close = getattr(scheduler, "aclose", None)
-        if callable(close):
-            asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=30)
+        if isinstance(scheduler, AsyncCloseable):
+            asyncio.run_coroutine_threadsafe(scheduler.aclose(), loop).result(timeout=30)
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(timeout=30)
         loop.close()
-    if scheduler is not None:
-        sync_close = getattr(scheduler, "close", None)
-        if callable(sync_close):
-            sync_close()
+    if isinstance(scheduler, Closeable):
+        scheduler.close()
     pipeline.flush()
     report.undelivered = {k: v for k, v in pipeline.outbox_depths().items() if v}
     pipeline.close()

@@ -42,7 +42,14 @@ from core.errors import (
     PluginError,
     TemporaryError,
 )
-from core.protocols import Collector, Store, StreamingCollector
+from core.protocols import (
+    ActionReporter,
+    Closeable,
+    Collector,
+    ErrorCounting,
+    Store,
+    StreamingCollector,
+)
 from core.records import AlertState, Event, Record, Sample, Severity
 from gpuhealth.agent import AgentLink
 from gpuhealth.api import ApiServer, start_api
@@ -264,8 +271,9 @@ class Service:
                 ) from exc
         try:
             self.api = start_api(s, self.pipeline, on_alertmanager=self._on_alertmanager,
-                                 on_action_report=getattr(self.pipeline.engine.scheduler,
-                                                          "report", None),
+                                 on_action_report=scheduler.report
+                                 if isinstance(scheduler := self.pipeline.engine.scheduler,
+                                               ActionReporter) else None,
                                  gpu_reset=self._gpu_reset_endpoint())
         except OSError as exc:
             raise StartupError(
@@ -346,9 +354,10 @@ class Service:
 
     def _publish_errors(self, name: str) -> None:
         own = self._errors.get(name, _Counters()).by_reason
-        reported = getattr(self.collectors.get(name), "errors_total", None)
+        collector = self.collectors.get(name)
+        reported = collector.errors_total if isinstance(collector, ErrorCounting) else None
         merged: collections.Counter[str] = collections.Counter(own)
-        if isinstance(reported, Mapping):
+        if reported is not None:
             for reason, count in reported.items():
                 if isinstance(count, int | float):
                     merged[str(reason)] += int(count)
@@ -737,10 +746,9 @@ class Service:
         """Stop the threads, write everything buffered, close the store and the server."""
         self.stop.set()
         for collector in self.collectors.values():
-            close = getattr(collector, "close", None)
-            if callable(close):
+            if isinstance(collector, Closeable):
                 try:
-                    close()
+                    collector.close()
                 except Exception as exc:
                     logger.warning("closing collector %r failed: %s", collector, exc)
         threads = [*self._threads, *([self._writer] if self._writer else []),
@@ -768,10 +776,8 @@ class Service:
             self.pipeline.close()
         if self.server is not None:
             self.server.stop()
-        if self.store is not None:
-            close_store = getattr(self.store, "close", None)
-            if callable(close_store):
-                close_store()
+        if isinstance(self.store, Closeable):
+            self.store.close()
         if self.buffer.dropped:
             logger.warning("%d records were dropped because the buffer was full",
                            self.buffer.dropped)

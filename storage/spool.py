@@ -48,7 +48,7 @@ import pandas as pd
 
 from core.clock import Clock, system_clock
 from core.errors import PermanentError, TemporaryError
-from core.protocols import Batch, Store, StreamingStore
+from core.protocols import Batch, Closeable, Store, StreamingStore
 from core.records import EntityRef, Event, Sample
 from storage.lineprotocol import DecodeReport, LineEncoder, decode_line
 from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
@@ -567,9 +567,8 @@ class SpoolingStore:
         with self._lock:
             if self._depth:
                 self.flush()
-            close = getattr(self.store, "close", None)
-            if callable(close):
-                close()
+            if isinstance(self.store, Closeable):
+                self.store.close()
 
     def __repr__(self) -> str:
         return f"SpoolingStore(store={self.store!r}, path={str(self.path)!r})"
