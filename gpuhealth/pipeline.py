@@ -36,12 +36,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from alerting.alerts import AlertPolicy, AlertTracker, finding_from_prediction
-from alerting.outbox import Outbox, notifier_name
-from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, InhibitRule, PageGrouper
+from alerting.outbox import Outbox
+from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule
+from alerting.routing import MAX_BACKLOG, AlertRouter
 from alerting.silences import SilenceStore
 from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
 from core.clock import Clock, system_clock
-from core.protocols import Notifier, Resending, SchedulerAdapter
+from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionRequest,
     Alert,
@@ -60,8 +61,6 @@ from remediation.policy import PolicyResult, RemediationPolicy
 
 logger = logging.getLogger(__name__)
 
-MAX_BACKLOG = 10_000
-"""Undelivered notifications kept per notifier; beyond it the oldest are dropped (and counted)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -218,8 +217,6 @@ class Pipeline:
         self.outbox_path = outbox_path
         self.max_outbox = max_outbox
         self.runbook_base_url = runbook_base_url
-        self.notify_failures: dict[str, int] = {}
-        """Failed deliveries per notifier name since start."""
         self._scheduler: SchedulerAdapter = (
             scheduler if scheduler is not None else DryRunScheduler()
         )
@@ -235,16 +232,13 @@ class Pipeline:
             extra_labels=extra_labels,
             runbook_base_url=runbook_base_url,
         )
-        self._inhibitor = Inhibitor(inhibit_rules)
-        self._grouper = PageGrouper(group_by=group_by, page_severity=page_severity, clock=clock)
-        self._outbox = Outbox(path=outbox_path, clock=clock, max_per_notifier=max_outbox)
-        self._alert_targets = _named(notifiers, "")
-        self._page_targets = _named(page_notifiers, "page:")
-        self._notified: set[str] = set()
-        self._last_resend: dict[str, float] = {}
-        self._muted: dict[str, str] = {}
-        self._silence_key: tuple[tuple[str, float], ...] = ()
-        self._silence_cache: dict[str, str | None] = {}
+        self._router = AlertRouter(
+            notifiers=notifiers, page_notifiers=page_notifiers, silences=silences,
+            inhibit_rules=inhibit_rules, group_by=group_by, page_severity=page_severity,
+            outbox_path=outbox_path, max_outbox=max_outbox, clock=clock,
+            notify_timeout_seconds=notify_timeout_seconds)
+        self.notify_failures = self._router.notify_failures
+        """Failed deliveries per notifier name since start."""
         self._lock = threading.RLock()
         self.act_on_predictions = act_on_predictions
         self.critical_reserve_fraction = critical_reserve_fraction
@@ -345,7 +339,7 @@ class Pipeline:
     @property
     def outbox(self) -> Outbox:
         """The durable outbox (its depth per notifier is a metric)."""
-        return self._outbox
+        return self._router.outbox
 
     def outbox_depths(self, *, every_notifier: bool = False) -> dict[str, int]:
         """Return the undelivered notifications per notifier name (pagers prefixed ``page:``).
@@ -354,11 +348,7 @@ class Pipeline:
             every_notifier: Also list this pipeline's notifiers with nothing queued (0),
                 as the ``gpuhealth_outbox_depth{notifier}`` gauge wants.
         """
-        depths = self._outbox.depths()
-        if every_notifier:
-            for name in (*self._alert_targets, *self._page_targets):
-                depths.setdefault(name, 0)
-        return depths
+        return self._router.depths(every_notifier=every_notifier)
 
     def active_alerts(self) -> list[Alert]:
         """Return the alerts firing now (muted ones included)."""
@@ -373,12 +363,12 @@ class Pipeline:
     def open_pages(self) -> list[Alert]:
         """Return the pages firing now."""
         with self._lock:
-            return self._grouper.open_pages()
+            return self._router.open_pages()
 
     def muted(self) -> dict[str, str]:
         """Return the fingerprints of muted firing alerts and why, as of the last evaluation."""
         with self._lock:
-            return dict(self._muted)
+            return self._router.muted()
 
     def set_node_facts(self, node: str, facts: Mapping[str, str]) -> None:
         """Set the facts of one node (``nvlink=expected``), over the global ones."""
@@ -581,7 +571,7 @@ class Pipeline:
                             self._engine.end_probation(alert.fingerprint, why=f"escalated: {why}")
             else:
                 decided = PolicyResult()  # a standby tracks alerts; the leader decides
-            notified, pages = self._route(changed, now)
+            notified, pages = self._router.route(changed, self._tracker.active(), now)
         output = PipelineOutput(
             findings=findings,
             alerts=changed,
@@ -589,7 +579,7 @@ class Pipeline:
             audit=decided.audit,
             notified=notified,
             pages=pages,
-            muted=dict(self._muted),
+            muted=self._router.muted(),
         )
         try:
             if self._audit is not None:
@@ -606,91 +596,17 @@ class Pipeline:
             output.notify_failures = await self.deliver()  # alerts go out even if the audit fails
         return output
 
-    def _route(self, changed: Sequence[Alert], now: float) -> tuple[list[Alert], list[Alert]]:
-        """Apply silences and inhibition; queue alerts and pages; return both lists."""
-        active = self._tracker.active()
-        muted: dict[str, str] = {
-            target: f"inhibited:{source}"
-            for target, source in self._inhibitor.muted(active).items()
-        }
-        silenced: set[str] = set()
-        if self.silences is not None:
-            live = self.silences.active()
-            key = tuple(sorted((s.id, s.updated_at) for s in live))
-            if key != self._silence_key or len(self._silence_cache) > 4 * len(active) + 1024:
-                # a fingerprint stands for its labels: the answer holds while the set does
-                self._silence_key, self._silence_cache = key, {}
-            cache = self._silence_cache
-            if live:
-                for alert in active:
-                    fp = alert.fingerprint
-                    if fp in cache:
-                        hit = cache[fp]
-                    else:
-                        hit = cache[fp] = next(
-                            (s.id for s in live if s.mutes(alert.labels, now)), None)
-                    if hit is not None:
-                        silenced.add(fp)
-                        muted.setdefault(fp, f"silenced:{hit}")
-        self._muted = muted
-        out: list[Alert] = []
-        sent_now: set[str] = set()
-        for alert in changed:
-            fp = alert.fingerprint
-            if alert.state is AlertState.RESOLVED:
-                if fp in self._notified:
-                    self._notified.discard(fp)
-                    out.append(alert)
-            elif fp not in muted:
-                self._notified.add(fp)
-                sent_now.add(fp)
-                out.append(alert)
-        for alert in active:  # unmuted since: a silence expired, the inhibitor resolved
-            fp = alert.fingerprint
-            if fp not in muted and fp not in self._notified:
-                self._notified.add(fp)
-                sent_now.add(fp)
-                out.append(alert)
-        for name in self._alert_targets:
-            self._outbox.enqueue(name, out)
-        for name, notifier in self._alert_targets.items():
-            if not isinstance(notifier, Resending):
-                continue
-            interval = notifier.resend_interval_seconds
-            if interval <= 0:
-                continue
-            last = self._last_resend.setdefault(name, now)
-            if now - last >= interval:
-                self._last_resend[name] = now
-                again = [a for a in active if a.fingerprint in self._notified
-                         and a.fingerprint not in sent_now and a.fingerprint not in muted]
-                self._outbox.enqueue(name, again)
-        inhibited_fps = {fp for fp, why in muted.items() if why.startswith("inhibited:")}
-        pages = self._grouper.update(active, silenced=silenced, inhibited=inhibited_fps)
-        for name in self._page_targets:
-            self._outbox.enqueue(name, pages)
-        return out, pages
-
     async def deliver(self, *, force: bool = False) -> int:
         """Deliver what is due from the outbox; return the failed and dropped deliveries.
 
         Args:
             force: Try every queue now, ignoring backoff (end of a replay, shutdown).
         """
-        targets = {**self._alert_targets, **self._page_targets}
-        if not targets:
-            return 0
-        stats = await self._outbox.deliver(
-            targets, timeout_seconds=self.notify_timeout_seconds, force=force
-        )
-        for counts in (stats.failed, stats.dropped):
-            for name, count in counts.items():
-                self.notify_failures[name] = self.notify_failures.get(name, 0) + count
-        return stats.failures
+        return await self._router.deliver(force=force)
 
     def close(self) -> None:
         """Close the outbox and the action store (both keep their files for the next start)."""
-        self._outbox.close()
+        self._router.close()
         self._actions.close()
         if isinstance(self._audit, AuditStore):
             self._audit.close()
@@ -704,15 +620,3 @@ class Pipeline:
         return asyncio.run(self.deliver(force=True))
 
 
-
-def _named(notifiers: Sequence[Notifier], prefix: str) -> dict[str, Notifier]:
-    """Key notifiers by name (``prefix`` + name, ``#2`` etc. when a name repeats)."""
-    out: dict[str, Notifier] = {}
-    for notifier in notifiers:
-        base = prefix + notifier_name(notifier)
-        name, n = base, 1
-        while name in out:
-            n += 1
-            name = f"{base}#{n}"
-        out[name] = notifier
-    return out
