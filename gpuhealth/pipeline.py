@@ -46,7 +46,6 @@ from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionRequest,
     Alert,
-    AlertState,
     AuditRecord,
     Finding,
     Prediction,
@@ -55,9 +54,10 @@ from core.records import (
 )
 from remediation.actions import ActionStore
 from remediation.audit import AuditLog, AuditStore, open_audit
+from remediation.decisions import decide_on_alerts, take_over
 from remediation.dry_run import DryRunScheduler
 from remediation.engine import RemediationEngine
-from remediation.policy import PolicyResult, RemediationPolicy
+from remediation.policy import RemediationPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -322,15 +322,13 @@ class Pipeline:
         if leader and not self._was_leader:
             logger.warning("this controller is leader now: taking over remediation")
             with self._lock:
-                policy = self._new_policy()
-                if self._audit is not None:
-                    policy.restore(self._audit.read())
-                self._policy = self._engine.policy = policy
                 active = [(finding, alert.fingerprint) for alert in self._tracker.active()
                           if (finding := self._tracker.finding_of(alert.fingerprint))
                           is not None]
-                decided = policy.decide_worst_first(active)
-                decided.audit = [r for r in decided.audit if r.decision != "duplicate"]
+                policy, decided = take_over(
+                    self._new_policy, self._audit.read() if self._audit is not None else (),
+                    active)
+                self._policy = self._engine.policy = policy
             records = [*decided.audit, *self._engine.enqueue(decided)]
             if records and self._audit is not None:
                 self._audit.extend(records)
@@ -538,39 +536,9 @@ class Pipeline:
             findings = self._judge(now)
             before = {a.fingerprint for a in self._tracker.active()}
             changed = self._tracker.update(findings)
-            decided = PolicyResult()
-            fresh: list[tuple[Finding, str]] = []
-            for alert in changed:
-                if alert.state == AlertState.RESOLVED:
-                    decided.extend(
-                        self._policy.resolve(
-                            fingerprint=alert.fingerprint, node=alert.labels["node"]
-                        )
-                    )
-                elif alert.fingerprint not in before:
-                    finding = self._tracker.finding_of(alert.fingerprint)
-                    if finding is not None:
-                        fresh.append((finding, alert.fingerprint))
-            leader = self.is_leader()
-            if leader:
-                decided.extend(self._policy.decide_worst_first(fresh))
-                for alert in changed:  # the fault came back while its node was on probation
-                    if alert.state != AlertState.FIRING or alert.fingerprint not in before:
-                        continue
-                    probation = self._engine.on_probation(alert.fingerprint)
-                    if probation is not None:
-                        finding = self._tracker.finding_of(alert.fingerprint)
-                        # only an occurrence *after* the fix is a recurrence: a backlog line
-                        # or a second copy of the same old event is not
-                        if (finding is not None and finding.last_seen_at is not None
-                                and probation.fixed_at is not None
-                                and finding.last_seen_at > probation.fixed_at):
-                            why = "the fault recurred on probation after its fix"
-                            decided.extend(self._policy.escalate(
-                                finding, fingerprint=alert.fingerprint, why=why))
-                            self._engine.end_probation(alert.fingerprint, why=f"escalated: {why}")
-            else:
-                decided = PolicyResult()  # a standby tracks alerts; the leader decides
+            decided = decide_on_alerts(self._policy, self._engine, changed, before=before,
+                                       finding_of=self._tracker.finding_of,
+                                       leader=self.is_leader())
             notified, pages = self._router.route(changed, self._tracker.active(), now)
         output = PipelineOutput(
             findings=findings,

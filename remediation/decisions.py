@@ -1,0 +1,90 @@
+"""From alert changes to remediation decisions: new faults, resolutions, recurrences, take-over.
+
+The pipeline tracks alerts (:mod:`alerting.alerts`); this module turns each evaluation's
+alert changes into the policy's decisions (``docs/remediation.md``):
+
+- a resolved alert frees its budget slot (:meth:`RemediationPolicy.resolve`);
+- new alerts are decided worst first (:meth:`RemediationPolicy.decide_worst_first`), so
+  the critical reserve of the budget goes to critical faults;
+- an alert that fires again while its node is on probation, with an occurrence *after*
+  the fix (a backlog line or a second copy of the old event is not a recurrence),
+  escalates to the next rung (:meth:`RemediationPolicy.escalate`) and ends the probation;
+- only the leader decides; a standby tracks alerts and decides nothing, and on becoming
+  leader rebuilds the policy from the audit trail and decides every active alert (the
+  idempotency keys keep it from acting twice): :func:`take_over`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from core.records import Alert, AlertState, AuditRecord, Finding
+from remediation.engine import RemediationEngine
+from remediation.policy import DECISION_DUPLICATE, PolicyResult, RemediationPolicy
+
+RECURRED = "the fault recurred on probation after its fix"
+
+
+def decide_on_alerts(policy: RemediationPolicy, engine: RemediationEngine,
+                     changed: Sequence[Alert], *, before: set[str],
+                     finding_of: Callable[[str], Finding | None], leader: bool) -> PolicyResult:
+    """Decide what one evaluation's alert changes ask of remediation (module docstring).
+
+    Args:
+        policy: The remediation policy (budget, ladder).
+        engine: The engine (probation state).
+        changed: The alerts that changed in this evaluation.
+        before: Fingerprints of the alerts that were firing before it.
+        finding_of: The finding behind an alert's fingerprint.
+        leader: Whether this controller may decide now; a standby gets nothing.
+
+    Returns:
+        The requests and audit records decided (empty on a standby).
+    """
+    if not leader:
+        return PolicyResult()
+    decided = PolicyResult()
+    fresh: list[tuple[Finding, str]] = []
+    for alert in changed:
+        if alert.state == AlertState.RESOLVED:
+            decided.extend(policy.resolve(fingerprint=alert.fingerprint,
+                                          node=alert.labels["node"]))
+        elif alert.fingerprint not in before:
+            finding = finding_of(alert.fingerprint)
+            if finding is not None:
+                fresh.append((finding, alert.fingerprint))
+    decided.extend(policy.decide_worst_first(fresh))
+    for alert in changed:
+        if alert.state != AlertState.FIRING or alert.fingerprint not in before:
+            continue
+        probation = engine.on_probation(alert.fingerprint)
+        if probation is None:
+            continue
+        finding = finding_of(alert.fingerprint)
+        if (finding is not None and finding.last_seen_at is not None
+                and probation.fixed_at is not None
+                and finding.last_seen_at > probation.fixed_at):
+            decided.extend(policy.escalate(finding, fingerprint=alert.fingerprint,
+                                           why=RECURRED))
+            engine.end_probation(alert.fingerprint, why=f"escalated: {RECURRED}")
+    return decided
+
+
+def take_over(new_policy: Callable[[], RemediationPolicy], audit: Iterable[AuditRecord],
+              active: Sequence[tuple[Finding, str]]) -> tuple[RemediationPolicy, PolicyResult]:
+    """Rebuild the policy from the audit trail and decide every active alert.
+
+    Args:
+        new_policy: Makes a fresh policy with this controller's guards.
+        audit: The (shared) audit trail, oldest first.
+        active: ``(finding, fingerprint)`` of every alert firing now.
+
+    Returns:
+        The rebuilt policy and its decisions, without the duplicates (steps the old
+        leader already took stay its own).
+    """
+    policy = new_policy()
+    policy.restore(audit)
+    decided = policy.decide_worst_first(active)
+    decided.audit = [r for r in decided.audit if r.decision != DECISION_DUPLICATE]
+    return policy, decided
