@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import ssl
 import threading
 import time
 import uuid
@@ -281,7 +282,9 @@ class OutboxSender:
         self.clock = clock
         self._token = token
         self._next = 0
-        self._client = httpx.Client(timeout=timeout_seconds, verify=verify)
+        context: bool | ssl.SSLContext = (
+            ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
+        self._client = httpx.Client(timeout=timeout_seconds, verify=context)
 
     def send_once(self) -> SendResult:
         """Send one batch (with the heartbeat, even when nothing is queued).

@@ -181,3 +181,59 @@ def test_nodes_under_one_switch_open_the_breaker_instead_of_n_drains(
     assert alerts[0]["labels"]["entity"] == "switch:leaf-7"
     assert "3 nodes under switch leaf-7" in alerts[0]["annotations"]["summary"]
     assert eventually(lambda: controller.pipeline.engine.breaker_open)
+
+
+def test_the_controller_serves_agents_over_tls(tmp_path: Path) -> None:
+    """A self-signed certificate (openssl); the agent verifies it with [agent] ca_file."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
+                   capture_output=True)
+    (tmp_path / "tokens").write_text(TOKENS)
+    config = tmp_path / "ctl.toml"
+    config.write_text(f"""
+[node]
+name = "ctl-tls"
+data_dir = "{tmp_path / 'ctl'}"
+[report]
+enabled = false
+[controller]
+port = {free_port()}
+agent_tokens_file = "{tmp_path / 'tokens'}"
+tls_cert_file = "{cert}"
+tls_key_file = "{key}"
+""")
+    settings = load_settings(config, env={})
+    settings.node.data_dir.mkdir(parents=True)
+    ctl = Controller(settings)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=loop.run_until_complete, args=(ctl.serve(stop),))
+    thread.start()
+    try:
+        assert ctl.ready.wait(10)
+        box = AgentOutbox(None, node="gpu-02")
+        FindingForwarder(box, node="gpu-02").observe([_finding()], now=time.time())
+        url = f"https://127.0.0.1:{ctl.port}"
+        sender = OutboxSender(box, controllers=[url], token="tok-two-0123456789abcdef",
+                              version="test", verify=str(cert))
+        assert sender.send_once().sent == 1
+        sender.close()
+        untrusting = OutboxSender(box, controllers=[url], token="tok-two-0123456789abcdef",
+                                  version="test")  # the system CAs do not know it
+        result = untrusting.send_once()
+        assert result.controller is None
+        assert "SSL" in result.error or "certificate" in result.error.lower()
+        untrusting.close()
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{ctl.port}/-/ready", timeout=2)  # no plain HTTP
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(15)
+        loop.close()
