@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from alerting.http import LoopClient
 from alerting.silences import Silence
 from alerting.webhook import _mapped_errors, _retry_after, _ssl_context
 from core.clock import Clock, system_clock
@@ -90,8 +91,13 @@ class AlertmanagerNotifier:
         self.generator_url = generator_url
         self.clock = clock
         self.transport = transport
+        self._http = LoopClient(timeout=timeout_seconds, transport=transport,
+                                verify=_ssl_context())
         self._endpoint = url.rstrip("/") + "/api/v2/alerts"
 
+    async def aclose(self) -> None:
+        """Close the HTTP client (the service calls it at shut-down, on its loop)."""
+        await self._http.aclose()
     def __repr__(self) -> str:
         return f"AlertmanagerNotifier(url={self.url!r})"
 
@@ -127,10 +133,7 @@ class AlertmanagerNotifier:
             return
         body = [self.payload(a) for a in alerts]
         with _mapped_errors(self._endpoint):
-            async with httpx.AsyncClient(timeout=self.timeout_seconds,
-                                         transport=self.transport,
-                                         verify=_ssl_context()) as client:
-                response = await client.post(self._endpoint, json=body)
+            response = await self._http.get().post(self._endpoint, json=body)
         status = response.status_code
         if 200 <= status < 300:
             logger.debug("alertmanager %s took %d alert(s)", self.url, len(alerts))

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from alerting.http import LoopClient
 from alerting.webhook import _mapped_errors, _retry_after, _ssl_context
 from core.clock import Clock, system_clock
 from core.errors import NotifierUnavailable, PermanentError
@@ -109,7 +110,12 @@ class PagerDutyNotifier:
         self.client_url = client_url
         self.clock = clock
         self.transport = transport
+        self._http = LoopClient(timeout=timeout_seconds, transport=transport,
+                                verify=_ssl_context())
 
+    async def aclose(self) -> None:
+        """Close the HTTP client (the service calls it at shut-down, on its loop)."""
+        await self._http.aclose()
     def __repr__(self) -> str:
         """Return a representation that never shows the routing key."""
         return f"PagerDutyNotifier(url={self.url!r})"
@@ -158,10 +164,7 @@ class PagerDutyNotifier:
         """
         body = self.event(alert)
         with _mapped_errors(self.url):
-            async with httpx.AsyncClient(timeout=self.timeout_seconds,
-                                         transport=self.transport,
-                                         verify=_ssl_context()) as client:
-                response = await client.post(self.url, json=body)
+            response = await self._http.get().post(self.url, json=body)
         status = response.status_code
         if 200 <= status < 300:
             logger.debug("pagerduty took %s %s (%d)", body["event_action"], body["dedup_key"],

@@ -25,7 +25,7 @@ from alerting.outbox import Outbox, notifier_name
 from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, InhibitRule, PageGrouper
 from alerting.silences import SilenceStore
 from core.clock import Clock, system_clock
-from core.protocols import Notifier, Resending
+from core.protocols import AsyncCloseable, Notifier, Resending
 from core.records import Alert, AlertState, Severity
 
 MAX_BACKLOG = 10_000
@@ -190,6 +190,12 @@ class AlertRouter:
             for name, count in counts.items():
                 self.notify_failures[name] = self.notify_failures.get(name, 0) + count
         return stats.failures
+
+    async def aclose(self) -> None:
+        """Close the notifiers' HTTP clients (on the loop that used them)."""
+        for notifier in (*self._alert_targets.values(), *self._page_targets.values()):
+            if isinstance(notifier, AsyncCloseable):
+                await notifier.aclose()
 
     def close(self) -> None:
         """Close the outbox (its file stays for the next start)."""

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 import httpx
 
 from alerting.alerts import alert_to_json
+from alerting.http import LoopClient
 from core.clock import Clock, system_clock
 from core.errors import NotifierUnavailable, PermanentError
 from core.records import Alert
@@ -152,6 +153,11 @@ class WebhookNotifier:
         self.clock = clock
         self.id_factory = id_factory
         self._key = secret_key(secret) if secret else None
+        self._http = LoopClient(timeout=timeout_seconds, verify=_ssl_context())
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (the service calls it at shut-down, on its loop)."""
+        await self._http.aclose()
 
     def __repr__(self) -> str:
         """Return a representation that never shows the secret."""
@@ -181,9 +187,7 @@ class WebhookNotifier:
         body = json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":")).encode()
         headers = self._headers(body)
         with _mapped_errors(self.url):
-            async with httpx.AsyncClient(timeout=self.timeout_seconds,
-                                         verify=_ssl_context()) as client:
-                response = await client.post(self.url, content=body, headers=headers)
+            response = await self._http.get().post(self.url, content=body, headers=headers)
         status = response.status_code
         if 200 <= status < 300:
             logger.debug("webhook %s accepted alert %s (%d)", self.url, alert.fingerprint, status)

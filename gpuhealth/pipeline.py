@@ -31,9 +31,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from alerting.alerts import AlertPolicy, AlertTracker, finding_from_prediction
 from alerting.outbox import Outbox
@@ -60,6 +60,7 @@ from remediation.engine import RemediationEngine
 from remediation.policy import RemediationPolicy
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 
@@ -504,7 +505,7 @@ class Pipeline:
         Raises:
             RuntimeError: Called from inside a running event loop; use :meth:`aevaluate`.
         """
-        return asyncio.run(self.aevaluate())
+        return asyncio.run(self._closing(self.aevaluate()))
 
     def _judge(self, now: float) -> list[Finding]:
         found: list[Finding] = []
@@ -572,6 +573,17 @@ class Pipeline:
         """
         return await self._router.deliver(force=force)
 
+    async def aclose(self) -> None:
+        """Close the notifiers' HTTP clients, on the loop that sent with them."""
+        await self._router.aclose()
+
+    async def _closing(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work`` on a loop of its own, then close the clients made on it."""
+        try:
+            return await work
+        finally:
+            await self.aclose()
+
     def close(self) -> None:
         """Close the outbox and the action store (both keep their files for the next start)."""
         self._router.close()
@@ -585,6 +597,6 @@ class Pipeline:
         Returns:
             Failed and dropped deliveries.
         """
-        return asyncio.run(self.deliver(force=True))
+        return asyncio.run(self._closing(self.deliver(force=True)))
 
 

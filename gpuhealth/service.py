@@ -80,6 +80,9 @@ STREAM_RESTART_SECONDS = 5.0
 JOIN_TIMEOUT_SECONDS = 5.0
 """How long shutdown waits for each thread."""
 
+EVALUATE_TIMEOUT_SECONDS = 120.0
+"""Longest one evaluation may take on the service's loop before it is given up on."""
+
 
 def disrupted(policy: RemediationPolicy) -> frozenset[str]:
     """Nodes gpuhealth has taken out of service; none in dry run.
@@ -196,6 +199,7 @@ class Service:
         self._threads: list[threading.Thread] = []
         self._writer: threading.Thread | None = None
         self._remediator: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._inbound: dict[str, tuple[str, str, str, str]] = {}
         self._gpus: set[tuple[str, str]] = set()
         self.recorder: HistoryRecorder | None = None
@@ -310,6 +314,9 @@ class Service:
                                         daemon=True)
         self._writer.start()
         if self.role == "agent":
+            self._remediator = threading.Thread(target=self._loop_thread,
+                                                name="gpuhealth-loop", daemon=True)
+            self._remediator.start()
             return
         self.elector.start()
         if s.remediation.election != "local" and not self.elector.is_leader_now():
@@ -317,8 +324,8 @@ class Service:
                 "remediation: %s is standby (leader election %r: not leader now); it alerts "
                 "but takes no remediation action until it leads", self.elector.identity,
                 s.remediation.election)
-        self._remediator = threading.Thread(target=self._remediation_loop,
-                                            name="gpuhealth-remediation", daemon=True)
+        self._remediator = threading.Thread(target=self._loop_thread,
+                                            name="gpuhealth-loop", daemon=True)
         self._remediator.start()
 
     def _build_collectors(self) -> None:
@@ -578,7 +585,7 @@ class Service:
             return
         started = time.monotonic()
         try:
-            output = self.pipeline.evaluate()
+            output = self._run_on_loop(self.pipeline)
         except Exception as exc:
             self._log_once("evaluate", "pipeline.evaluate failed: %s", exc)
             logger.debug("pipeline.evaluate failed", exc_info=exc)
@@ -683,9 +690,37 @@ class Service:
 
     # --- remediation thread ----------------------------------------------------------
 
-    def _remediation_loop(self) -> None:
-        """Advance the remediation engine every ``tick_seconds`` and at once on new work."""
-        asyncio.run(self._aremediate())
+    def _loop_thread(self) -> None:
+        """Run the service's one event loop: evaluations, notifier sends, remediation.
+
+        Every network call of the pipeline (notifiers, scheduler adapters) runs here, so
+        their HTTP clients live as long as the service. The loop advances the remediation
+        engine every ``tick_seconds`` and at once on new work (not in the agent role); at
+        the end it closes the notifiers' clients.
+        """
+        loop = asyncio.new_event_loop()
+        self.loop = loop
+        try:
+            loop.run_until_complete(self._aremediate() if self.role != "agent"
+                                    else asyncio.to_thread(self.stop.wait))
+            if self.pipeline is not None:
+                loop.run_until_complete(self.pipeline.aclose())
+        except Exception as exc:
+            logger.error("the service's event loop stopped: %s", exc)  # noqa: TRY400
+        finally:
+            self.loop = None
+            loop.close()
+
+    def _run_on_loop(self, pipeline: Pipeline) -> Any:
+        """One evaluation on the service's loop (or a loop of its own before it runs)."""
+        loop = self.loop
+        if loop is not None and loop.is_running():
+            try:
+                future = asyncio.run_coroutine_threadsafe(pipeline.aevaluate(), loop)
+            except RuntimeError:  # the loop closed meanwhile (shut-down)
+                return pipeline.evaluate()
+            return future.result(timeout=EVALUATE_TIMEOUT_SECONDS)
+        return pipeline.evaluate()
 
     async def _aremediate(self) -> None:
         pipeline = self.pipeline
