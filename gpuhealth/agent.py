@@ -25,7 +25,7 @@ from core.records import Finding
 from gpuhealth import __version__
 from gpuhealth.config import Settings, agent_token
 from gpuhealth.metrics import MetricsExporter
-from storage.agent_outbox import AgentOutbox, FindingForwarder, OutboxSender
+from storage.agent_outbox import AgentLinkCollector, AgentOutbox, FindingForwarder, OutboxSender
 
 logger = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per batch is noise
@@ -88,6 +88,7 @@ class AgentLink:
         link = cls(outbox=outbox, sender=sender, exporter=exporter, stop=stop,
                    interval_seconds=a.send_interval_seconds,
                    heartbeat_seconds=a.heartbeat_interval_seconds)
+        exporter.register(AgentLinkCollector(outbox, sender))
         link._thread.start()
         logger.info("agent %s reports to %s (outbox %d records)", outbox.node,
                     ", ".join(a.controllers), len(outbox))
@@ -118,9 +119,6 @@ class AgentLink:
                         logger.warning("agent: controller %s answers again; sending the "
                                        "%d queued records", result.controller, len(self.outbox))
                     self.up = True
-                    if result.sent:
-                        self.exporter.inc("gpuhealth_agent_records_sent_total",
-                                          amount=float(result.sent))
                     if len(self.outbox):
                         continue  # more queued: the next batch at once
                 else:
@@ -129,10 +127,7 @@ class AgentLink:
                                      "and queueing until one does", result.error)
                     self.up = False
                     delay = min(MAX_BACKOFF_SECONDS, max(self.interval_seconds, delay * 2))
-            self.exporter.set("gpuhealth_agent_controller_up", 1.0 if self.up else 0.0)
-            self.exporter.set("gpuhealth_agent_outbox_depth", float(len(self.outbox)))
-            self.exporter.set("gpuhealth_agent_outbox_dropped_total",
-                              float(self.outbox.dropped))
+            self.exporter.render()
             self.wake.wait(delay if self.up is False else self.interval_seconds)
             self.wake.clear()
 

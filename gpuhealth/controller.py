@@ -51,6 +51,7 @@ from gpuhealth.config import Settings
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
+from remediation.metrics import RemediationCollector
 from storage.fleet import FleetRecord, FleetStore, open_fleet_store
 from storage.sql import is_postgres
 
@@ -210,6 +211,8 @@ class Controller:
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None)
         self.exporter = MetricsExporter()
+        self.exporter.register(RemediationCollector(self.pipeline.engine,
+                                                    is_leader=self.elector.is_leader_now))
         self.correlator = FleetCorrelator(attributes=c.correlate_by,
                                           min_nodes=c.correlate_min_nodes,
                                           window_seconds=c.correlate_window_seconds)
@@ -295,20 +298,12 @@ class Controller:
         return web.json_response([alert_to_json(a) for a in self.pipeline.active_alerts()])
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self._export()
         body = self.exporter.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _ready(self, request: web.Request) -> web.Response:
         return web.json_response({"leader": self.elector.is_leader_now(),
                                   "consumed": self.cursor})
-
-    def _export(self) -> None:
-        engine = self.pipeline.engine
-        self.exporter.set("gpuhealth_remediation_leader", float(self.elector.is_leader_now()))
-        self.exporter.set("gpuhealth_remediation_breaker_open", float(engine.breaker_open))
-        self.exporter.set("gpuhealth_disruption_budget_nodes",
-                          self.pipeline.policy.disruption_limit)
 
     # --- the consumer and the leader's work ----------------------------------------
 

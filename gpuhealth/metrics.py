@@ -79,6 +79,12 @@ class MetricsExporter:
         self._registry.register(_Snapshot(self))
         self._body = b""
         self._render_lock = threading.Lock()
+        self._stages: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        """Add a stage's own prometheus-client collector (its families on every render)."""
+        self._registry.register(collector)
+        self._stages.append(collector)
 
     def update(self, records: Iterable[Sample | Event]) -> None:
         """Remember the latest value of every sample's series; count Xid events.
@@ -131,7 +137,17 @@ class MetricsExporter:
             return None
         key = tuple(str((labels or {}).get(name, "")) for name in label_names(spec))
         with self._lock:
-            return self._values.get(metric, {}).get(key)
+            found = self._values.get(metric, {}).get(key)
+        if found is not None:
+            return found
+        wanted = dict(zip(label_names(spec), key, strict=True))
+        for stage in self._stages:
+            for fam in stage.collect():
+                for sample in fam.samples:
+                    if sample.name == metric and {
+                            k: v for k, v in sample.labels.items() if k in wanted} == wanted:
+                        return float(sample.value)
+        return None
 
     def _spec(self, metric: str) -> MetricSpec | None:
         spec = BY_NAME.get(metric)

@@ -63,6 +63,7 @@ from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
 from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
+from remediation.metrics import RemediationCollector
 from remediation.policy import RemediationPolicy
 from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
@@ -250,6 +251,9 @@ class Service:
         else:
             self.collectors = dict(self._given)
         self.pipeline = self._build_pipeline()
+        if self.role != "agent":
+            self.exporter.register(RemediationCollector(
+                self.pipeline.engine, is_leader=self.elector.is_leader_now))
         if self.role == "agent":
             self.link = AgentLink.start(s, exporter=self.exporter, stop=self.stop,
                                         inventory=self._inventory)
@@ -617,9 +621,6 @@ class Service:
         for severity in Severity:
             self.exporter.set("gpuhealth_open_findings", open_by_severity.get(severity.value, 0),
                               {"severity": severity.value})
-        policy = self.pipeline.policy
-        self.exporter.set("gpuhealth_disrupted_nodes", len(disrupted(policy)))
-        self.exporter.set("gpuhealth_disruption_budget_nodes", policy.disruption_limit)
         for record in output.audit:
             self.exporter.inc("gpuhealth_remediation_decisions_total",
                               {"step": record.step.value if record.step else "none",
@@ -746,28 +747,7 @@ class Service:
             await asyncio.sleep(0.01)
 
     def _export_remediation(self, pipeline: Pipeline) -> None:
-        engine = pipeline.engine
-        for (step, phase), count in engine.stats.transitions.items():
-            self.exporter.set("gpuhealth_remediation_actions_total", count,
-                              {"step": step, "phase": phase})
-        for reason, count in engine.stats.held.items():
-            self.exporter.set("gpuhealth_remediation_held_total", count, {"reason": reason})
-        self.exporter.set("gpuhealth_remediation_breaker_open", float(engine.breaker_open))
-        self.exporter.set("gpuhealth_remediation_leader", float(self.elector.is_leader_now()))
-        self.exporter.set("gpuhealth_time_to_remediate_seconds_total",
-                          sum(engine.stats.remediate_seconds))
-        incidents = collections.Counter(
-            (inc.severity or "none", inc.state)
-            for inc in pipeline.actions.incidents(states=("open", "probation")))
-        for severity in Severity:
-            for phase in ("open", "probation"):
-                self.exporter.set("gpuhealth_open_incidents",
-                                  incidents.get((severity.value, phase), 0),
-                                  {"severity": severity.value, "phase": phase})
-        for node, score in engine.stats.reliability.items():
-            self.exporter.set("gpuhealth_node_reliability_ratio", score, {"node": node})
-        policy = pipeline.policy
-        self.exporter.set("gpuhealth_disrupted_nodes", len(disrupted(policy)))
+        """The remediation metrics are its collector's; render them after a tick."""
         self._dirty = True
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:

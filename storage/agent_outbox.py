@@ -282,6 +282,10 @@ class OutboxSender:
         self.clock = clock
         self._token = token
         self._next = 0
+        self.sent_total = 0
+        """Records a controller acknowledged since start."""
+        self.up: bool | None = None
+        """Whether the last batch reached a controller (``None`` before the first)."""
         context: bool | ssl.SSLContext = (
             ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
         self._client = httpx.Client(timeout=timeout_seconds, verify=context)
@@ -322,13 +326,43 @@ class OutboxSender:
                 result.sent, result.duplicates, result.controller = (
                     len(records), duplicates, url)
                 result.error = ""
+                self.sent_total += len(records)
+                self.up = True
                 return result
             result.error = f"{target}: HTTP {answer.status_code}: {answer.text[:200]}"
             if answer.status_code in (400, 401, 403):
                 result.refused = True  # the same batch would be refused by every replica
+                self.up = False
                 return result
+        self.up = False
         return result
 
     def close(self) -> None:
         """Close the HTTP client."""
         self._client.close()
+
+
+class AgentLinkCollector:
+    """The agent link's Prometheus metrics, read from the outbox and the sender at each scrape.
+
+    ``gpuhealth_agent_outbox_depth``, ``gpuhealth_agent_outbox_dropped_total``,
+    ``gpuhealth_agent_records_sent_total`` and ``gpuhealth_agent_controller_up`` (1 when
+    the last batch reached a controller).
+    """
+
+    def __init__(self, outbox: AgentOutbox, sender: OutboxSender) -> None:
+        self.outbox = outbox
+        self.sender = sender
+
+    def describe(self) -> list[Any]:
+        """Nothing up front (the registry then calls :meth:`collect` on every scrape)."""
+        return []
+
+    def collect(self) -> Any:
+        """Yield the four families."""
+        from core.exposition import family
+
+        yield family("gpuhealth_agent_outbox_depth", [({}, len(self.outbox))])
+        yield family("gpuhealth_agent_outbox_dropped_total", [({}, self.outbox.dropped)])
+        yield family("gpuhealth_agent_records_sent_total", [({}, self.sender.sent_total)])
+        yield family("gpuhealth_agent_controller_up", [({}, 1.0 if self.sender.up else 0.0)])

@@ -1,0 +1,65 @@
+"""The remediation stage's Prometheus metrics, as a prometheus-client custom collector.
+
+Read at each scrape from the engine, its policy and the action store, so the figures are
+the engine's own, not copies the service keeps in step:
+
+- ``gpuhealth_remediation_actions_total{step,phase}``: engine transitions since start;
+- ``gpuhealth_remediation_held_total{reason}``: steps held back (breaker, rate limit,
+  approval, human, opt-out, budget);
+- ``gpuhealth_remediation_breaker_open``, ``gpuhealth_remediation_leader`` (0/1);
+- ``gpuhealth_time_to_remediate_seconds_total``: seconds from an incident's first request
+  to its node out of service, summed (MTTR's numerator; dry-run steps add nothing);
+- ``gpuhealth_open_incidents{severity,phase}``, ``gpuhealth_node_reliability_ratio{node}``;
+- ``gpuhealth_disrupted_nodes`` (none in dry run), ``gpuhealth_disruption_budget_nodes``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from core.exposition import family
+from core.records import Severity
+from remediation.engine import RemediationEngine
+
+
+class RemediationCollector:
+    """prometheus-client collector over one engine (module docstring).
+
+    Args:
+        engine: The remediation engine (its ``stats``, ``policy`` and ``store``).
+        is_leader: Whether this controller leads now.
+    """
+
+    def __init__(self, engine: RemediationEngine, *, is_leader: Callable[[], bool]) -> None:
+        self.engine = engine
+        self.is_leader = is_leader
+
+    def describe(self) -> list[Any]:
+        """Nothing up front (the registry then calls :meth:`collect` on every scrape)."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the families (module docstring)."""
+        engine, stats = self.engine, self.engine.stats
+        policy = engine.policy
+        yield family("gpuhealth_remediation_actions_total",
+                     [({"step": s, "phase": p}, n) for (s, p), n in stats.transitions.items()])
+        yield family("gpuhealth_remediation_held_total",
+                     [({"reason": r}, n) for r, n in stats.held.items()])
+        yield family("gpuhealth_remediation_breaker_open", [({}, float(engine.breaker_open))])
+        yield family("gpuhealth_remediation_leader", [({}, float(self.is_leader()))])
+        yield family("gpuhealth_time_to_remediate_seconds_total",
+                     [({}, sum(stats.remediate_seconds))])
+        counts = collections.Counter(
+            (inc.severity or "none", inc.state)
+            for inc in engine.store.incidents(states=("open", "probation")))
+        yield family("gpuhealth_open_incidents",
+                     [({"severity": s.value, "phase": p}, counts.get((s.value, p), 0))
+                      for s in Severity for p in ("open", "probation")])
+        yield family("gpuhealth_node_reliability_ratio",
+                     [({"node": n}, v) for n, v in stats.reliability.items()])
+        out = frozenset() if policy.dry_run else policy.out_of_service
+        yield family("gpuhealth_disrupted_nodes", [({}, len(out))])
+        yield family("gpuhealth_disruption_budget_nodes", [({}, policy.disruption_limit)])
