@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from core.clock import Clock, system_clock
+from core.errors import TemporaryError
+from storage.sql import PostgresDatabase, is_postgres, server_of
 
 logger = logging.getLogger(__name__)
 
@@ -310,8 +312,13 @@ class Silence:
 class SilenceStore:
     """Silences in one JSON file, shared by the CLI, the HTTP API and the pipeline.
 
+    A controller pair shares them in PostgreSQL instead (table ``silences``, one row per
+    silence with its JSON; written in one transaction per change and read back at every
+    look, so a silence made through one replica mutes on both).
+
     Args:
-        path: The JSON file, or ``None`` to keep silences in memory only (tests, replay).
+        path: The JSON file, a PostgreSQL DSN (a controller pair), or ``None`` to keep
+            silences in memory only (tests, replay).
         clock: Returns now, epoch seconds.
         retention_seconds: Expired silences are dropped after this long, seconds.
 
@@ -335,11 +342,24 @@ class SilenceStore:
         self._lock = threading.RLock()
         self._silences: dict[str, Silence] = {}
         self._mtime_ns: int | None = None
+        self._db: Any = None
+        if path is not None and is_postgres(str(path)):
+            self._path = None
+            self._db = PostgresDatabase(str(path), component="silences", pool_size=1)
         self._load()
 
     # --- persistence -------------------------------------------------------------------
 
     def _load(self) -> None:
+        if self._db is not None:
+            try:
+                rows = self._db.execute("SELECT body FROM silences")
+                self._silences = {s.id: s for s in
+                                  (Silence.from_json(json.loads(r[0])) for r in rows)}
+            except (TemporaryError, ValueError) as exc:
+                logger.error("silences in %s unreadable, keeping the last good copy: %s",  # noqa: TRY400
+                             server_of(str(self.path)), exc)
+            return
         if self._path is None:
             return
         try:
@@ -362,6 +382,14 @@ class SilenceStore:
         self._mtime_ns = stat.st_mtime_ns
 
     def _save(self) -> None:
+        if self._db is not None:
+            with self._db.transaction() as db:
+                kept = list(self._silences.values())
+                db.execute("DELETE FROM silences")
+                for silence in kept:
+                    db.execute("INSERT INTO silences (id, body, updated_at) VALUES (?, ?, ?)",
+                               (silence.id, json.dumps(silence.to_json()), silence.updated_at))
+            return
         if self._path is None:
             return
         self._path.parent.mkdir(parents=True, exist_ok=True)

@@ -279,6 +279,10 @@ def _silence_store(config_path: str | None) -> Any:
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
+    from storage.sql import is_postgres
+
+    if is_postgres(settings.controller.state):  # a controller pair shares its silences
+        return SilenceStore(path=settings.controller.state)
     return SilenceStore(path=alerting_path(settings, "silences"))
 
 

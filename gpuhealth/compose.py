@@ -395,9 +395,9 @@ def service_pipeline(settings: Settings, *, identity: str,
         settings: Loaded settings.
         identity: This process's identity (election, audit trail).
         is_leader: Whether this process may decide and act now.
-        shared_state: A controller pair's PostgreSQL DSN: the action store and the audit
-            trail live there, shared by the replicas; ``None``: the data folder's files
-            (``actions.db``, ``audit.jsonl``).
+        shared_state: A controller pair's PostgreSQL DSN: the action store, the audit
+            trail and the silences live there, shared by the replicas; ``None``: the data
+            folder's files (``actions.db``, ``audit.jsonl``, ``silences.json``).
 
     Raises:
         ConfigError: A notifier, adapter or guard setting is wrong.
@@ -411,7 +411,7 @@ def service_pipeline(settings: Settings, *, identity: str,
         audit_log_path=shared_state or str(settings.audit_log_path),
         action_store_path=shared_state or str(settings.action_store_path),
         outbox_path=str(alerting_path(settings, "outbox")),
-        silences=SilenceStore(path=alerting_path(settings, "silences")),
+        silences=SilenceStore(path=shared_state or alerting_path(settings, "silences")),
         event_window_seconds=settings.analytics.event_window_seconds,
     )
 

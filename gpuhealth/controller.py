@@ -9,7 +9,11 @@ Every replica:
   and the heartbeat to the fleet state store through a fixed pool of connections and
   answers 200 ``{"accepted", "duplicates"}`` only after the write (503 when the store
   cannot be written: the agent keeps the batch and retries);
-  ``GET /api/v1/agents`` (the registry), ``GET /api/v1/alerts``, ``GET /-/ready``;
+  ``GET /api/v1/agents`` (the registry), ``GET /api/v1/actions`` (the remediation
+  actions), ``GET /-/ready``, and ``run``'s alerting API (:class:`gpuhealth.api.AlertingApi`:
+  alerts, pages, outbox, Alertmanager-style silences, ingest, inbound Alertmanager, action
+  reports; anything that changes state needs ``[alerting] api_token_env``'s bearer token,
+  which is required once the controller listens beyond loopback);
 - consumes the accepted records in order (``seq``) into its pipeline, so a standby's
   alert state is as current as the leader's when it takes over.
 
@@ -41,13 +45,14 @@ from typing import Any
 
 from aiohttp import web
 
-from alerting.alerts import alert_to_json
+from alerting.silences import SilenceStore
 from analytics.fleet import FleetCorrelator
 from core.codec import CodecError, finding_from_json
 from core.errors import ConfigError, TemporaryError
 from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
+from gpuhealth.api import AlertingApi
 from gpuhealth.compose import service_pipeline
-from gpuhealth.config import Settings
+from gpuhealth.config import Settings, api_token
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
@@ -210,6 +215,13 @@ class Controller:
         self.pipeline: Pipeline = service_pipeline(
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None)
+        token = api_token(settings)
+        if c.listen_address not in ("127.0.0.1", "::1", "localhost") and not token:
+            raise ConfigError(f"{settings.source}: [alerting] api_token_env: the controller "
+                              "listens beyond loopback; creating silences and reporting actions "
+                              "need a bearer token (architecture principle 5)")
+        self.api = AlertingApi(pipeline=self.pipeline, silences=self.pipeline.silences
+                               or SilenceStore(), token=token)
         self.exporter = MetricsExporter()
         self.exporter.register(RemediationCollector(self.pipeline.engine,
                                                     is_leader=self.elector.is_leader_now))
@@ -231,10 +243,31 @@ class Controller:
         app = web.Application(client_max_size=MAX_BATCH_BYTES)
         app.router.add_post("/api/v1/agents/{node}/batch", self._batch)
         app.router.add_get("/api/v1/agents", self._agents)
-        app.router.add_get("/api/v1/alerts", self._alerts)
+        app.router.add_get("/api/v1/actions", self._actions)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/-/ready", self._ready)
+        for path in ("/api/v1/alerts", "/api/v1/pages", "/api/v1/outbox", "/api/v2/silences",
+                     "/api/v2/silence/{id}", "/api/v1/ingest", "/api/v1/alertmanager",
+                     "/api/v1/actions/{ref}/status"):
+            app.router.add_route("*", path, self._alerting_api)
         return app
+
+    async def _alerting_api(self, request: web.Request) -> web.Response:
+        """The alerting API of ``run`` (alerts, pages, silences, ingest), as ``run`` serves it."""
+        body = await request.read()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        status, answer = await asyncio.get_running_loop().run_in_executor(
+            None, self.api.handle, request.method, request.path_qs, headers, body)
+        return web.json_response(answer, status=status)
+
+    async def _actions(self, request: web.Request) -> web.Response:
+        """The remediation actions (``gpuhealth actions list`` over HTTP), newest last."""
+        try:
+            limit = int(request.query.get("limit", "200"))
+        except ValueError:
+            return web.json_response({"error": "limit: expected an integer"}, status=400)
+        rows = await self._db_call(lambda: self.pipeline.actions.actions(limit=limit))
+        return web.json_response([a.to_json() for a in rows])
 
     async def _db_call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
@@ -293,9 +326,6 @@ class Controller:
             "node": r.node, "version": r.version, "gpus": list(r.gpus),
             "first_seen_at": r.first_seen_at, "last_heartbeat_at": r.last_heartbeat_at,
             "silent": now - r.last_heartbeat_at > silent_after} for r in rows])
-
-    async def _alerts(self, request: web.Request) -> web.Response:
-        return web.json_response([alert_to_json(a) for a in self.pipeline.active_alerts()])
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = self.exporter.render()

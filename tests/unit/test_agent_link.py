@@ -237,3 +237,17 @@ tls_key_file = "{key}"
         loop.call_soon_threadsafe(stop.set)
         thread.join(15)
         loop.close()
+
+
+def test_the_controller_serves_silences_and_actions(controller: Controller) -> None:
+    silence = {"matchers": [{"name": "node", "value": "gpu-02", "isRegex": False}],
+               "startsAt": "2026-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z",
+               "createdBy": "alice", "comment": "rack maintenance"}
+    made = httpx.post(f"{_url(controller)}/api/v2/silences", json=silence)
+    assert made.status_code == 200, made.text
+    listed = httpx.get(f"{_url(controller)}/api/v2/silences").json()
+    assert [s["id"] for s in listed] == [made.json()["silenceID"]]
+    assert httpx.get(f"{_url(controller)}/api/v2/silence/nope").status_code == 404
+    assert httpx.get(f"{_url(controller)}/api/v1/actions").json() == []
+    assert httpx.get(f"{_url(controller)}/api/v1/actions?limit=x").status_code == 400
+    assert httpx.get(f"{_url(controller)}/api/v1/pages").json() == []

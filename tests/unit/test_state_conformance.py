@@ -120,3 +120,21 @@ def test_the_audit_trail_keeps_order_across_two_writers(target: str, tmp_path: P
     for sink in (a, b):
         if isinstance(sink, AuditStore):
             sink.close()
+
+
+def test_silences_are_shared_by_two_stores(target: str, tmp_path: Path) -> None:
+    from alerting.silences import SilenceState, SilenceStore, parse_matchers
+
+    path = target if "dbname=" in target else str(tmp_path / "silences.json")
+    a, b = SilenceStore(path=path), SilenceStore(path=path)
+    made = a.add(parse_matchers(["node=gpu-01"]), duration_seconds=3600, created_by="alice",
+                 comment="maintenance")
+    got = b.get(made.id)
+    assert got is not None
+    assert got.matchers == made.matchers
+    assert b.muting({"node": "gpu-01", "alertname": "GpuXid79"}) == [made.id]
+    b.expire(made.id)
+    again = a.get(made.id)
+    assert again is not None
+    assert again.state(a.clock()) is SilenceState.EXPIRED
+    assert a.muting({"node": "gpu-01"}) == []

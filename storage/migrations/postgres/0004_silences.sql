@@ -1,0 +1,5 @@
+CREATE TABLE IF NOT EXISTS silences (
+    id TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
