@@ -28,11 +28,13 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from river import anomaly, compose, preprocessing, stats
-from river.tree.base import Branch
-from river.tree.padded import make_padded_tree
+if TYPE_CHECKING:
+    from river import compose
+
+# river is imported where it is used: its import costs about a second and 100 MiB
+# (scipy, pandas, scikit-learn), which an agent without these detectors never pays.
 
 from core.records import Anomaly, EntityId, FeatureVector, NodeName
 
@@ -79,6 +81,9 @@ class _Forest:
         ``names``; the same calls make the same random draws (river's ``make_padded_tree``
         with padding 0.15 on the unit cube, one ``random.Random(seed)`` for all trees).
         """
+        from river.tree.base import Branch
+        from river.tree.padded import make_padded_tree
+
         rng = random.Random(seed)
         features: list[str] = []
         thresholds: list[float] = []
@@ -228,6 +233,8 @@ class _ScaledHst:
     __slots__ = ("scaler", "trees")
 
     def __init__(self, trees: SharedHalfSpaceTrees) -> None:
+        from river import preprocessing
+
         self.scaler: Any = preprocessing.StandardScaler()
         self.trees = trees
 
@@ -268,6 +275,8 @@ class _RiverDetector:
         key = (x.node, x.entity)
         model = self._models.get(key)
         if model is None:
+            from river import stats
+
             model = self._models[key] = self._template()
             self._thresholds[key] = stats.Quantile(q=self.quantile)
             self._seen[key] = 0
@@ -354,6 +363,8 @@ class HalfSpaceTreesDetector(_RiverDetector):
 
     def river_pipeline(self) -> compose.Pipeline:
         """The river pipeline each entity's model reproduces (for tests and benchmarks)."""
+        from river import anomaly, compose, preprocessing
+
         model: compose.Pipeline = (
             preprocessing.StandardScaler()
             | compose.FuncTransformer(squash)
@@ -376,6 +387,8 @@ class _PerFeatureSad:
     def _model(self, feature: str) -> Any:
         found = self._models.get(feature)
         if found is None:
+            from river import anomaly
+
             found = self._models[feature] = anomaly.StandardAbsoluteDeviation()
         return found
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from analytics.windowing import BoolArray, FloatArray, IntArray
 from core.records import Anomaly, EntityId, FeatureVector, NodeName
@@ -148,6 +147,8 @@ class PeerComparison:
         return self._grouped(v, node, group)
 
     def _grouped(self, v: FloatArray, node: IntArray, group: IntArray) -> PeerVerdict:
+        import pandas as pd  # at first use: an agent without peers never loads it
+
         frame = pd.DataFrame({"v": v, "node": node, "group": group})
         by_node = frame.groupby(["group", "node"])["v"]
         count = by_node.transform("size").to_numpy()

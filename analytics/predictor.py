@@ -34,8 +34,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from river import linear_model, optim, preprocessing
-
 from core.records import EntityId, FeatureVector, Finding, NodeName, Prediction, Severity
 
 logger = logging.getLogger(__name__)
@@ -84,8 +82,8 @@ class OnlineFailurePredictor:
         self.negative_rate = negative_rate
         self.top_features = top_features
         self.seed = seed
-        self._scaler: Any = preprocessing.StandardScaler()
-        self._model: Any = linear_model.LogisticRegression(optimizer=optim.SGD(learning_rate))
+        self._river_scaler: Any = None  # river's models, made at first use (river's import
+        self._river_model: Any = None  # costs ~1 s and ~90 MiB; an agent starts without it)
         self._pending: deque[FeatureVector] = deque()
         self._failed_at: dict[tuple[NodeName, EntityId], list[float]] = {}
         self._rng = random.Random(seed)
@@ -97,6 +95,37 @@ class OnlineFailurePredictor:
         """Labelled vectors in the order learned: ``(features, label, probability the online
         model gave before learning it, window end)``, for the batch refit
         (:mod:`analytics.refit`) to train on and to compare against, prequentially."""
+
+    def _build(self) -> None:
+        from river import linear_model, optim, preprocessing
+
+        if self._river_scaler is None:
+            self._river_scaler = preprocessing.StandardScaler()
+        if self._river_model is None:
+            self._river_model = linear_model.LogisticRegression(
+                optimizer=optim.SGD(self.learning_rate))
+
+    @property
+    def _scaler(self) -> Any:
+        """River ``StandardScaler`` of the features (made at first use)."""
+        if self._river_scaler is None:
+            self._build()
+        return self._river_scaler
+
+    @_scaler.setter
+    def _scaler(self, value: Any) -> None:
+        self._river_scaler = value
+
+    @property
+    def _model(self) -> Any:
+        """River ``LogisticRegression`` with SGD (made at first use)."""
+        if self._river_model is None:
+            self._build()
+        return self._river_model
+
+    @_model.setter
+    def _model(self, value: Any) -> None:
+        self._river_model = value
 
     def predict(self, x: FeatureVector) -> Prediction:
         """Predict failure of ``x``'s entity within the horizon, then queue ``x`` for labelling."""

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.metrics import average_precision_score
 
 Labelled = tuple[dict[str, float], bool, float, float]
 """One history row: ``(features, label, online probability before learning, window end)``."""
@@ -111,6 +109,9 @@ def refit(
             model=None,
             why=f"too few failures to refit ({pos_train} in training, {pos_hold} recent)",
         )
+    from sklearn.ensemble import HistGradientBoostingClassifier  # ~1 s: only when refitting
+    from sklearn.metrics import average_precision_score
+
     features = tuple(sorted({k for r in rows for k in r[0]}))
 
     def matrix(part: Sequence[Labelled]) -> Any:
