@@ -769,10 +769,16 @@ CATALOG: tuple[MetricSpec, ...] = (
         help="Agent records acknowledged by a controller",
     ),
     MetricSpec(
+        name="gpuhealth_agent_records_refused_total",
+        type=C,
+        unit="1",
+        help="Agent records a controller refused for their content, set aside one by one",
+    ),
+    MetricSpec(
         name="gpuhealth_agent_controller_up",
         type=G,
         unit="1",
-        help="Whether the last batch reached a controller (1) or none answered (0)",
+        help="Whether a controller answered the last batch (1) or none did (0)",
     ),
     MetricSpec(
         name="gpuhealth_controller_records_accepted_total",

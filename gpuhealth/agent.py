@@ -33,6 +33,9 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per batch is no
 MAX_BACKOFF_SECONDS = 30.0
 """Longest pause between two tries while no controller answers."""
 
+ANSWERED_BACKOFF_SECONDS = 5.0
+"""Longest pause while a controller answers but cannot take the batch (503, a token)."""
+
 
 class AgentLink:
     """The outbox, the forwarder and the sender thread of one agent.
@@ -69,10 +72,19 @@ class AgentLink:
         if not a.controllers:
             raise ConfigError(f"{settings.source}: [agent] controllers: the agent needs the "
                               "URL of at least one controller replica")
-        token = agent_token(settings)
+        try:
+            token = agent_token(settings)
+        except OSError as exc:
+            raise ConfigError(f"{settings.source}: [agent] token_file: {a.token_file}: "
+                              f"{exc.strerror}") from exc
         if not token:
-            raise ConfigError(f"{settings.source}: [agent] token_env or token_file: no agent "
-                              "token (set one; the controller refuses agents without)")
+            if a.token_env:
+                why = f"token_env: environment variable {a.token_env!r} is not set"
+            elif a.token_file:
+                why = f"token_file: {a.token_file} is empty"
+            else:
+                why = "token_env or token_file: set one (the controller refuses agents without)"
+            raise ConfigError(f"{settings.source}: [agent] {why}")
         outbox = AgentOutbox(settings.node.data_dir / "agent-outbox.sqlite",
                              node=settings.node.name, max_records=a.outbox_max_records)
         try:
@@ -116,17 +128,24 @@ class AgentLink:
                     last_sent = time.monotonic()
                     delay = self.interval_seconds
                     if self.up is False:
-                        logger.warning("agent: controller %s answers again; sending the "
-                                       "%d queued records", result.controller, len(self.outbox))
+                        logger.warning("agent: controller %s answers again; %d records "
+                                       "delivered, %d still queued", result.controller,
+                                       result.sent, len(self.outbox))
                     self.up = True
                     if len(self.outbox):
                         continue  # more queued: the next batch at once
+                elif result.refused and not any(c in (401, 403)
+                                                for c in result.statuses.values()):
+                    continue  # a record's content was refused: the next try isolates it
                 else:
                     if self.up is not False:
                         logger.error("agent: no controller took the batch (%s); collecting "
                                      "and queueing until one does", result.error)
                     self.up = False
-                    delay = min(MAX_BACKOFF_SECONDS, max(self.interval_seconds, delay * 2))
+                    # A controller that answers (503: its database is away) is retried
+                    # sooner than one that does not answer at all.
+                    cap = ANSWERED_BACKOFF_SECONDS if result.statuses else MAX_BACKOFF_SECONDS
+                    delay = min(cap, max(self.interval_seconds, delay * 2))
             self.exporter.render()
             self.wake.wait(delay if self.up is False else self.interval_seconds)
             self.wake.clear()

@@ -388,7 +388,8 @@ def replay_pipeline(
 
 
 def service_pipeline(settings: Settings, *, identity: str,
-                     is_leader: Callable[[], bool], shared_state: str | None = None) -> Pipeline:
+                     is_leader: Callable[[], bool], shared_state: str | None = None,
+                     notify_as_standby: bool = True) -> Pipeline:
     """The pipeline of a long-running service (``run``, ``controller``).
 
     Args:
@@ -398,13 +399,14 @@ def service_pipeline(settings: Settings, *, identity: str,
         shared_state: A controller pair's PostgreSQL DSN: the action store, the audit
             trail and the silences live there, shared by the replicas; ``None``: the data
             folder's files (``actions.db``, ``audit.jsonl``, ``silences.json``).
+        notify_as_standby: Notify while not leader (``run``); ``False`` for a controller.
 
     Raises:
         ConfigError: A notifier, adapter or guard setting is wrong.
     """
     notifiers, pagers = build_notifiers(settings)
     scheduler, node_agent = build_schedulers(settings)
-    return build_pipeline(
+    pipeline = build_pipeline(
         settings, guard=guards(settings), identity=identity, scheduler=scheduler,
         node_agent=node_agent, notifiers=notifiers, pagers=pagers, is_leader=is_leader,
         facts={"node": settings.node.name, **settings.inventory},
@@ -414,6 +416,8 @@ def service_pipeline(settings: Settings, *, identity: str,
         silences=SilenceStore(path=shared_state or alerting_path(settings, "silences")),
         event_window_seconds=settings.analytics.event_window_seconds,
     )
+    pipeline.notify_as_standby = notify_as_standby
+    return pipeline
 
 
 def agent_pipeline(settings: Settings) -> Pipeline:

@@ -946,9 +946,46 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = 
     return settings
 
 
+def fleet_problems(settings: Settings, env: Mapping[str, str] = os.environ) -> list[str]:
+    """What stops ``gpuhealth agent`` or ``gpuhealth controller`` with these settings.
+
+    ``[agent]``: its token source (the variable set, the file there and not empty);
+    ``[controller]``: the agent tokens file and the TLS files readable. Each line names
+    the file and the key. (``agent`` also needs ``[agent] controllers``; ``controller``
+    needs ``agent_tokens_file``: the commands say so, ``config check`` cannot know the
+    role.)
+    """
+    src = settings.source
+    a, c = settings.agent, settings.controller
+    problems: list[str] = []
+    if a.token_env and not env.get(a.token_env):
+        problems.append(f"{src}: [agent] token_env: environment variable {a.token_env!r} is "
+                        "not set")
+    if a.token_file is not None:
+        try:
+            if not a.token_file.read_text(encoding="utf-8").strip():
+                problems.append(f"{src}: [agent] token_file: {a.token_file} is empty")
+        except OSError as exc:
+            problems.append(f"{src}: [agent] token_file: {a.token_file}: {exc.strerror}")
+    if a.controllers and not (a.token_env or a.token_file):
+        problems.append(f"{src}: [agent] token_env or token_file: the agent needs its token")
+    if a.ca_file is not None and not a.ca_file.is_file():
+        problems.append(f"{src}: [agent] ca_file: no such file {str(a.ca_file)!r}")
+    for key in ("agent_tokens_file", "tls_cert_file", "tls_key_file"):
+        path = getattr(c, key)
+        if path is not None and not path.is_file():
+            problems.append(f"{src}: [controller] {key}: no such file {str(path)!r}")
+    if c.agent_tokens_file is not None and c.agent_tokens_file.is_file():
+        from gpuhealth.tokens import token_file_problems
+
+        problems.extend(f"{src}: [controller] agent_tokens_file: {p}"
+                        for p in token_file_problems(c.agent_tokens_file))
+    return problems
+
+
 def _secret_problems(settings: Settings, env: Mapping[str, str]) -> list[str]:
     alerting = settings.alerting
-    problems: list[str] = []
+    problems: list[str] = [*fleet_problems(settings, env)]
     if alerting.webhook_secret_env and not env.get(alerting.webhook_secret_env):
         problems.append(f"{settings.source}: [alerting] webhook_secret_env: environment "
                         f"variable {alerting.webhook_secret_env!r} is not set")

@@ -32,15 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -56,6 +53,7 @@ from gpuhealth.config import Settings, api_token
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
+from gpuhealth.tokens import AgentTokens
 from remediation.metrics import RemediationCollector
 from storage.fleet import FleetRecord, FleetStore, open_fleet_store
 from storage.sql import is_postgres
@@ -73,69 +71,14 @@ RECORD_KINDS = frozenset({"finding", "finding_cleared", "inventory"})
 
 SILENT_KIND, SILENT_CODE = "agent", "silent"
 
+MIN_EPOCH, MAX_EPOCH = 946_684_800.0, 4_102_444_800.0
+"""A record's ``at`` must lie in 2000-2100 (NaN, infinities and nonsense are refused)."""
 
-class AgentTokens:
-    """The agents' bearer tokens from ``[controller] agent_tokens_file``, re-read on change.
+MAX_GPUS = 256
+"""Most GPU entries in one heartbeat."""
 
-    The file holds ``node token`` lines (``#`` comments) or a JSON object
-    ``{"node": "token"}``. Tokens are compared in constant time and never logged.
-
-    Args:
-        path: The file.
-
-    Raises:
-        ConfigError: The file cannot be read or a line is malformed (names the line).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._by_node: dict[str, bytes] = {}
-        self._by_hash: dict[bytes, str] = {}
-        self.reload()
-
-    def reload(self) -> None:
-        """Read the file again when its size or modification time changed."""
-        try:
-            stat = self.path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
-            if stamp == self._stamp:
-                return
-            text = self.path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"[controller] agent_tokens_file {self.path}: "
-                              f"{exc.strerror}") from exc
-        tokens: dict[str, str] = {}
-        if text.lstrip().startswith("{"):
-            try:
-                loaded = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{self.path}:{exc.lineno}: not JSON: {exc.msg}") from exc
-            if not isinstance(loaded, dict) or not all(
-                    isinstance(k, str) and isinstance(v, str) and v for k, v in loaded.items()):
-                raise ConfigError(f"{self.path}: expected {{node: token}} strings")
-            tokens = dict(loaded)
-        else:
-            for number, line in enumerate(text.splitlines(), 1):
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                parts = line.split()
-                if len(parts) != 2:
-                    raise ConfigError(f"{self.path}:{number}: expected 'node token'")
-                tokens[parts[0]] = parts[1]
-        self._by_node = {node: token.encode() for node, token in tokens.items()}
-        self._by_hash = {hashlib.sha256(t.encode()).digest(): n for n, t in tokens.items()}
-        self._stamp = stamp
-        logger.info("controller: %d agent tokens from %s", len(tokens), self.path)
-
-    def check(self, node: str, token: str) -> int:
-        """Return 200 when ``token`` is ``node``'s, 403 when it is another node's, else 401."""
-        given = token.encode()
-        own = self._by_node.get(node)
-        if own is not None and hmac.compare_digest(own, given):
-            return 200
-        return 403 if hashlib.sha256(given).digest() in self._by_hash else 401
+MAX_FACTS = 64
+"""Most ``[inventory]`` facts in one heartbeat."""
 
 
 class BatchError(ValueError):
@@ -154,8 +97,11 @@ def parse_batch(node: str, payload: Any) -> tuple[list[FleetRecord], dict[str, A
     """
     if not isinstance(payload, dict):
         raise BatchError(400, "the batch must be a JSON object")
-    if payload.get("node") != node:
-        raise BatchError(403, f"node: the batch is for {payload.get('node')!r}, sent as {node!r}")
+    if not isinstance(payload.get("node"), str) or not payload["node"]:
+        raise BatchError(400, "node: expected the agent's node name")
+    if payload["node"] != node:
+        raise BatchError(403, f"node: the batch is for {payload['node']!r}, sent as {node!r}")
+    payload = without_nul(payload)
     raw = payload.get("records", [])
     if not isinstance(raw, list):
         raise BatchError(400, "records: expected a list")
@@ -171,8 +117,9 @@ def parse_batch(node: str, payload: Any) -> tuple[list[FleetRecord], dict[str, A
             raise BatchError(400, f"{where}.key: expected '{node}:<id>', got {key!r}")
         if kind not in RECORD_KINDS:
             raise BatchError(400, f"{where}.kind: unknown kind {kind!r}")
-        if isinstance(at, bool) or not isinstance(at, int | float):
-            raise BatchError(400, f"{where}.at: expected epoch seconds, got {at!r}")
+        if isinstance(at, bool) or not isinstance(at, int | float) or not (
+                MIN_EPOCH <= at <= MAX_EPOCH):
+            raise BatchError(400, f"{where}.at: expected epoch seconds (2000-2100), got {at!r}")
         if not isinstance(body, dict):
             raise BatchError(400, f"{where}.body: expected an object")
         if kind in ("finding", "finding_cleared"):
@@ -185,9 +132,34 @@ def parse_batch(node: str, payload: Any) -> tuple[list[FleetRecord], dict[str, A
                     raise BatchError(400, str(exc)) from exc
         records.append(FleetRecord(key=key, node=node, kind=str(kind), at=float(at), body=body))
     heartbeat = payload.get("heartbeat")
-    if heartbeat is not None and not isinstance(heartbeat, dict):
-        raise BatchError(400, "heartbeat: expected an object")
+    if heartbeat is not None:
+        if not isinstance(heartbeat, dict):
+            raise BatchError(400, "heartbeat: expected an object")
+        gpus, facts = heartbeat.get("gpus", []), heartbeat.get("facts", {})
+        if not isinstance(gpus, list) or len(gpus) > MAX_GPUS or not all(
+                isinstance(g, dict) and len(json.dumps(g)) <= 1024 for g in gpus):
+            raise BatchError(400, f"heartbeat.gpus: expected at most {MAX_GPUS} small objects")
+        if not isinstance(facts, dict) or len(facts) > MAX_FACTS or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) + len(v) <= 512
+                for k, v in facts.items()):
+            raise BatchError(400, f"heartbeat.facts: expected at most {MAX_FACTS} short "
+                                  "string pairs")
     return records, heartbeat
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with every NUL character in its strings replaced by U+FFFD.
+
+    A kernel log cut by a power loss is often NUL-padded, and PostgreSQL text cannot hold
+    NUL (``psycopg.DataError``): the line is kept, readable, instead of refusing the batch.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
 
 
 class Controller:
@@ -208,13 +180,16 @@ class Controller:
                               "controller accepts only agents with a token; list them")
         self.settings = settings
         self.tokens = AgentTokens(c.agent_tokens_file)
+        self._tokens_problem = ""
+        self._refused_logged: dict[str, float] = {}
         self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
         self.elector = build_leader_loop(settings)
         # On PostgreSQL the action store and the audit trail are the pair's, shared: the
         # standby resumes the leader's actions from them (each exactly once, by its key).
         self.pipeline: Pipeline = service_pipeline(
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
-            shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None)
+            shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None,
+            notify_as_standby=False)
         token = api_token(settings)
         if c.listen_address not in ("127.0.0.1", "::1", "localhost") and not token:
             raise ConfigError(f"{settings.source}: [alerting] api_token_env: the controller "
@@ -223,8 +198,10 @@ class Controller:
         self.api = AlertingApi(pipeline=self.pipeline, silences=self.pipeline.silences
                                or SilenceStore(), token=token)
         self.exporter = MetricsExporter()
-        self.exporter.register(RemediationCollector(self.pipeline.engine,
-                                                    is_leader=self.elector.is_leader_now))
+        self.remediation_metrics = RemediationCollector(
+            self.pipeline.engine, is_leader=self.elector.is_leader_now)
+        self.exporter.register(self.remediation_metrics)
+        self._store_failed_at = float("-inf")
         self.correlator = FleetCorrelator(attributes=c.correlate_by,
                                           min_nodes=c.correlate_min_nodes,
                                           window_seconds=c.correlate_window_seconds)
@@ -266,7 +243,11 @@ class Controller:
             limit = int(request.query.get("limit", "200"))
         except ValueError:
             return web.json_response({"error": "limit: expected an integer"}, status=400)
-        rows = await self._db_call(lambda: self.pipeline.actions.actions(limit=limit))
+        try:
+            rows = await self._db_call(lambda: self.pipeline.actions.actions(limit=limit))
+        except TemporaryError as exc:
+            return web.json_response({"error": f"the state store is unavailable: {exc}"},
+                                     status=503)
         return web.json_response([a.to_json() for a in rows])
 
     async def _db_call(self, fn: Any, *args: Any) -> Any:
@@ -279,20 +260,33 @@ class Controller:
         node = request.match_info["node"]
         header = request.headers.get("Authorization", "")
         token = header[7:] if header.startswith("Bearer ") else ""
-        with contextlib.suppress(ConfigError):
+        try:
             self.tokens.reload()
+        except ConfigError as exc:  # keep the last good tokens; say so once per change
+            if str(exc) != self._tokens_problem:
+                self._tokens_problem = str(exc)
+                logger.error("controller: %s; the tokens read before stay in force", exc)  # noqa: TRY400
+        else:
+            self._tokens_problem = ""
         status = self.tokens.check(node, token) if token else 401
         if status != 200:
             self._count(status)
+            now = time.monotonic()
+            if now - self._refused_logged.get(node, float("-inf")) >= 60.0:
+                self._refused_logged[node] = now
+                logger.warning("controller: refused a batch for %s from %s: %s", node,
+                               request.remote, "unknown or missing token" if status == 401
+                               else "the token of another node")
             why = "unknown or missing token" if status == 401 else "token of another node"
             return web.json_response({"error": why}, status=status,
                                      headers={"WWW-Authenticate": "Bearer"}
                                      if status == 401 else None)
         try:
             payload = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             self._count(400)
-            return web.json_response({"error": "the body is not JSON"}, status=400)
+            return web.json_response({"error": "the body is not JSON (or nested too deep)"},
+                                     status=400)
         try:
             records, heartbeat = parse_batch(node, payload)
         except BatchError as exc:
@@ -309,8 +303,15 @@ class Controller:
                 gpus=gpus if isinstance(gpus, list) else [], at=time.time(), facts=facts))
         except TemporaryError as exc:
             self._count(503)
+            self._store_failed_at = time.monotonic()
             logger.warning("controller: cannot write a batch of %s: %s", node, exc)
             return web.json_response({"error": "the state store is unavailable"}, status=503)
+        except Exception as exc:  # the store refused the content: say so, never hang the agent
+            self._count(422)
+            logger.error("controller: the state store refused a batch of %s: %s",  # noqa: TRY400
+                         node, exc)
+            return web.json_response({"error": f"the state store refused the batch: {exc}"},
+                                     status=422)
         self._count(200)
         for record in records:
             self.exporter.inc("gpuhealth_controller_records_accepted_total",
@@ -319,7 +320,11 @@ class Controller:
                                   "duplicates": result.duplicates})
 
     async def _agents(self, request: web.Request) -> web.Response:
-        rows = await self._db_call(self.store.agents)
+        try:
+            rows = await self._db_call(self.store.agents)
+        except TemporaryError as exc:
+            return web.json_response({"error": f"the state store is unavailable: {exc}"},
+                                     status=503)
         now = time.time()
         silent_after = self.settings.controller.agent_silent_seconds
         return web.json_response([{
@@ -393,7 +398,9 @@ class Controller:
                     next_eval = now + self.settings.analytics.evaluate_interval_seconds
                     await self.pipeline.aevaluate()
                 await self.pipeline.atick()
+                self.remediation_metrics.refresh()
             except TemporaryError as exc:
+                self._store_failed_at = time.monotonic()
                 logger.warning("controller: state store unavailable: %s", exc)
             except Exception:
                 logger.exception("controller: consuming accepted records failed")
@@ -425,6 +432,10 @@ class Controller:
                           {"state": "reporting"})
         self.facts.update({r.node: dict(r.facts) for r in rows})
         back = self.silent - silent_now
+        # A heartbeat could not be written while the store was away: no agent is called
+        # silent until the store has been back for a whole silence period.
+        if time.monotonic() - self._store_failed_at < after:
+            silent_now &= self.silent
         gone = silent_now - self.silent
         if back:
             self.pipeline.clear_findings([(n, "node", SILENT_KIND, SILENT_CODE) for n in back])
@@ -448,7 +459,12 @@ class Controller:
         context: ssl.SSLContext | None = None
         if c.tls_cert_file and c.tls_key_file:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(str(c.tls_cert_file), str(c.tls_key_file))
+            try:
+                context.load_cert_chain(str(c.tls_cert_file), str(c.tls_key_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"{self.settings.source}: [controller] tls_cert_file "
+                                  f"{c.tls_cert_file} / tls_key_file {c.tls_key_file}: "
+                                  f"{exc}") from exc
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context)
@@ -521,8 +537,14 @@ def run_controller(settings: Settings, *, stop: threading.Event | None = None) -
     with _signals(stop):
         try:
             asyncio.run(main())
+        except ConfigError as exc:
+            logger.error("gpuhealth controller cannot start: %s", exc)  # noqa: TRY400
+            return EXIT_CONFIG
         except OSError as exc:
-            logger.error("gpuhealth controller cannot listen: %s", exc)  # noqa: TRY400
+            c = settings.controller
+            logger.error("gpuhealth controller cannot listen on %s:%d: %s",  # noqa: TRY400
+                         c.listen_address, c.port, exc)
             return 1
+    logger.info("gpuhealth controller stopped")
     return 0
 

@@ -140,6 +140,10 @@ class Pipeline:
             (breaker, rate limit, approvals, probation, step timeout).
         tick_inline: Advance the remediation engine inside each evaluation (replay);
             ``False``: the service's remediation thread calls :meth:`atick`.
+        notify_as_standby: Notify while not leader (a standby ``run`` watches its own
+            node); ``False`` for a controller replica, whose leader notifies for the fleet:
+            the standby routes nothing until it leads, then sends every active alert once
+            (Alertmanager and PagerDuty deduplicate by fingerprint and ``dedup_key``).
 
     Raises:
         ValueError: ``dry_run`` is false with the dry-run scheduler, or a guard parameter
@@ -182,6 +186,7 @@ class Pipeline:
         is_leader: Callable[[], bool] = lambda: True,
         engine_options: Mapping[str, Any] | None = None,
         tick_inline: bool = True,
+        notify_as_standby: bool = True,
     ) -> None:
         if not dry_run and (scheduler is None or isinstance(scheduler, DryRunScheduler)):
             raise ValueError(
@@ -256,6 +261,7 @@ class Pipeline:
             self._policy.restore(self._audit.read())
         self.is_leader = is_leader
         self.tick_inline = tick_inline
+        self.notify_as_standby = notify_as_standby
         self.wake = threading.Event()
         """Set when the engine has new work (the service's remediation thread waits on it)."""
         self._was_leader = is_leader()
@@ -540,7 +546,10 @@ class Pipeline:
             decided = decide_on_alerts(self._policy, self._engine, changed, before=before,
                                        finding_of=self._tracker.finding_of,
                                        leader=self.is_leader())
-            notified, pages = self._router.route(changed, self._tracker.active(), now)
+            if self.notify_as_standby or self.is_leader():
+                notified, pages = self._router.route(changed, self._tracker.active(), now)
+            else:  # the leader notifies; on taking over, every active alert goes out once
+                notified, pages = [], []
         output = PipelineOutput(
             findings=findings,
             alerts=changed,

@@ -201,6 +201,7 @@ class Service:
         self._writer: threading.Thread | None = None
         self._remediator: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._remediation_metrics: RemediationCollector | None = None
         self._inbound: dict[str, tuple[str, str, str, str]] = {}
         self._gpus: set[tuple[str, str]] = set()
         self.recorder: HistoryRecorder | None = None
@@ -252,8 +253,10 @@ class Service:
             self.collectors = dict(self._given)
         self.pipeline = self._build_pipeline()
         if self.role != "agent":
-            self.exporter.register(RemediationCollector(
-                self.pipeline.engine, is_leader=self.elector.is_leader_now))
+            self._remediation_metrics = RemediationCollector(
+                self.pipeline.engine, is_leader=self.elector.is_leader_now)
+            self._remediation_metrics.refresh()
+            self.exporter.register(self._remediation_metrics)
         if self.role == "agent":
             self.link = AgentLink.start(s, exporter=self.exporter, stop=self.stop,
                                         inventory=self._inventory)
@@ -747,7 +750,12 @@ class Service:
             await asyncio.sleep(0.01)
 
     def _export_remediation(self, pipeline: Pipeline) -> None:
-        """The remediation metrics are its collector's; render them after a tick."""
+        """The remediation metrics are its collector's: refresh them after a tick."""
+        if self._remediation_metrics is not None:
+            try:
+                self._remediation_metrics.refresh()
+            except Exception as exc:
+                self._log_once("remediation_metrics", "remediation metrics: %s", exc)
         self._dirty = True
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:

@@ -35,6 +35,23 @@ class RemediationCollector:
     def __init__(self, engine: RemediationEngine, *, is_leader: Callable[[], bool]) -> None:
         self.engine = engine
         self.is_leader = is_leader
+        self._incidents: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._breaker = False
+
+    def refresh(self) -> None:
+        """Read what lives in the action store (open incidents, the breaker) for scrapes.
+
+        Called after each remediation tick, so a scrape never waits for the store (a
+        controller's PostgreSQL may be away: the last figures stay).
+
+        Raises:
+            TemporaryError: The store cannot be read now (the last figures stay).
+        """
+        engine = self.engine
+        self._incidents = collections.Counter(
+            (inc.severity or "none", inc.state)
+            for inc in engine.store.incidents(states=("open", "probation")))
+        self._breaker = engine.breaker_open
 
     def describe(self) -> list[Any]:
         """Nothing up front (the registry then calls :meth:`collect` on every scrape)."""
@@ -48,13 +65,11 @@ class RemediationCollector:
                      [({"step": s, "phase": p}, n) for (s, p), n in stats.transitions.items()])
         yield family("gpuhealth_remediation_held_total",
                      [({"reason": r}, n) for r, n in stats.held.items()])
-        yield family("gpuhealth_remediation_breaker_open", [({}, float(engine.breaker_open))])
+        yield family("gpuhealth_remediation_breaker_open", [({}, float(self._breaker))])
         yield family("gpuhealth_remediation_leader", [({}, float(self.is_leader()))])
         yield family("gpuhealth_time_to_remediate_seconds_total",
                      [({}, sum(stats.remediate_seconds))])
-        counts = collections.Counter(
-            (inc.severity or "none", inc.state)
-            for inc in engine.store.incidents(states=("open", "probation")))
+        counts = self._incidents
         yield family("gpuhealth_open_incidents",
                      [({"severity": s.value, "phase": p}, counts.get((s.value, p), 0))
                       for s in Severity for p in ("open", "probation")])

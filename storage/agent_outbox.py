@@ -257,6 +257,7 @@ class OutboxSender:
         timeout_seconds: Connect and read timeout per request.
         verify: TLS verification: ``True``, a CA bundle path, or ``False`` (tests only).
         clock: Epoch seconds.
+        transport: httpx transport (tests); the network by default.
 
     Raises:
         ValueError: No controller URL, or one that is not http(s).
@@ -266,7 +267,8 @@ class OutboxSender:
                  version: str, inventory: Callable[[], list[dict[str, str]]] = list,
                  facts: Mapping[str, str] | None = None,
                  batch_max_records: int = 500, timeout_seconds: float = 10.0,
-                 verify: bool | str = True, clock: Callable[[], float] = time.time) -> None:
+                 verify: bool | str = True, clock: Callable[[], float] = time.time,
+                 transport: httpx.BaseTransport | None = None) -> None:
         urls = [u.rstrip("/") for u in controllers]
         if not urls:
             raise ValueError("no controller URL ([agent] controllers)")
@@ -285,10 +287,13 @@ class OutboxSender:
         self.sent_total = 0
         """Records a controller acknowledged since start."""
         self.up: bool | None = None
-        """Whether the last batch reached a controller (``None`` before the first)."""
+        """Whether a controller answered the last batch (``None`` before the first)."""
+        self.refused_total = 0
+        """Records a controller refused for their content, each alone, and set aside."""
+        self._careful_until = 0
         context: bool | ssl.SSLContext = (
             ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify)
-        self._client = httpx.Client(timeout=timeout_seconds, verify=context)
+        self._client = httpx.Client(timeout=timeout_seconds, verify=context, transport=transport)
 
     def send_once(self) -> SendResult:
         """Send one batch (with the heartbeat, even when nothing is queued).
@@ -296,7 +301,9 @@ class OutboxSender:
         Returns:
             What was acknowledged, or why nothing was (every controller tried once).
         """
-        records = self.outbox.peek(self.batch_max_records)
+        head = self.outbox.peek(1)
+        careful = bool(head) and head[0].id <= self._careful_until
+        records = head if careful else self.outbox.peek(self.batch_max_records)
         now = self.clock()
         payload = {
             "node": self.outbox.node, "agent_version": self.version, "sent_at": now,
@@ -307,15 +314,18 @@ class OutboxSender:
         headers = {"Authorization": f"Bearer {self._token}",
                    "Content-Type": "application/json"}
         result = SendResult()
+        errors: list[str] = []
         for attempt in range(len(self.controllers)):
             url = self.controllers[(self._next + attempt) % len(self.controllers)]
             target = f"{url}/api/v1/agents/{self.outbox.node}/batch"
             try:
                 answer = self._client.post(target, content=body, headers=headers)
             except httpx.HTTPError as exc:
-                result.error = f"{target}: {type(exc).__name__}: {exc}"
+                errors.append(f"{target}: {type(exc).__name__}: {exc}")
+                result.error = "; ".join(errors)
                 continue
             result.statuses[url] = answer.status_code
+            self.up = True  # a controller answered, whatever it said
             if answer.status_code == 200:
                 self._next = (self._next + attempt) % len(self.controllers)
                 try:
@@ -329,12 +339,26 @@ class OutboxSender:
                 self.sent_total += len(records)
                 self.up = True
                 return result
-            result.error = f"{target}: HTTP {answer.status_code}: {answer.text[:200]}"
-            if answer.status_code in (400, 401, 403):
-                result.refused = True  # the same batch would be refused by every replica
-                self.up = False
+            errors.append(f"{target}: HTTP {answer.status_code}: {answer.text[:200]}")
+            result.error = "; ".join(errors)
+            if answer.status_code in (400, 422) and records:
+                # The content is refused, and would be by every replica: find the record
+                # one at a time, and set aside only the one refused on its own.
+                result.refused = True
+                if len(records) > 1:
+                    self._careful_until = records[-1].id
+                else:
+                    self.outbox.ack([records[0].id])
+                    self.refused_total += 1
+                    logger.error("agent: the controller refused record %s (%s) for good; "
+                                 "dropped it, the next records go on: %s", records[0].key,
+                                 records[0].kind, answer.text[:300])
                 return result
-        self.up = False
+            if answer.status_code in (401, 403):
+                result.refused = True  # the token: every replica would say the same
+                return result
+        if not result.statuses:
+            self.up = False
         return result
 
     def close(self) -> None:
@@ -346,8 +370,9 @@ class AgentLinkCollector:
     """The agent link's Prometheus metrics, read from the outbox and the sender at each scrape.
 
     ``gpuhealth_agent_outbox_depth``, ``gpuhealth_agent_outbox_dropped_total``,
-    ``gpuhealth_agent_records_sent_total`` and ``gpuhealth_agent_controller_up`` (1 when
-    the last batch reached a controller).
+    ``gpuhealth_agent_records_sent_total``, ``gpuhealth_agent_records_refused_total``
+    (records a controller refused for their content, set aside one by one) and
+    ``gpuhealth_agent_controller_up`` (1 when a controller answered the last batch).
     """
 
     def __init__(self, outbox: AgentOutbox, sender: OutboxSender) -> None:
@@ -359,10 +384,11 @@ class AgentLinkCollector:
         return []
 
     def collect(self) -> Any:
-        """Yield the four families."""
+        """Yield the five families."""
         from core.exposition import family
 
         yield family("gpuhealth_agent_outbox_depth", [({}, len(self.outbox))])
         yield family("gpuhealth_agent_outbox_dropped_total", [({}, self.outbox.dropped)])
         yield family("gpuhealth_agent_records_sent_total", [({}, self.sender.sent_total)])
         yield family("gpuhealth_agent_controller_up", [({}, 1.0 if self.sender.up else 0.0)])
+        yield family("gpuhealth_agent_records_refused_total", [({}, self.sender.refused_total)])

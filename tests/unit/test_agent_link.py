@@ -7,6 +7,8 @@ port with a SQLite state store; the agent side is the real outbox and sender.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -146,7 +148,7 @@ def test_agents_are_authenticated_and_report_only_for_themselves(
                                      "body": {}}]}, "records[0].key"),
     ({"node": "gpu-02", "records": [{"key": "gpu-02:x", "kind": "nonsense", "at": 1,
                                      "body": {}}]}, "records[0].kind"),
-    ({"node": "gpu-02", "records": [{"key": "gpu-02:x", "kind": "finding", "at": 1,
+    ({"node": "gpu-02", "records": [{"key": "gpu-02:x", "kind": "finding", "at": 1.8e9,
                                      "body": {"node": "gpu-02", "severity": "bad"}}]},
      "records[0].body"),
 ])
@@ -251,3 +253,74 @@ def test_the_controller_serves_silences_and_actions(controller: Controller) -> N
     assert httpx.get(f"{_url(controller)}/api/v1/actions").json() == []
     assert httpx.get(f"{_url(controller)}/api/v1/actions?limit=x").status_code == 400
     assert httpx.get(f"{_url(controller)}/api/v1/pages").json() == []
+
+
+def test_a_record_refused_for_its_content_is_set_aside_alone() -> None:
+    """The controller answers 422 for a batch holding a record its store refuses.
+
+    A local transport answers as the controller documents (200 with accepted/duplicates,
+    422 naming the refusal); the agent isolates the record and delivers the others.
+    """
+    seen: list[list[str]] = []
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        keys = [r["key"] for r in json.loads(request.content)["records"]]
+        seen.append(keys)
+        bad = [k for k in keys if k.endswith(":bad")]
+        if bad:
+            return httpx.Response(422, json={"error": "the state store refused the batch"})
+        return httpx.Response(200, json={"accepted": len(keys), "duplicates": 0})
+
+    box = AgentOutbox(None, node="gpu-02")
+    for n in range(3):
+        box.put("inventory", {"n": n}, at=1.0)
+    box._db.execute("UPDATE outbox SET key = 'gpu-02:bad' WHERE id = 2")
+    keys = [r.key for r in box.peek(10)]
+    sender = OutboxSender(box, controllers=["http://ctl"], token="t", version="test",
+                          transport=httpx.MockTransport(controller))
+    for _ in range(6):
+        sender.send_once()
+    assert len(box) == 0
+    assert sender.refused_total == 1
+    assert sender.up is True  # the controller answered: it is not down
+    assert len(seen[0]) == 3  # the whole batch first, refused; then one record at a time
+    assert seen[1:4] == [[k] for k in keys]  # each delivered or set aside on its own
+    assert seen[4:] == [[], []]  # then only heartbeats
+
+
+def test_parse_batch_refuses_malformed_batches_with_400() -> None:
+    from gpuhealth.controller import BatchError, parse_batch, without_nul
+
+    good = {"key": "gpu-02:a", "kind": "inventory", "at": time.time(), "body": {}}
+    cases = [
+        ({}, "node"),
+        ({"node": "gpu-02", "records": [{**good, "at": float("nan")}]}, "records[0].at"),
+        ({"node": "gpu-02", "records": [{**good, "at": 1e300}]}, "records[0].at"),
+        ({"node": "gpu-02", "heartbeat": {"gpus": [{"x": "y" * 2000}]}}, "heartbeat.gpus"),
+        ({"node": "gpu-02", "heartbeat": {"facts": {str(i): "v" for i in range(100)}}},
+         "heartbeat.facts"),
+    ]
+    for batch, key in cases:
+        with pytest.raises(BatchError, match=re.escape(key)) as caught:
+            parse_batch("gpu-02", batch)
+        assert caught.value.status == 400
+    assert without_nul({"t": ["a\x00b"]}) == {"t": ["a\ufffdb"]}
+
+
+def test_a_nul_padded_line_and_deep_nesting_do_not_block_the_agent(
+        controller: Controller) -> None:
+    body = {"node": "gpu-02", "entity": "node", "kind": "xid", "code": "79",
+            "severity": "critical", "action": "reboot_node", "summary": "s\x00\x00",
+            "evidence": [{"file": "kern.log", "line": 1, "text": "NVRM: Xid 79\x00"}],
+            "source": "t"}
+    batch = {"node": "gpu-02", "records": [{"key": "gpu-02:nul", "kind": "finding",
+                                            "at": time.time(), "body": body}]}
+    headers = {"Authorization": "Bearer tok-two-0123456789abcdef"}
+    url = f"{_url(controller)}/api/v1/agents/gpu-02/batch"
+    assert httpx.post(url, json=batch, headers=headers).status_code == 200
+    (stored,) = controller.store.read_after(0)
+    assert stored.body["evidence"][0]["text"] == "NVRM: Xid 79\ufffd"
+    deep = ("[" * 100_000 + "]" * 100_000).encode()
+    answer = httpx.post(url, content=deep, headers={**headers,
+                                                    "Content-Type": "application/json"})
+    assert answer.status_code == 400

@@ -38,3 +38,20 @@ def test_old_minor_or_unattributed_findings_do_not_count() -> None:
     assert c2.update([_f("n1"), _f("n2"), _f("n3", Severity.WARNING)], FACTS, now=0.0) == []
     assert c2.update([_f("n1"), _f("n2"), _f("n5")], FACTS, now=0.0) == []
     assert c2.update([_f("n1"), _f("n2"), _f("n3", kind="agent")], FACTS, now=0.0) == []
+
+
+def test_a_controller_standby_notifies_nothing_until_it_leads() -> None:
+    from gpuhealth.pipeline import Pipeline
+
+    leading = {"now": False}
+    p = Pipeline(facts={}, notifiers=[], audit_log_path=None,
+                 is_leader=lambda: leading["now"], notify_as_standby=False)
+    p.observe_findings([_f("n1")], hold_seconds=600)
+    standby = p.evaluate()
+    assert [a.labels["node"] for a in standby.alerts] == ["n1"]  # tracked
+    assert standby.notified == []  # but not sent
+    leading["now"] = True
+    led = p.evaluate()
+    assert [a.labels["node"] for a in led.notified] == ["n1"]  # sent once on taking over
+    assert p.evaluate().notified == []
+    p.close()
