@@ -28,63 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from core.records import ActionPhase, ActionRequest, EntityId, NodeName, RemediationStep
-from storage.sql import Connection, Database, PostgresDatabase, SqliteDatabase, is_postgres
+from storage.sql import Connection, Database, open_database
 
 TERMINAL = frozenset({ActionPhase.SUCCEEDED, ActionPhase.FAILED, ActionPhase.CANCELLED})
 """Phases an action never leaves."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS actions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    key TEXT NOT NULL UNIQUE,
-    incident TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    node TEXT NOT NULL,
-    entity TEXT NOT NULL,
-    step TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    attrs TEXT NOT NULL,
-    dry_run INTEGER NOT NULL,
-    severity TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    ref TEXT NOT NULL DEFAULT '',
-    adapter TEXT NOT NULL DEFAULT '',
-    message TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    updated_at REAL NOT NULL,
-    not_before REAL,
-    decided_by TEXT NOT NULL DEFAULT '',
-    epoch TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS actions_phase ON actions (phase);
-CREATE INDEX IF NOT EXISTS actions_incident ON actions (incident);
-CREATE TABLE IF NOT EXISTS incidents (
-    incident TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    node TEXT NOT NULL,
-    entity TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    code TEXT NOT NULL,
-    severity TEXT NOT NULL,
-    state TEXT NOT NULL,
-    opened_at REAL NOT NULL,
-    out_of_service_at REAL,
-    fixed_at REAL,
-    probation_until REAL,
-    closed_at REAL,
-    claimed INTEGER NOT NULL DEFAULT 1,
-    note TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS control (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL,
-    at REAL NOT NULL,
-    who TEXT NOT NULL DEFAULT '',
-    why TEXT NOT NULL DEFAULT ''
-);
-"""
+WRITER_LOCK = "actions"
+"""PostgreSQL advisory transaction lock that every write to the store takes."""
+
+_POOL_SIZE = 2
+"""PostgreSQL connections per store (the engine and the API are its only callers)."""
 
 INCIDENT_OPEN = "open"
 """Steps are being carried out (or wait for approval, the budget, the breaker)."""
@@ -264,27 +217,38 @@ def _incident(row: Any) -> StoredIncident:
 class ActionStore:
     """The action store (see the module docstring) on SQLite or PostgreSQL.
 
+    The schema is ``storage/migrations/sqlite/NNNN_actions.sql`` or the shared
+    ``storage/migrations/postgres`` (:mod:`storage.sql`), applied once at open. Writes
+    are one transaction each with one writer at a time, across every process sharing
+    the store: ``BEGIN IMMEDIATE`` on SQLite, the advisory transaction lock ``actions``
+    on PostgreSQL. The single-row guarantees also hold row by row on PostgreSQL:
+    :meth:`add` is ``INSERT ... ON CONFLICT (key) DO NOTHING`` on the unique key, and
+    :meth:`update` with ``expect`` is one ``UPDATE ... WHERE phase IN (...)``, whose
+    condition PostgreSQL re-checks on the locked row after a concurrent writer commits,
+    so of a human's cancel and the engine's submit exactly one wins.
+
     Args:
         path: The SQLite file (created with its folder), ``None`` for an in-memory store
-            (tests, replay), or a PostgreSQL DSN (a controller pair shares it; its schema
-            is ``storage/migrations/postgres``): the same statements, and one writer at a
-            time on both (``BEGIN IMMEDIATE``; a transaction-level advisory lock on
-            PostgreSQL), so a human's cancel and the engine's submit never both win.
+            (tests, replay), or a PostgreSQL DSN (``postgresql://...`` or libpq keywords;
+            a controller pair and ``gpuhealth actions`` share it).
 
     Raises:
         OSError: The folder cannot be created.
         sqlite3.DatabaseError: The file is not an action store.
+        PluginError: A PostgreSQL DSN without the controller's extra.
         TemporaryError: The PostgreSQL server cannot be reached.
     """
 
     def __init__(self, path: str | Path | None) -> None:
-        self.db: Database
-        if is_postgres(path):
-            self.path: Path | None = None
-            self.db = PostgresDatabase(str(path), component="actions")
-        else:
-            self.path = None if path is None else Path(path)
-            self.db = SqliteDatabase(self.path, schema=_SCHEMA)
+        self.db: Database = open_database(path, pool_size=_POOL_SIZE,
+                                          sqlite_synchronous="NORMAL")
+        self.path: Path | None = (
+            Path(path) if self.db.dialect == "sqlite" and path is not None else None)
+        try:
+            self.db.migrate("actions")
+        except BaseException:
+            self.db.close()
+            raise
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -294,8 +258,8 @@ class ActionStore:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """Run statements in one write transaction (one writer at a time)."""
-        with self._lock, self.db.transaction() as db:
+        """Run statements in one write transaction (one writer at a time, all processes)."""
+        with self._lock, self.db.transaction(lock=WRITER_LOCK) as db:
             yield db
 
     def _rows(self, sql: str, args: Sequence[object] = ()) -> list[Any]:

@@ -7,6 +7,11 @@ keys ``at`` (epoch seconds), ``actor``, ``decision`` (``requested``, ``held``,
 string-to-string object). Lines are only ever appended; each write is flushed
 and ``fsync``'d before :meth:`AuditLog.append` returns, so a decision that was
 logged survives a crash. A missing folder is created.
+
+:class:`AuditStore` keeps the same records in a table of a :mod:`storage.sql` database
+instead (the JSON line per row), so that a controller pair on two machines shares one
+trail in PostgreSQL; :func:`open_audit` picks the one a target names. Both are
+:class:`AuditSink`.
 """
 
 from __future__ import annotations
@@ -14,12 +19,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
 from core.records import AuditRecord, EntityId, NodeName, RemediationStep
+from storage.sql import Database, PostgresDatabase, SqliteDatabase, is_postgres, open_database
 
 logger = logging.getLogger(__name__)
+
+COMPONENT = "audit"
+"""The schema component of :class:`AuditStore` (``storage/migrations/*/NNNN_audit.sql``)."""
+
+WRITER_LOCK = "audit"
+"""PostgreSQL advisory transaction lock that every :class:`AuditStore` write takes."""
+
+_POOL_SIZE = 2
+"""PostgreSQL connections per :class:`AuditStore`."""
 
 
 def audit_to_json(record: AuditRecord) -> dict[str, Any]:
@@ -154,55 +171,76 @@ class AuditSink(Protocol):
 
 
 class AuditStore:
-    """The audit trail in PostgreSQL, shared by a controller pair on two machines.
+    """The audit trail in a table of a :mod:`storage.sql` database, append-only.
 
     Table ``audit_records`` (``id`` in append order, ``written_at`` epoch seconds,
     ``record`` the JSON line :class:`AuditLog` would write); rows are only inserted. A
     write commits before :meth:`extend` returns, so a decision that was recorded
-    survives the controller, and the standby that takes over rebuilds the budget and
-    idempotency state from the same trail (:meth:`RemediationPolicy.restore`).
+    survives the controller. On PostgreSQL a controller pair on two machines shares one
+    trail: every write takes the advisory transaction lock :data:`WRITER_LOCK` first, so
+    ids are committed in order and a reader never sees a later record without the
+    earlier ones; the standby that takes over rebuilds the budget and idempotency state
+    from the same trail (:meth:`RemediationPolicy.restore`). On SQLite the table lives in
+    the file (``BEGIN IMMEDIATE`` gives the same order).
 
     Args:
-        dsn: The PostgreSQL DSN (``[controller] state``).
+        target: A PostgreSQL DSN (``[controller] state``), a SQLite file, ``None`` (SQLite
+            in memory), or an open database from :func:`~storage.sql.open_database`
+            (shared with other stores), which stays the caller's to close.
 
     Raises:
-        TemporaryError: The server cannot be reached.
-        PluginError: The controller's extra is not installed.
+        OSError: The SQLite folder cannot be created.
+        sqlite3.DatabaseError: The file is not a database.
+        PluginError: A PostgreSQL DSN without the controller's extra.
+        TemporaryError: The PostgreSQL server cannot be reached.
     """
 
-    def __init__(self, dsn: str) -> None:
-        from storage.sql import PostgresDatabase
-
-        self.path = dsn
-        self.db = PostgresDatabase(dsn, component="audit")
+    def __init__(self, target: str | Path | SqliteDatabase | PostgresDatabase | None) -> None:
+        self.db: Database
+        if isinstance(target, SqliteDatabase | PostgresDatabase):
+            self.path: str | None = None
+            self.db, self._owns_db = target, False
+        else:
+            self.path = None if target is None else str(target)
+            self.db, self._owns_db = open_database(target, pool_size=_POOL_SIZE), True
+        try:
+            self.db.migrate(COMPONENT)
+        except BaseException:
+            self.close()
+            raise
 
     def create(self) -> None:
-        """The table exists from the migrations; nothing to do."""
+        """Nothing to do: the table exists from the migrations (see :class:`AuditSink`)."""
 
     def append(self, record: AuditRecord) -> None:
-        """Append one record."""
+        """Append one record.
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached (nothing was written).
+        """
         self.extend((record,))
 
     def extend(self, records: Iterable[AuditRecord]) -> None:
         """Append records in order in one transaction.
 
         Raises:
-            TemporaryError: The server cannot be reached (nothing was written).
+            TemporaryError: The PostgreSQL server cannot be reached (nothing was written).
         """
-        import time
-
         lines = [json.dumps(audit_to_json(r), sort_keys=True, separators=(",", ":"))
                  for r in records]
         if not lines:
             return
-        with self.db.transaction() as db:
+        with self.db.transaction(lock=WRITER_LOCK) as db:
             now = time.time()
-            for line in lines:
-                db.execute("INSERT INTO audit_records (written_at, record) VALUES (?, ?)",
-                           (now, line))
+            db.executemany("INSERT INTO audit_records (written_at, record) VALUES (?, ?)",
+                           [(now, line) for line in lines])
 
     def read(self) -> list[AuditRecord]:
-        """Return every record, oldest first (an unreadable row is skipped with a warning)."""
+        """Return every record, oldest first (an unreadable row is skipped with a warning).
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached.
+        """
         out: list[AuditRecord] = []
         for row_id, text in self.db.execute("SELECT id, record FROM audit_records ORDER BY id"):
             try:
@@ -213,12 +251,32 @@ class AuditStore:
         return out
 
     def close(self) -> None:
-        """Release the connections."""
-        self.db.close()
+        """Release the connections (unless the database was passed in)."""
+        if self._owns_db:
+            self.db.close()
 
 
-def open_audit(target: str) -> AuditLog | AuditStore:
-    """The audit trail at ``target``: a PostgreSQL DSN (shared), else a JSONL file."""
-    from storage.sql import is_postgres
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+"""File name endings that :func:`open_audit` opens as an :class:`AuditStore` in SQLite."""
 
-    return AuditStore(target) if is_postgres(target) else AuditLog(path=target)
+
+def open_audit(target: str | Path) -> AuditLog | AuditStore:
+    """The audit trail at ``target``.
+
+    Args:
+        target: A PostgreSQL DSN (:class:`AuditStore`, shared by a controller pair); a
+            SQLite file ending in one of :data:`SQLITE_SUFFIXES` (:class:`AuditStore`);
+            any other path, such as ``audit.jsonl``, is the JSONL :class:`AuditLog`.
+
+    Raises:
+        ValueError: ``target`` is empty.
+        PluginError: A PostgreSQL DSN without the controller's extra.
+        TemporaryError: The PostgreSQL server cannot be reached.
+
+    Examples:
+        >>> type(open_audit("/var/lib/gpuhealth/audit.jsonl")).__name__
+        'AuditLog'
+    """
+    if is_postgres(target) or str(target).endswith(SQLITE_SUFFIXES):
+        return AuditStore(target)
+    return AuditLog(path=str(target))

@@ -1,36 +1,68 @@
 """The fleet state store: agents' accepted records and the agent registry.
 
-Every controller replica writes here what agents send (``accept``) and acknowledges
-only after the transaction committed; every replica reads the accepted records back in
-order (``read_after``) into its pipeline. Two backends, one behaviour (the conformance
-suite runs both):
+Every controller replica writes here what agents send (:meth:`FleetStore.accept`) and
+acknowledges only after the transaction committed; every replica reads the accepted
+records back in order (:meth:`FleetStore.read_after`) into its pipeline. One
+:class:`FleetStore` over a :mod:`storage.sql` database, one behaviour on both engines
+(the conformance suite runs both):
 
-- :class:`PostgresFleetStore`: PostgreSQL through a small *fixed* ``psycopg_pool``
-  connection pool (never a connection per node). ``accept`` takes
-  ``pg_advisory_xact_lock`` first, so transactions commit in ``seq`` order and a reader
-  that follows ``seq > cursor`` never skips a record whose transaction committed late.
-  The schema is versioned in ``storage/migrations/postgres`` and applied once, under an
-  advisory lock, by the first replica that starts.
-- :class:`SqliteFleetStore`: one SQLite file (WAL) for a single controller (``run``-sized
-  sites, tests); SQLite's single writer gives the same order.
+- PostgreSQL (a controller pair; a small *fixed* connection pool, never a connection
+  per node). The schema is the shared ``storage/migrations/postgres``, applied once,
+  under an advisory lock, by the first replica that starts.
+- SQLite, one file (WAL) for a single controller (``run``-sized sites, tests); the
+  schema is ``storage/migrations/sqlite/NNNN_fleet*.sql``.
 
-A record whose idempotency key was accepted before is counted as a duplicate and not
-stored again: an agent that resends a batch whose answer it lost is counted once.
+**Order.** ``seq`` is handed out when a row is inserted, not when its transaction
+commits. Were two accepting transactions to overlap, the one with the higher ``seq``
+could commit first, a reader following ``seq > cursor`` would move its cursor past
+the lower ``seq`` and never see that record once it committed. So :meth:`accept` takes
+``pg_advisory_xact_lock(ACCEPT_LOCK_KEY)`` on PostgreSQL before inserting: accepting
+transactions run one at a time and commit in ``seq`` order (a rolled-back one leaves
+only a gap). SQLite's single writer (``BEGIN IMMEDIATE``) gives the same order.
+
+**Idempotency.** A record whose key was accepted before is counted as a duplicate and
+not stored again (``INSERT ... ON CONFLICT (key) DO NOTHING``): an agent that resends a
+batch whose answer it lost is counted once. :meth:`FleetStore.prune` bounds the growth
+(and forgets the keys of what it deletes: keep ``older_than`` well beyond how long an
+agent may resend).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from core.errors import PluginError, TemporaryError
-from storage.sql import is_postgres, migrate_postgres, migrations, server_of
+from storage.sql import (
+    Database,
+    PostgresDatabase,
+    SqliteDatabase,
+    is_postgres,
+)
+
+__all__ = [
+    "ACCEPT_LOCK_KEY",
+    "FLEET_RECORD_KINDS",
+    "AcceptResult",
+    "AgentRow",
+    "FleetRecord",
+    "FleetStore",
+    "PostgresFleetStore",
+    "SqliteFleetStore",
+    "StoredFleetRecord",
+    "is_postgres",
+    "open_fleet_store",
+]
+
+COMPONENT = "fleet"
+"""The schema component (``storage/migrations/sqlite/NNNN_fleet*.sql``)."""
+
+FLEET_RECORD_KINDS = frozenset(
+    {"finding", "finding_cleared", "anomaly", "prediction", "inventory", "heartbeat"})
+"""The kinds of :class:`FleetRecord`."""
 
 ACCEPT_LOCK_KEY = 0x67707568_6661  # "gpuh" "fa": the accept order lock
 """``pg_advisory_xact_lock`` key that orders the accepting transactions."""
@@ -43,9 +75,12 @@ class FleetRecord:
     Attributes:
         key: The agent's idempotency key, unique across the fleet (``<node>:<hex>``).
         node: The node it is about (the authenticated agent's own).
-        kind: ``finding``, ``finding_cleared`` or ``inventory``.
+        kind: One of :data:`FLEET_RECORD_KINDS`.
         at: When the agent made it, epoch seconds.
-        body: Its JSON object.
+        body: Its JSON object (JSON-able values only).
+
+    Raises:
+        ValueError: An empty ``key`` or an unknown ``kind``.
     """
 
     key: str
@@ -53,6 +88,13 @@ class FleetRecord:
     kind: str
     at: float
     body: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError("a fleet record needs a key")
+        if self.kind not in FLEET_RECORD_KINDS:
+            raise ValueError(f"kind must be one of {sorted(FLEET_RECORD_KINDS)}, "
+                             f"got {self.kind!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,29 +140,6 @@ class AgentRow:
     last_heartbeat_at: float = 0.0
 
 
-class FleetStore(Protocol):
-    """The fleet state store's operations (both backends)."""
-
-    def accept(self, node: str, records: Sequence[FleetRecord]) -> AcceptResult:
-        """Store records in one transaction; duplicates of accepted keys are counted only."""
-
-    def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
-        """Return accepted records with ``seq`` greater than ``seq``, in order."""
-
-    def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
-                  at: float, facts: Mapping[str, str] | None = None) -> None:
-        """Record an agent's heartbeat in the registry."""
-
-    def agents(self) -> list[AgentRow]:
-        """Return the registry, by node."""
-
-    def prune(self, older_than: float) -> int:
-        """Delete accepted records made before ``older_than``; return how many."""
-
-    def close(self) -> None:
-        """Release the connections."""
-
-
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -155,112 +174,127 @@ _AGENTS = ("SELECT node, version, gpus, first_seen_at, last_heartbeat_at, facts 
 _PRUNE = "DELETE FROM fleet_records WHERE at < ?"
 
 
-def _pg(sql: str) -> str:
-    """The psycopg form of a statement: ``%s`` placeholders."""
-    return sql.replace("?", "%s")
+class FleetStore:
+    """The fleet state store (module docstring) on a :mod:`storage.sql` database.
+
+    Args:
+        db: The database; migrated at construction. :meth:`close` closes it.
+        clock: Epoch seconds for ``accepted_at`` (default :func:`time.time`).
+
+    Raises:
+        TemporaryError: The PostgreSQL server cannot be reached.
+        sqlite3.DatabaseError: The SQLite file is not a fleet store.
+    """
+
+    def __init__(self, db: Database, *, clock: Callable[[], float] | None = None) -> None:
+        self.db = db
+        self.clock = clock or time.time
+        try:
+            db.migrate(COMPONENT)
+        except BaseException:
+            db.close()
+            raise
+
+    def accept(self, node: str, records: Sequence[FleetRecord]) -> AcceptResult:
+        """Store records in one transaction; records with accepted keys are counted only.
+
+        Args:
+            node: The authenticated agent's node, stored as each record's ``node``.
+            records: The batch, in the agent's order (stored in that order).
+
+        Returns:
+            How many were stored and how many were duplicates (by key).
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached (nothing was stored;
+                the agent resends).
+            TypeError: A body is not JSON-able (nothing was stored).
+        """
+        if not records:
+            return AcceptResult(0, 0)
+        rows = [(r.key, node, r.kind, r.at, _json(dict(r.body))) for r in records]
+        with self.db.transaction(lock=ACCEPT_LOCK_KEY) as db:
+            now = self.clock()
+            accepted = db.executemany(_INSERT_RECORD, [(*row, now) for row in rows])
+        return AcceptResult(accepted, len(records) - accepted)
+
+    def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
+        """Return up to ``limit`` accepted records with a ``seq`` above ``seq``, by ``seq``.
+
+        Raises:
+            ValueError: ``limit`` < 1.
+            TemporaryError: The PostgreSQL server cannot be reached.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        return [_stored(r) for r in self.db.execute(_READ_AFTER, (seq, limit))]
+
+    def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
+                  at: float, facts: Mapping[str, str] | None = None) -> None:
+        """Upsert the agent's registry row (``first_seen_at`` is kept from the first).
+
+        Args:
+            node: The agent's node.
+            version: The agent's version.
+            gpus: Its GPUs (``[{"entity": ...}]``).
+            at: When, epoch seconds (``last_heartbeat_at``).
+            facts: Its ``[inventory]`` facts; ``None`` stores ``{}``.
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached.
+        """
+        with self.db.transaction() as db:
+            db.execute(_HEARTBEAT, (node, version, _json([dict(g) for g in gpus]),
+                                    _json(dict(facts or {})), at, at))
+
+    def agents(self) -> list[AgentRow]:
+        """Return the registry, by node.
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached.
+        """
+        return [_agent(r) for r in self.db.execute(_AGENTS)]
+
+    def prune(self, older_than: float) -> int:
+        """Delete accepted records made (``at``) before ``older_than``; return how many.
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached.
+        """
+        with self.db.transaction() as db:
+            return max(0, int(db.execute(_PRUNE, (older_than,)).rowcount))
+
+    def close(self) -> None:
+        """Close the database."""
+        self.db.close()
 
 
-class SqliteFleetStore:
-    """The fleet store in one SQLite file (module docstring).
+class SqliteFleetStore(FleetStore):
+    """A :class:`FleetStore` in one SQLite file.
 
     Args:
         path: The file (its folder is created), or ``None`` for memory.
+        clock: See :class:`FleetStore`.
 
     Raises:
+        OSError: The folder cannot be created.
         sqlite3.DatabaseError: The file is not a fleet store.
     """
 
     def __init__(self, path: str | Path | None, *, clock: Callable[[], float] | None = None
                  ) -> None:
-        import time
-
-        self.clock = clock or time.time
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(":memory:" if path is None else str(path), timeout=30.0,
-                                   isolation_level=None, check_same_thread=False)
-        if path is not None:
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._migrate()
-
-    def _migrate(self) -> None:
-        with self._tx() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS gpuhealth_schema_migrations (component "
-                       "TEXT NOT NULL, version INTEGER NOT NULL, applied_at REAL NOT NULL, "
-                       "PRIMARY KEY (component, version))")
-            done = {int(r[0]) for r in db.execute(
-                "SELECT version FROM gpuhealth_schema_migrations WHERE component = 'fleet'")}
-            for version, _name, sql in migrations("sqlite"):
-                if version in done:
-                    continue
-                for statement in (s.strip() for s in sql.split(";")):
-                    if statement:
-                        db.execute(statement)
-                db.execute("INSERT INTO gpuhealth_schema_migrations VALUES ('fleet', ?, ?)",
-                           (version, self.clock()))
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    def accept(self, node: str, records: Sequence[FleetRecord]) -> AcceptResult:
-        """See :meth:`FleetStore.accept`."""
-        now = self.clock()
-        accepted = 0
-        with self._tx() as db:
-            for r in records:
-                cur = db.execute(_INSERT_RECORD,
-                                 (r.key, node, r.kind, r.at, _json(dict(r.body)), now))
-                accepted += cur.rowcount
-        return AcceptResult(accepted, len(records) - accepted)
-
-    def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
-        """See :meth:`FleetStore.read_after`."""
-        with self._lock:
-            rows = self._db.execute(_READ_AFTER, (seq, limit)).fetchall()
-        return [_stored(r) for r in rows]
-
-    def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
-                  at: float, facts: Mapping[str, str] | None = None) -> None:
-        """See :meth:`FleetStore.heartbeat`."""
-        with self._tx() as db:
-            db.execute(_HEARTBEAT, (node, version, _json(list(gpus)),
-                                    _json(dict(facts or {})), at, at))
-
-    def agents(self) -> list[AgentRow]:
-        """See :meth:`FleetStore.agents`."""
-        with self._lock:
-            rows = self._db.execute(_AGENTS).fetchall()
-        return [_agent(r) for r in rows]
-
-    def prune(self, older_than: float) -> int:
-        """See :meth:`FleetStore.prune`."""
-        with self._tx() as db:
-            return int(db.execute(_PRUNE, (older_than,)).rowcount)
-
-    def close(self) -> None:
-        """See :meth:`FleetStore.close`."""
-        with self._lock:
-            self._db.close()
+        super().__init__(SqliteDatabase(path), clock=clock)
 
 
-class PostgresFleetStore:
-    """The fleet store in PostgreSQL (module docstring).
+class PostgresFleetStore(FleetStore):
+    """A :class:`FleetStore` in PostgreSQL.
 
     Args:
         dsn: libpq connection string or URI (the password from ``PGPASSWORD`` or
             ``~/.pgpass``, never the configuration file).
         pool_size: Connections of this replica, fixed (min = max).
         timeout_seconds: Connect timeout and the wait for a free connection.
+        clock: See :class:`FleetStore`.
 
     Raises:
         PluginError: psycopg or psycopg_pool is not installed.
@@ -269,96 +303,22 @@ class PostgresFleetStore:
 
     def __init__(self, dsn: str, *, pool_size: int = 4, timeout_seconds: float = 10.0,
                  clock: Callable[[], float] | None = None) -> None:
-        import time
-
-        try:
-            import psycopg
-            from psycopg_pool import ConnectionPool
-        except ImportError as exc:
-            raise PluginError("the PostgreSQL state store needs the controller's extra: "
-                              "pip install 'gpuhealth[controller]'") from exc
-        self.clock = clock or time.time
-        self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError,
-                                                         psycopg.InterfaceError)
-        self._timeout_errors: tuple[type[BaseException], ...] = ()
-        from psycopg_pool import PoolTimeout
-
-        self._timeout_errors = (PoolTimeout,)
-        self._where = server_of(dsn)
-        self._pool = ConnectionPool(
-            dsn, min_size=pool_size, max_size=pool_size, timeout=timeout_seconds,
-            kwargs={"connect_timeout": max(1, int(timeout_seconds)),
-                    "application_name": "gpuhealth-controller"},
-            check=ConnectionPool.check_connection, open=False)
-        try:
-            self._pool.open(wait=True, timeout=timeout_seconds)
-            self._migrate()
-        except (*self._errors, *self._timeout_errors) as exc:
-            self._pool.close()
-            raise TemporaryError(f"PostgreSQL {self._where}: {exc}") from exc
-
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield conn
-        except (*self._errors, *self._timeout_errors) as exc:
-            raise TemporaryError(f"PostgreSQL {self._where}: {exc}") from exc
-
-    def _migrate(self) -> None:
-        with self._tx() as db:
-            migrate_postgres(db)
-
-    def accept(self, node: str, records: Sequence[FleetRecord]) -> AcceptResult:
-        """See :meth:`FleetStore.accept`."""
-        if not records:
-            return AcceptResult(0, 0)
-        now = self.clock()
-        with self._tx() as db:
-            db.execute("SELECT pg_advisory_xact_lock(%s)", (ACCEPT_LOCK_KEY,))
-            cur = db.cursor()
-            cur.executemany(
-                _pg(_INSERT_RECORD),
-                [(r.key, node, r.kind, r.at, _json(dict(r.body)), now) for r in records])
-            accepted = max(0, cur.rowcount)
-        return AcceptResult(accepted, len(records) - accepted)
-
-    def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
-        """See :meth:`FleetStore.read_after`."""
-        with self._tx() as db:
-            rows = db.execute(_pg(_READ_AFTER), (seq, limit)).fetchall()
-        return [_stored(r) for r in rows]
-
-    def heartbeat(self, node: str, *, version: str, gpus: Sequence[Mapping[str, str]],
-                  at: float, facts: Mapping[str, str] | None = None) -> None:
-        """See :meth:`FleetStore.heartbeat`."""
-        with self._tx() as db:
-            db.execute(_pg(_HEARTBEAT), (node, version, _json(list(gpus)),
-                                         _json(dict(facts or {})), at, at))
-
-    def agents(self) -> list[AgentRow]:
-        """See :meth:`FleetStore.agents`."""
-        with self._tx() as db:
-            rows = db.execute(_AGENTS).fetchall()
-        return [_agent(r) for r in rows]
-
-    def prune(self, older_than: float) -> int:
-        """See :meth:`FleetStore.prune`."""
-        with self._tx() as db:
-            return int(db.execute(_pg(_PRUNE), (older_than,)).rowcount)
-
-    def close(self) -> None:
-        """See :meth:`FleetStore.close`."""
-        self._pool.close()
+        super().__init__(PostgresDatabase(dsn, pool_size=pool_size,
+                                          timeout_seconds=timeout_seconds), clock=clock)
 
 
-def open_fleet_store(target: str, *, pool_size: int = 4) -> SqliteFleetStore | PostgresFleetStore:
-    """Open the fleet store at ``target``: a PostgreSQL DSN, else a SQLite file.
+def open_fleet_store(target: str | Path | None, *, pool_size: int = 4) -> FleetStore:
+    """Open the fleet store at ``target`` (see :func:`storage.sql.open_database`).
+
+    Args:
+        target: A PostgreSQL DSN, a SQLite file, or ``None`` (SQLite in memory).
+        pool_size: PostgreSQL connections, fixed.
 
     Raises:
         PluginError: PostgreSQL without the controller's extra.
         TemporaryError: The PostgreSQL server cannot be reached.
+        OSError: The SQLite folder cannot be created.
     """
     if is_postgres(target):
-        return PostgresFleetStore(target, pool_size=pool_size)
+        return PostgresFleetStore(str(target), pool_size=pool_size)
     return SqliteFleetStore(target)

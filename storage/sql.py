@@ -1,31 +1,46 @@
 """One small SQL layer over SQLite and PostgreSQL for gpuhealth's state stores.
 
-The action store and the audit trail are written once, in a portable subset of SQL with
-``?`` placeholders (``INSERT ... ON CONFLICT ... DO NOTHING``, ``RETURNING``), and run on
-either engine:
+The action store, the audit trail and the fleet store are written once, in a portable
+subset of SQL with ``?`` placeholders (``INSERT ... ON CONFLICT ... DO NOTHING`` or
+``DO UPDATE SET ... = excluded. ...``, ``RETURNING``), and run on either engine. Write
+no other ``?`` than placeholders (no JSONB ``?`` operators); a literal ``%`` is fine.
 
-- :class:`SqliteDatabase`: one file (WAL), one connection, one writer at a time
-  (``BEGIN IMMEDIATE``): the embedded ``run``.
-- :class:`PostgresDatabase`: a small *fixed* ``psycopg_pool`` pool; each write
-  transaction first takes ``pg_advisory_xact_lock(<component>)``, so writers of one
-  component are serialized across every process that shares the database (two
-  controllers, ``gpuhealth actions``) exactly as SQLite's single writer serializes them.
-  A lost connection or a restarting server raises :class:`~core.errors.TemporaryError`
-  naming the server, never the password.
+- :class:`SqliteDatabase`: one file (WAL) or memory, one connection, one writer at a
+  time (``BEGIN IMMEDIATE``): the embedded ``run``, tests.
+- :class:`PostgresDatabase`: a small *fixed* ``psycopg_pool`` pool (``min_size =
+  max_size``, never a connection per caller). :meth:`~PostgresDatabase.transaction`
+  may take a named ``pg_advisory_xact_lock`` first, so the writers of one store are
+  serialized across every process sharing the database (two controllers,
+  ``gpuhealth actions``) as SQLite's single writer serializes them. A lost connection
+  or a restarting server raises :class:`~core.errors.TemporaryError` naming the server,
+  never the password.
 
-PostgreSQL schemas are versioned in ``storage/migrations/postgres`` (``NNNN_name.sql``)
-and applied in order by :func:`migrate_postgres`, once, under an advisory lock, recorded
-in ``gpuhealth_schema_migrations``.
+:func:`open_database` picks the engine from the target. psycopg is imported only when a
+PostgreSQL target is opened, so the node agent imports this module without it.
+
+Schemas are versioned in the package: ``storage/migrations/sqlite/NNNN_name.sql`` and
+``storage/migrations/postgres/NNNN_name.sql`` (plain statements separated by ``;``),
+applied in order, once, by :meth:`Database.migrate` and recorded in
+``gpuhealth_schema_migrations (component, version, applied_at)``:
+
+- SQLite keeps each store in its own file, so a component gets the files named after it
+  (``NNNN_<component>.sql`` or ``NNNN_<component>_<what>.sql``);
+- PostgreSQL keeps every store in one database shared by the controller pair, so any
+  component applies the whole shared schema (component :data:`SHARED_SCHEMA`, every file
+  of the folder) under ``pg_advisory_xact_lock(MIGRATE_LOCK_KEY)``: two controllers
+  starting together apply each migration once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,41 +50,86 @@ from core.errors import PluginError, TemporaryError
 MIGRATE_LOCK_KEY = 0x67707568_6d67  # "gpuh" "mg"
 """``pg_advisory_xact_lock`` key that lets one process apply migrations at a time."""
 
+SHARED_SCHEMA = "gpuhealth"
+"""The component that stands for every migration of a dialect (PostgreSQL's shared schema)."""
+
+SQLITE_SYNCHRONOUS = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+"""Accepted ``PRAGMA synchronous`` levels."""
+
+_MIGRATIONS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS gpuhealth_schema_migrations (component TEXT NOT NULL, "
+    "version INTEGER NOT NULL, applied_at {real} NOT NULL, PRIMARY KEY (component, version))"
+)
+
 
 class Cursor(Protocol):
-    """What :meth:`Database.execute` returns (the DB-API subset the stores use)."""
+    """What :meth:`Connection.execute` returns (the DB-API subset the stores use)."""
 
     @property
     def rowcount(self) -> int:
-        """Rows the statement changed."""
+        """Rows the statement changed (``-1`` when the engine does not know)."""
 
     def fetchone(self) -> Any:
-        """The next row, or ``None``."""
+        """The next row (a tuple), or ``None``."""
 
     def fetchall(self) -> list[Any]:
-        """The remaining rows."""
+        """The remaining rows (tuples)."""
 
 
 class Connection(Protocol):
     """A connection inside a transaction."""
 
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Cursor:
         """Run one statement (``?`` placeholders)."""
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> int:
+        """Run one statement once per row of arguments; return the rows changed in all."""
 
 
 class Database(Protocol):
-    """A state store's database: transactions and plain reads."""
+    """A state store's database: transactions, plain reads and migrations.
+
+    Attributes:
+        dialect: ``"sqlite"`` or ``"postgres"``.
+        where: The file or ``host:port/dbname`` for messages (never a password).
+    """
 
     dialect: str
+    where: str
 
-    def transaction(self) -> Any:
-        """A context manager: one write transaction, yields a :class:`Connection`."""
+    def transaction(self, *, lock: str | int | None = None
+                    ) -> AbstractContextManager[Connection]:
+        """One transaction: committed when the block ends, rolled back if it raises.
+
+        Args:
+            lock: PostgreSQL: the name (or 63-bit key) of an advisory transaction lock
+                taken first, serializing every transaction with that lock across
+                processes. SQLite serializes every transaction anyway.
+        """
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
-        """Run one read statement and return all its rows."""
+        """Run one read statement in a transaction of its own; return all its rows."""
+
+    def migrate(self, component: str) -> list[int]:
+        """Apply ``component``'s pending migrations (module docstring); return their versions."""
 
     def close(self) -> None:
-        """Release the connections."""
+        """Release the connections (idempotent)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Migration:
+    """One schema migration file.
+
+    Attributes:
+        version: ``NNNN`` of the file name, unique per dialect.
+        name: The rest of the name, without ``.sql``.
+        sql: Its statements.
+    """
+
+    version: int
+    name: str
+    sql: str
 
 
 def is_postgres(target: str | Path | None) -> bool:
@@ -103,47 +163,155 @@ def server_of(dsn: str) -> str:
     return f"{keys.get('host', 'localhost')}:{keys.get('port', '5432')}/{keys.get('dbname', '')}"
 
 
-def lock_key(component: str) -> int:
-    """A stable 63-bit advisory-lock key for ``component``."""
-    return int.from_bytes(hashlib.sha256(f"gpuhealth:{component}".encode()).digest()[:8],
+def _password_of(dsn: str) -> str:
+    """The password written in a DSN, or ``""`` (to keep it out of messages)."""
+    if "://" in dsn:
+        userinfo = dsn.split("://", 1)[1].rsplit("@", 1)
+        return userinfo[0].partition(":")[2] if len(userinfo) == 2 else ""
+    match = re.search(r"(?:^|\s)password\s*=\s*(\S+)", dsn)
+    return match.group(1).strip("'") if match else ""
+
+
+def lock_key(name: str) -> int:
+    """A stable 63-bit advisory-lock key for ``name``.
+
+    Examples:
+        >>> lock_key("actions") == lock_key("actions") != lock_key("audit")
+        True
+    """
+    return int.from_bytes(hashlib.sha256(f"gpuhealth:{name}".encode()).digest()[:8],
                           "big") >> 1
+
+
+def to_pyformat(sql: str) -> str:
+    """The psycopg form of a portable statement: ``%s`` placeholders, ``%`` doubled.
+
+    Examples:
+        >>> to_pyformat("SELECT id FROM t WHERE name LIKE 'a%' AND id > ?")
+        "SELECT id FROM t WHERE name LIKE 'a%%' AND id > %s"
+    """
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def migrations(dialect: str, component: str = SHARED_SCHEMA) -> list[Migration]:
+    """Return the migrations of ``component`` in ``storage/migrations/<dialect>``, in order.
+
+    Args:
+        dialect: ``"sqlite"`` or ``"postgres"``.
+        component: :data:`SHARED_SCHEMA` for every file, else the files named
+            ``NNNN_<component>.sql`` or ``NNNN_<component>_<what>.sql``.
+
+    Raises:
+        ValueError: Two files share a version.
+    """
+    folder = resources.files("storage").joinpath("migrations", dialect)
+    out: list[Migration] = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
+        if match is None:
+            continue
+        name = match.group(2)
+        if component == SHARED_SCHEMA or name == component or name.startswith(f"{component}_"):
+            out.append(Migration(version=int(match.group(1)), name=name,
+                                 sql=entry.read_text(encoding="utf-8")))
+    out.sort(key=lambda m: m.version)
+    versions = [m.version for m in out]
+    if len(set(versions)) != len(versions):
+        raise ValueError(f"storage/migrations/{dialect}: two migrations share a version")
+    return out
+
+
+def _statements(sql: str) -> list[str]:
+    """The statements of a migration file (split at ``;``, ``--`` comment lines dropped)."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def open_database(target: str | Path | None, *, pool_size: int = 4,
+                  timeout_seconds: float = 10.0, sqlite_synchronous: str = "FULL"
+                  ) -> SqliteDatabase | PostgresDatabase:
+    """Open the database at ``target``.
+
+    Args:
+        target: A ``postgresql://``/``postgres://`` URI or a libpq keyword string with
+            ``host=`` or ``dbname=`` (PostgreSQL; the password from ``PGPASSWORD`` or
+            ``~/.pgpass``, never the configuration file); ``None`` (SQLite in memory);
+            anything else is a SQLite file (its folder is created).
+        pool_size: PostgreSQL connections, fixed (min = max).
+        timeout_seconds: PostgreSQL connect timeout and the longest wait for a free
+            connection.
+        sqlite_synchronous: SQLite ``PRAGMA synchronous``.
+
+    Raises:
+        ValueError: ``pool_size`` < 1, ``timeout_seconds`` <= 0, or an unknown
+            ``sqlite_synchronous``.
+        OSError: The SQLite folder cannot be created.
+        sqlite3.DatabaseError: The file is not a database.
+        PluginError: PostgreSQL without psycopg and psycopg_pool (the controller's extra).
+        TemporaryError: The PostgreSQL server cannot be reached.
+    """
+    if is_postgres(target):
+        return PostgresDatabase(str(target), pool_size=pool_size,
+                                timeout_seconds=timeout_seconds)
+    return SqliteDatabase(target, synchronous=sqlite_synchronous)
+
+
+class _SqliteConnection:
+    """:class:`Connection` over a ``sqlite3`` connection inside a transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Cursor:
+        return self._conn.execute(sql, tuple(args))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> int:
+        if not rows:
+            return 0
+        return max(0, self._conn.executemany(sql, [tuple(r) for r in rows]).rowcount)
 
 
 class SqliteDatabase:
     """SQLite behind the :class:`Database` interface.
 
     Args:
-        path: The file (its folder is created), or ``None`` for memory.
-        schema: Statements run at open (``CREATE TABLE IF NOT EXISTS ...``).
-        synchronous: ``PRAGMA synchronous`` (``NORMAL`` or ``FULL``).
+        path: The file (its folder is created), or ``None`` for memory (one database
+            per object).
+        synchronous: ``PRAGMA synchronous`` (``NORMAL`` survives a crash of the
+            process; ``FULL`` also a power loss).
 
     Raises:
+        ValueError: An unknown ``synchronous``.
         OSError: The folder cannot be created.
         sqlite3.DatabaseError: The file is not a database.
     """
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path | None, *, schema: str = "",
-                 synchronous: str = "NORMAL") -> None:
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: str | Path | None, *, synchronous: str = "FULL") -> None:
+        if synchronous.upper() not in SQLITE_SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {sorted(SQLITE_SYNCHRONOUS)}, "
+                             f"got {synchronous!r}")
+        self.path = None if path is None else Path(path)
+        self.synchronous = synchronous
+        self.where = ":memory:" if self.path is None else str(self.path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(":memory:" if path is None else str(path), timeout=30.0,
-                                   isolation_level=None, check_same_thread=False)
-        if path is not None:
+        self._db = sqlite3.connect(self.where, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        if self.path is not None:
             self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        if schema:
-            self._db.executescript(schema)
+        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction (one writer at a time)."""
+    def transaction(self, *, lock: str | int | None = None) -> Iterator[Connection]:
+        """See :meth:`Database.transaction` (``BEGIN IMMEDIATE``: ``lock`` is implied)."""
+        del lock  # one writer at a time already
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                yield _SqliteConnection(self._db)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -152,7 +320,29 @@ class SqliteDatabase:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         """See :meth:`Database.execute`."""
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    def migrate(self, component: str) -> list[int]:
+        """Apply the pending migrations named after ``component`` (module docstring).
+
+        Raises:
+            sqlite3.DatabaseError: A migration failed (none of this call's is kept).
+        """
+        with self.transaction() as db:
+            db.execute(_MIGRATIONS_TABLE.format(real="REAL"))
+            done = {int(r[0]) for r in db.execute(
+                "SELECT version FROM gpuhealth_schema_migrations WHERE component = ?",
+                (component,)).fetchall()}
+            applied: list[int] = []
+            for migration in migrations(self.dialect, component):
+                if migration.version in done:
+                    continue
+                for statement in _statements(migration.sql):
+                    db.execute(statement)
+                db.execute("INSERT INTO gpuhealth_schema_migrations VALUES (?, ?, ?)",
+                           (component, migration.version, time.time()))
+                applied.append(migration.version)
+        return applied
 
     def close(self) -> None:
         """See :meth:`Database.close`."""
@@ -161,13 +351,21 @@ class SqliteDatabase:
 
 
 class _PgConnection:
-    """A psycopg connection inside a transaction, taking ``?`` placeholders."""
+    """:class:`Connection` over a psycopg connection inside a transaction."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
 
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> Cursor:
-        return self._conn.execute(sql.replace("?", "%s"), tuple(args))  # type: ignore[no-any-return]
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Cursor:
+        cursor: Cursor = self._conn.execute(to_pyformat(sql), tuple(args))
+        return cursor
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> int:
+        if not rows:
+            return 0
+        cursor = self._conn.cursor()
+        cursor.executemany(to_pyformat(sql), [tuple(r) for r in rows])
+        return max(0, int(cursor.rowcount))
 
 
 class PostgresDatabase:
@@ -176,99 +374,123 @@ class PostgresDatabase:
     Args:
         dsn: libpq connection string or URI (the password from ``PGPASSWORD`` or
             ``~/.pgpass``).
-        component: Name of the writer lock (``actions``, ``audit``): writers of one
-            component are serialized across processes.
+        component: If given, the shared schema is migrated at open and
+            :meth:`transaction` takes the advisory lock named ``component`` unless told
+            another (what :mod:`alerting.silences` relies on).
         pool_size: Connections, fixed (min = max).
-        timeout_seconds: Connect timeout and the longest wait for a free connection.
+        timeout_seconds: Connect timeout and the longest wait for a free connection
+            (also how long a call waits while the server is down before it fails).
 
     Raises:
+        ValueError: ``pool_size`` < 1 or ``timeout_seconds`` <= 0.
         PluginError: psycopg or psycopg_pool is not installed.
         TemporaryError: The server cannot be reached at start.
     """
 
     dialect = "postgres"
 
-    def __init__(self, dsn: str, *, component: str, pool_size: int = 2,
+    def __init__(self, dsn: str, *, component: str | None = None, pool_size: int = 4,
                  timeout_seconds: float = 10.0) -> None:
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size!r}")
+        if timeout_seconds <= 0:
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds!r}")
         try:
             import psycopg
             from psycopg_pool import ConnectionPool, PoolTimeout
         except ImportError as exc:
             raise PluginError("a PostgreSQL state store needs the controller's extra: "
                               "pip install 'gpuhealth[controller]'") from exc
+        self.component = component
+        self.pool_size = pool_size
+        self.timeout_seconds = timeout_seconds
         self.where = server_of(dsn)
-        self._lock_key = lock_key(component)
+        self._password = _password_of(dsn)
         self._errors: tuple[type[BaseException], ...] = (
             psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
         self._pool = ConnectionPool(
             dsn, min_size=pool_size, max_size=pool_size, timeout=timeout_seconds,
-            kwargs={"connect_timeout": max(1, int(timeout_seconds)),
-                    "application_name": f"gpuhealth-{component}"},
+            kwargs={"connect_timeout": max(1, round(timeout_seconds)),
+                    "application_name": f"gpuhealth-{component or 'state'}"},
             check=ConnectionPool.check_connection, open=False)
         try:
             self._pool.open(wait=True, timeout=timeout_seconds)
-            with self._raw() as conn:
-                migrate_postgres(conn)
         except self._errors as exc:
             self._pool.close()
-            raise TemporaryError(f"PostgreSQL {self.where}: {exc}") from exc
+            raise self._temporary(exc) from exc
+        if component is not None:
+            try:
+                self.migrate(component)
+            except BaseException:
+                self._pool.close()
+                raise
+
+    def _temporary(self, exc: BaseException) -> TemporaryError:
+        message = str(exc).strip() or type(exc).__name__
+        if self._password:
+            message = message.replace(self._password, "***")
+        return TemporaryError(f"PostgreSQL {self.where}: {message}")
 
     @contextmanager
-    def _raw(self) -> Iterator[Any]:
+    def _connection(self) -> Iterator[Any]:
+        """A pooled connection in one transaction; connection failures become temporary."""
         try:
             with self._pool.connection() as conn, conn.transaction():
                 yield conn
         except self._errors as exc:
-            raise TemporaryError(f"PostgreSQL {self.where}: {exc}") from exc
+            raise self._temporary(exc) from exc
 
     @contextmanager
-    def transaction(self) -> Iterator[_PgConnection]:
-        """One write transaction, serialized with every other writer of the component."""
-        with self._raw() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+    def transaction(self, *, lock: str | int | None = None) -> Iterator[Connection]:
+        """See :meth:`Database.transaction`.
+
+        Raises:
+            TemporaryError: The connection was lost or the server is down (the
+                transaction did not commit; it may be retried).
+        """
+        name = self.component if lock is None else lock
+        with self._connection() as conn:
+            if name is not None:
+                key = name if isinstance(name, int) else lock_key(name)
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
             yield _PgConnection(conn)
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
-        """See :meth:`Database.execute`."""
-        with self._raw() as conn:
-            return list(conn.execute(sql.replace("?", "%s"), tuple(args)).fetchall())
+        """See :meth:`Database.execute`.
+
+        Raises:
+            TemporaryError: The connection was lost or the server is down.
+        """
+        with self._connection() as conn:
+            return list(conn.execute(to_pyformat(sql), tuple(args)).fetchall())
+
+    def migrate(self, component: str) -> list[int]:
+        """Apply the shared schema's pending migrations whatever ``component`` (module docstring).
+
+        Runs in one transaction under ``pg_advisory_xact_lock(MIGRATE_LOCK_KEY)``, so of
+        two processes migrating together the second waits and then finds nothing to do.
+
+        Raises:
+            TemporaryError: The connection was lost or the server is down.
+            psycopg.Error: A migration failed (none of this call's is kept).
+        """
+        del component  # one database holds every component's tables
+        with self._connection() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+            conn.execute(_MIGRATIONS_TABLE.format(real="DOUBLE PRECISION"))
+            done = {int(r[0]) for r in conn.execute(
+                "SELECT version FROM gpuhealth_schema_migrations WHERE component = %s",
+                (SHARED_SCHEMA,)).fetchall()}
+            applied: list[int] = []
+            for migration in migrations(self.dialect):
+                if migration.version in done:
+                    continue
+                conn.execute(migration.sql)
+                conn.execute("INSERT INTO gpuhealth_schema_migrations VALUES (%s, %s, %s)",
+                             (SHARED_SCHEMA, migration.version, time.time()))
+                applied.append(migration.version)
+        return applied
 
     def close(self) -> None:
         """See :meth:`Database.close`."""
         self._pool.close()
-
-
-def migrations(dialect: str) -> list[tuple[int, str, str]]:
-    """Return ``(version, name, sql)`` of ``storage/migrations/<dialect>``, in order."""
-    folder = resources.files("storage").joinpath("migrations", dialect)
-    out: list[tuple[int, str, str]] = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if name.endswith(".sql") and name[:4].isdigit():
-            out.append((int(name[:4]), name[5:-4], entry.read_text(encoding="utf-8")))
-    return sorted(out)
-
-
-def migrate_postgres(conn: Any) -> list[int]:
-    """Apply the pending PostgreSQL migrations inside ``conn``'s transaction.
-
-    Takes ``pg_advisory_xact_lock(MIGRATE_LOCK_KEY)`` first, so two processes starting
-    together apply each migration once.
-
-    Returns:
-        The versions applied now.
-    """
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
-    conn.execute("CREATE TABLE IF NOT EXISTS gpuhealth_schema_migrations (component TEXT "
-                 "NOT NULL, version INTEGER NOT NULL, applied_at DOUBLE PRECISION NOT NULL, "
-                 "PRIMARY KEY (component, version))")
-    done = {int(r[0]) for r in conn.execute(
-        "SELECT version FROM gpuhealth_schema_migrations WHERE component = 'gpuhealth'")}
-    applied: list[int] = []
-    for version, _name, sql in migrations("postgres"):
-        if version not in done:
-            conn.execute(sql)
-            conn.execute("INSERT INTO gpuhealth_schema_migrations VALUES ('gpuhealth', %s, %s)",
-                         (version, time.time()))
-            applied.append(version)
-    return applied

@@ -1,0 +1,5 @@
+CREATE TABLE IF NOT EXISTS audit_records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    written_at REAL NOT NULL,
+    record TEXT NOT NULL
+);
