@@ -664,11 +664,15 @@ def config() -> None:
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="The settings file (the same as PATH, as the other commands take it).")
-def config_check(path: str | None, config_path: str | None) -> None:
+@click.option("--role", type=click.Choice(["run", "agent", "controller"]), default="run",
+              show_default=True, help="The command the file is for: agent and controller "
+              "need keys that run does not.")
+def config_check(path: str | None, config_path: str | None, role: str) -> None:
     """Validate a settings file and GPUHEALTH_* overrides; print the result, exit 1 if invalid.
 
     Without PATH (or --config), checks the embedded defaults (plus the environment
-    overrides).
+    overrides). --role agent also needs [agent] controllers and a token; --role controller
+    needs [controller] agent_tokens_file.
     """
     from gpuhealth.config import check, load_settings
 
@@ -677,6 +681,17 @@ def config_check(path: str | None, config_path: str | None) -> None:
     path = path or config_path
 
     problems = check(path)
+    if not problems and role != "run":
+        settings = load_settings(path)
+        if role == "agent" and not settings.agent.controllers:
+            problems.append(f"{settings.source}: [agent] controllers: the agent needs the URL "
+                            "of at least one controller replica")
+        if role == "agent" and not (settings.agent.token_env or settings.agent.token_file):
+            problems.append(f"{settings.source}: [agent] token_env or token_file: the agent "
+                            "needs its token")
+        if role == "controller" and settings.controller.agent_tokens_file is None:
+            problems.append(f"{settings.source}: [controller] agent_tokens_file: the "
+                            "controller accepts only agents with a token; list them")
     if problems:
         for line in problems:
             click.echo(f"error: {line}", err=True)

@@ -324,3 +324,26 @@ def test_a_nul_padded_line_and_deep_nesting_do_not_block_the_agent(
     answer = httpx.post(url, content=deep, headers={**headers,
                                                     "Content-Type": "application/json"})
     assert answer.status_code == 400
+
+
+def test_config_check_knows_what_each_role_needs(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpuhealth.cli import main
+
+    bare = tmp_path / "bare.toml"
+    bare.write_text(f'[node]\ndata_dir = "{tmp_path}"\n')
+    runner = CliRunner()
+    assert runner.invoke(main, ["config", "check", str(bare)]).exit_code == 0
+    agent = runner.invoke(main, ["config", "check", "--role", "agent", str(bare)])
+    assert agent.exit_code == 1
+    assert "[agent] controllers" in agent.output
+    ctl = runner.invoke(main, ["config", "check", "--role", "controller", str(bare)])
+    assert ctl.exit_code == 1
+    assert "[controller] agent_tokens_file" in ctl.output
+    broken = tmp_path / "broken.toml"
+    broken.write_text(f'[controller]\nagent_tokens_file = "{tmp_path / "tokens"}"\n')
+    (tmp_path / "tokens").write_text("gpu-01 tok # a comment\ngpu-02\n")
+    out = runner.invoke(main, ["config", "check", "--role", "controller", str(broken)])
+    assert out.exit_code == 1
+    assert "tokens:2: expected 'node token'" in out.output
