@@ -7,6 +7,7 @@ port with a SQLite state store; the agent side is the real outbox and sender.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -36,8 +37,9 @@ def _finding(node: str = "gpu-02", occurrences: int = 1) -> Finding:
                    first_seen_at=100.0, last_seen_at=100.0 + occurrences)
 
 
-@pytest.fixture
-def controller(tmp_path: Path) -> Iterator[Controller]:
+@contextlib.contextmanager
+def running_controller(tmp_path: Path, extra: str = "") -> Iterator[Controller]:
+    """A real controller (SQLite state) serving on a free loopback port in a thread."""
     (tmp_path / "tokens").write_text(TOKENS)
     config = tmp_path / "ctl.toml"
     config.write_text(f"""
@@ -51,7 +53,7 @@ evaluate_interval_seconds = 0.2
 [controller]
 port = {free_port()}
 agent_tokens_file = "{tmp_path / 'tokens'}"
-""")
+{extra}""")
     settings = load_settings(config, env={})
     settings.node.data_dir.mkdir(parents=True)
     ctl = Controller(settings)
@@ -59,11 +61,19 @@ agent_tokens_file = "{tmp_path / 'tokens'}"
     stop = asyncio.Event()
     thread = threading.Thread(target=loop.run_until_complete, args=(ctl.serve(stop),))
     thread.start()
-    assert ctl.ready.wait(10)
-    yield ctl
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(15)
-    loop.close()
+    try:
+        assert ctl.ready.wait(10)
+        yield ctl
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(15)
+        loop.close()
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[Controller]:
+    with running_controller(tmp_path) as ctl:
+        yield ctl
 
 
 def _url(ctl: Controller) -> str:
@@ -197,29 +207,8 @@ def test_the_controller_serves_agents_over_tls(tmp_path: Path) -> None:
                     "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True,
                    capture_output=True)
-    (tmp_path / "tokens").write_text(TOKENS)
-    config = tmp_path / "ctl.toml"
-    config.write_text(f"""
-[node]
-name = "ctl-tls"
-data_dir = "{tmp_path / 'ctl'}"
-[report]
-enabled = false
-[controller]
-port = {free_port()}
-agent_tokens_file = "{tmp_path / 'tokens'}"
-tls_cert_file = "{cert}"
-tls_key_file = "{key}"
-""")
-    settings = load_settings(config, env={})
-    settings.node.data_dir.mkdir(parents=True)
-    ctl = Controller(settings)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete, args=(ctl.serve(stop),))
-    thread.start()
-    try:
-        assert ctl.ready.wait(10)
+    tls = f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n'
+    with running_controller(tmp_path, tls) as ctl:
         box = AgentOutbox(None, node="gpu-02")
         FindingForwarder(box, node="gpu-02").observe([_finding()], now=time.time())
         url = f"https://127.0.0.1:{ctl.port}"
@@ -235,10 +224,6 @@ tls_key_file = "{key}"
         untrusting.close()
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{ctl.port}/-/ready", timeout=2)  # no plain HTTP
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(15)
-        loop.close()
 
 
 def test_the_controller_serves_silences_and_actions(controller: Controller) -> None:
