@@ -45,11 +45,12 @@ import httpx
 
 from core.codec import finding_to_json
 from core.records import Finding
+from storage.fleet import AGENT_RECORD_KINDS
 
 logger = logging.getLogger(__name__)
 
-RECORD_KINDS = frozenset({"finding", "finding_cleared", "inventory"})
-"""What an agent puts in its outbox; heartbeats ride on every batch instead."""
+RECORD_KINDS = AGENT_RECORD_KINDS
+"""What an agent puts in its outbox (the controller's list); heartbeats ride on every batch."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (

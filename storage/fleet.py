@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.codec import CodecError, finding_from_json
 from storage.sql import (
     Database,
     PostgresDatabase,
@@ -322,3 +323,102 @@ def open_fleet_store(target: str | Path | None, *, pool_size: int = 4) -> FleetS
     if is_postgres(target):
         return PostgresFleetStore(str(target), pool_size=pool_size)
     return SqliteFleetStore(target)
+
+
+# --- what an agent may send ------------------------------------------------------
+
+MAX_BATCH_RECORDS = 5_000
+"""Most records in one batch (400 beyond): agents send 500 by default."""
+
+AGENT_RECORD_KINDS = frozenset({"finding", "finding_cleared", "inventory"})
+"""Record kinds an agent may send."""
+
+MIN_EPOCH, MAX_EPOCH = 946_684_800.0, 4_102_444_800.0
+"""A record's ``at`` must lie in 2000-2100 (NaN, infinities and nonsense are refused)."""
+
+MAX_GPUS = 256
+"""Most GPU entries in one heartbeat."""
+
+MAX_FACTS = 64
+"""Most ``[inventory]`` facts in one heartbeat."""
+
+
+class BatchError(ValueError):
+    """A batch is refused; ``status`` is the HTTP status, the message names the key."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_batch(node: str, payload: Any) -> tuple[list[FleetRecord], dict[str, Any] | None]:
+    """Check one agent batch and return its records and its heartbeat.
+
+    Raises:
+        BatchError: 400 for a malformed batch, 403 for a record about another node.
+    """
+    if not isinstance(payload, dict):
+        raise BatchError(400, "the batch must be a JSON object")
+    if not isinstance(payload.get("node"), str) or not payload["node"]:
+        raise BatchError(400, "node: expected the agent's node name")
+    if payload["node"] != node:
+        raise BatchError(403, f"node: the batch is for {payload['node']!r}, sent as {node!r}")
+    payload = without_nul(payload)
+    raw = payload.get("records", [])
+    if not isinstance(raw, list):
+        raise BatchError(400, "records: expected a list")
+    if len(raw) > MAX_BATCH_RECORDS:
+        raise BatchError(400, f"records: {len(raw)} records, at most {MAX_BATCH_RECORDS}")
+    records: list[FleetRecord] = []
+    for i, item in enumerate(raw):
+        where = f"records[{i}]"
+        if not isinstance(item, dict):
+            raise BatchError(400, f"{where}: expected an object")
+        key, kind, at, body = item.get("key"), item.get("kind"), item.get("at"), item.get("body")
+        if not isinstance(key, str) or not key.startswith(f"{node}:") or len(key) > 200:
+            raise BatchError(400, f"{where}.key: expected '{node}:<id>', got {key!r}")
+        if kind not in AGENT_RECORD_KINDS:
+            raise BatchError(400, f"{where}.kind: unknown kind {kind!r}")
+        if isinstance(at, bool) or not isinstance(at, int | float) or not (
+                MIN_EPOCH <= at <= MAX_EPOCH):
+            raise BatchError(400, f"{where}.at: expected epoch seconds (2000-2100), got {at!r}")
+        if not isinstance(body, dict):
+            raise BatchError(400, f"{where}.body: expected an object")
+        if kind in ("finding", "finding_cleared"):
+            if body.get("node") != node:
+                raise BatchError(403, f"{where}.body.node: {body.get('node')!r} is not {node!r}")
+            if kind == "finding":
+                try:
+                    finding_from_json(body, where=f"{where}.body")
+                except CodecError as exc:
+                    raise BatchError(400, str(exc)) from exc
+        records.append(FleetRecord(key=key, node=node, kind=str(kind), at=float(at), body=body))
+    heartbeat = payload.get("heartbeat")
+    if heartbeat is not None:
+        if not isinstance(heartbeat, dict):
+            raise BatchError(400, "heartbeat: expected an object")
+        gpus, facts = heartbeat.get("gpus", []), heartbeat.get("facts", {})
+        if not isinstance(gpus, list) or len(gpus) > MAX_GPUS or not all(
+                isinstance(g, dict) and len(json.dumps(g)) <= 1024 for g in gpus):
+            raise BatchError(400, f"heartbeat.gpus: expected at most {MAX_GPUS} small objects")
+        if not isinstance(facts, dict) or len(facts) > MAX_FACTS or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) + len(v) <= 512
+                for k, v in facts.items()):
+            raise BatchError(400, f"heartbeat.facts: expected at most {MAX_FACTS} short "
+                                  "string pairs")
+    return records, heartbeat
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with every NUL character in its strings replaced by U+FFFD.
+
+    A kernel log cut by a power loss is often NUL-padded, and PostgreSQL text cannot hold
+    NUL (``psycopg.DataError``): the line is kept, readable, instead of refusing the batch.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value

@@ -274,7 +274,7 @@ def test_a_record_refused_for_its_content_is_set_aside_alone() -> None:
 
 
 def test_parse_batch_refuses_malformed_batches_with_400() -> None:
-    from gpuhealth.controller import BatchError, parse_batch, without_nul
+    from storage.fleet import BatchError, parse_batch, without_nul
 
     good = {"key": "gpu-02:a", "kind": "inventory", "at": time.time(), "body": {}}
     cases = [
