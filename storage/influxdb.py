@@ -11,12 +11,17 @@ the ``gpu_info`` series' labels, not to every point. Events are ``gpuhealth_even
 Writes: the batch is checked (:mod:`storage.sanitize`), encoded by our own
 :class:`~storage.lineprotocol.LineEncoder` (``Point`` costs 2.4-2.7x a formatted string),
 cut into bodies of ``batch_size`` lines and posted with the client's **synchronous**
-write API at millisecond precision. Transient HTTP failures (connection refused, timeouts,
-429, 5xx) are retried by the client's ``WritesRetry`` (honours ``Retry-After``, jittered
-exponential backoff, at most ``max_retries`` times and ``max_retry_time_seconds``), then
-``on_error`` is called with ``((bucket, org, precision), body, exception)`` (the shape of
-the client's batching ``error_callback``) and :class:`~core.errors.TemporaryError` is
-raised so that the :class:`~storage.spool.SpoolingStore` keeps the batch. The client's own
+write API at millisecond precision. Only a refusal of the lines themselves (a 400 or 422
+whose body complains about them: ``unable to parse``, ``partial write``...) is a
+:class:`~core.errors.PermanentError`; every other failure, 401/403/404/405 included (a
+wrong URL or token loses nothing: the spool keeps the batches until it is fixed), is a
+:class:`~core.errors.TemporaryError`. 429 and 5xx are first retried by the client's
+``WritesRetry`` (honours ``Retry-After``, jittered exponential backoff, at most
+``max_retries`` times and ``max_retry_time_seconds``). A body that finally fails calls
+``on_error`` with ``((bucket, org, precision), body, exception)`` (the shape of the
+client's batching ``error_callback``) and the error is raised; on a
+:class:`~core.errors.TemporaryError` the :class:`~storage.spool.SpoolingStore` keeps the
+batch. The client's own
 batching mode is not used: it acknowledges a write before it is sent, holds it only in
 memory, and reports failures on another thread, which would lose batches that the spool
 was told were written. When one body of a multi-body batch fails, the spool re-sends the
@@ -84,20 +89,78 @@ _MS: Any = WritePrecision.MS  # the client annotates the class, its values are p
 ErrorCallback = Callable[[tuple[str, str, str], bytes, Exception], None]
 
 
+_CONTENT_STATUSES = frozenset({400, 422})
+"""Statuses with which a server may refuse the lines themselves (InfluxDB 2 answers 400
+for lines it cannot parse or a field type conflict, 422 for points beyond the retention
+policy; VictoriaMetrics 400 for lines it cannot parse)."""
+
+_CONTENT_COMPLAINTS = ("partial write", "unable to parse", "cannot parse", "failed to parse",
+                       "parse error", "field type conflict", "beyond retention",
+                       "invalid field", "invalid tag", "invalid timestamp", "bad timestamp",
+                       "missing field", "missing tag", "invalid number", "line protocol",
+                       '"code":"invalid"')
+"""What the body of a content refusal says: the server took the request and refused (some
+of) the lines in it. A 400 without one of these (a proxy's HTML page, say) is not a verdict
+on the data: the batch is kept and retried."""
+
+_HINTS = {
+    401: "the server refused the token (token_env); the batch is kept",
+    403: "the token may not write to this bucket; the batch is kept",
+    404: "nothing answers the write API at this URL: check url (and org, bucket)",
+    405: "this URL does not take writes: check url",
+}
+
+
+def refused_for_content(status: int, body: str) -> bool:
+    """Tell whether an HTTP answer refuses the lines posted, not the request.
+
+    Args:
+        status: The HTTP status.
+        body: The answer's body (a JSON error or plain text).
+
+    Examples:
+        >>> refused_for_content(400, '{"code":"invalid","message":"unable to parse x"}')
+        True
+        >>> refused_for_content(400, "<html>Bad Request</html>")
+        False
+        >>> refused_for_content(404, "404 page not found")
+        False
+    """
+    if status not in _CONTENT_STATUSES:
+        return False
+    text = body.lower().replace('": "', '":"')
+    return any(complaint in text for complaint in _CONTENT_COMPLAINTS)
+
+
 @contextlib.contextmanager
-def _mapped_errors(url: str) -> Iterator[None]:
-    """Translate client, HTTP and socket failures into our error tree."""
+def _mapped_errors(url: str, *, writing: bool = True) -> Iterator[None]:
+    """Translate client, HTTP and socket failures into our error tree.
+
+    Reads (``writing=False``): 408, 429 and 5xx are temporary, other 4xx permanent (a
+    query the server will never answer, such as Flux on VictoriaMetrics). Writes: only a
+    refusal of the content (:func:`refused_for_content`) is a
+    :class:`~core.errors.PermanentError`: retrying the same lines will not help. Every other
+    answer (401, 403, 404, 405, 408, 413, 429, 5xx, a 400 that does not complain about the
+    lines) and every connection failure is a :class:`~core.errors.TemporaryError`, so that
+    the spool keeps the batch until the server (or its configuration) is fixed.
+    """
     try:
         yield
     except ApiException as exc:
         status = int(exc.status or 0)
-        if status == 429 or status >= 500 or status == 0:
-            retry_after = None
-            with contextlib.suppress(TypeError, ValueError, AttributeError):
-                retry_after = float(exc.headers.get("Retry-After", ""))
-            raise TemporaryError(f"{url}: HTTP {status} {exc.reason}",
-                                 retry_after_seconds=retry_after) from exc
-        raise PermanentError(f"{url}: HTTP {status} {exc.reason}: {exc.body!r}") from exc
+        body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(
+            exc.body or "")
+        said = " ".join(body.split())[:300]
+        if refused_for_content(status, body) or (
+                not writing and 400 <= status < 500 and status not in (408, 429)):
+            raise PermanentError(f"{url}: HTTP {status} {exc.reason}: {said}") from exc
+        retry_after = None
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            retry_after = float(exc.headers.get("Retry-After", ""))
+        hint = _HINTS.get(status)
+        raise TemporaryError(f"{url}: HTTP {status} {exc.reason}: {said}"
+                             + (f" ({hint})" if hint else ""),
+                             retry_after_seconds=retry_after) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise TemporaryError(f"{url}: {exc}") from exc
 
@@ -243,8 +306,10 @@ class InfluxDbStore:
         """Post encoded lines (ms precision) in bodies of ``batch_size`` lines.
 
         Raises:
-            TemporaryError: The server is unreachable, slow, or answered 429/5xx.
-            PermanentError: The server refused the data (4xx other than 429).
+            TemporaryError: The server is unreachable or slow, or answered an error that is
+                not about the lines (401, 403, 404, 405, 408, 413, 429, 5xx...).
+            PermanentError: The server refused the lines themselves (a 400 or 422 that
+                says so, see :func:`refused_for_content`).
         """
         for start in range(0, len(lines), self.batch_size):
             body = "\n".join(lines[start:start + self.batch_size]).encode()
@@ -261,8 +326,9 @@ class InfluxDbStore:
         """Write a batch (see the module docstring for batching, retries and overlap).
 
         Raises:
-            TemporaryError: Transient failure; the caller (the spool) keeps the batch.
-            PermanentError: The server refused the data.
+            TemporaryError: Transient failure, or a server or configuration error (wrong
+                URL, token); the caller (the spool) keeps the batch.
+            PermanentError: The server refused the lines themselves.
         """
         if self.overlap_min_samples and len(samples) >= max(2, self.overlap_min_samples):
             self._write_overlapped(samples, events)
@@ -432,7 +498,7 @@ class InfluxDbStore:
             return pd.DataFrame(columns=_BASE_COLUMNS)
         query = self.flux(metric, entities, since_at, until_at, step_seconds)
         try:
-            with _mapped_errors(self.url):
+            with _mapped_errors(self.url, writing=False):
                 tables = self._query_api.query(query, org=self.org)
         except PermanentError as exc:
             if "/api/v2/query" in str(exc) or ": HTTP 404 " in str(exc):
@@ -471,7 +537,7 @@ class InfluxDbStore:
             '  |> group(columns: ["node", "entity"])',
             "  |> last()",
         ])
-        with _mapped_errors(self.url):
+        with _mapped_errors(self.url, writing=False):
             tables = self._query_api.query(query, org=self.org)
         pairs = {(str(r.values.get("node")), str(r.values.get("entity")))
                  for t in tables for r in t.records}

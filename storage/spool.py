@@ -3,9 +3,13 @@
 ``SpoolingStore(store=...)`` is itself a :class:`core.protocols.Store`. While the spool is
 empty a batch goes straight to the remote store. When the store fails with
 :class:`~core.errors.TemporaryError` (unreachable, slow, 5xx), the batch is appended to the
-spool, and every later batch is appended behind it, so order is kept; each ``write`` then
+spool, and every later batch is appended behind it, so order is kept (a wrong URL or
+token is such a failure too: the remote backends map 401/403/404 to it, and the error is
+logged once per outage, naming the URL and the status); each ``write`` then
 tries to deliver spooled batches oldest first, at most ``replay_budget_seconds`` per call,
 and not before ``retry_seconds`` (doubling up to ``max_retry_seconds``) after a failure.
+Only a batch the store refuses for its content (:class:`~core.errors.PermanentError`) is
+dropped, counted (``rejected["permanent"]``) and named in the log.
 
 On disk (``path`` is a folder)::
 
@@ -43,8 +47,7 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from core.clock import Clock, system_clock
 from core.errors import PermanentError, TemporaryError
@@ -52,6 +55,9 @@ from core.protocols import Batch, Closeable, Store, StreamingStore
 from core.records import EntityRef, Event, Sample
 from storage.lineprotocol import DecodeReport, LineEncoder, decode_line
 from storage.sanitize import MAX_FUTURE_SECONDS, MIN_AT, check_events, check_samples
+
+if TYPE_CHECKING:
+    import pandas as pd  # only the read path's type; the agent never loads pandas
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +104,33 @@ def _decode(record: _Record) -> Batch:
         for item in decode_line(line, precision="us", report=report):
             (samples if isinstance(item, Sample) else events).append(item)  # type: ignore[arg-type]
     return samples, events
+
+
+def describe(samples: Sequence[Sample], events: Sequence[Event], *, most: int = 3) -> str:
+    """Name a batch in a few words: counts, metric names or event kinds, nodes.
+
+    Examples:
+        >>> from core.records import EntityId, NodeName
+        >>> s = Sample(metric="gpu_power_watts", value=1.0, observed_at=1.7e9,
+        ...            node=NodeName("n1"), entity=EntityId("GPU-0"))
+        >>> describe([s, s], [])
+        '2 samples (gpu_power_watts on n1)'
+    """
+    parts = []
+    for count, noun, names, nodes in (
+            (len(samples), "sample", Counter(s.metric for s in samples),
+             sorted({s.node for s in samples})),
+            (len(events), "event", Counter(f"{e.kind} {e.code}" for e in events),
+             sorted({e.node for e in events}))):
+        if not count:
+            continue
+        shown = ", ".join(name for name, _ in names.most_common(most))
+        if len(names) > most:
+            shown += f" and {len(names) - most} more"
+        where = ", ".join(nodes[:most]) + (f" and {len(nodes) - most} more"
+                                           if len(nodes) > most else "")
+        parts.append(f"{count} {noun}{'s' if count != 1 else ''} ({shown} on {where})")
+    return " and ".join(parts) or "nothing"
 
 
 class SpoolingStore:
@@ -278,6 +311,11 @@ class SpoolingStore:
     def write(self, samples: Sequence[Sample], events: Sequence[Event]) -> None:
         """Deliver a batch, or accept it into the spool when the store is unavailable.
 
+        A batch the store refuses for its content (:class:`~core.errors.PermanentError`)
+        is dropped, counted in ``rejected["permanent"]`` and named in an error log line;
+        any other failure (:class:`~core.errors.TemporaryError`: unreachable, a wrong URL
+        or token, 5xx) spools it.
+
         Raises:
             OSError: The spool folder cannot be written (disk full); the batch was not
                 accepted.
@@ -293,6 +331,9 @@ class SpoolingStore:
                 except TemporaryError as exc:
                     self._note_failure(now, exc)
                     self._spool(good, good_events, failed=True)
+                except PermanentError as exc:
+                    self._drop_refused(good, good_events, exc)
+                    return
                 else:
                     return
             else:
@@ -381,10 +422,15 @@ class SpoolingStore:
     def _may_try(self, now: float) -> bool:
         return self._retry_at is None or now >= self._retry_at
 
-    def _note_failure(self, now: float, exc: Exception) -> None:
+    def _note_failure(self, now: float, exc: TemporaryError) -> None:
+        """Schedule the next try; log the first failure of an outage (once, as an error)."""
         if self._retry_at is None:
-            logger.warning("store unavailable, spooling to %s: %s", self.path, exc)
-        self._retry_at = now + self._wait
+            logger.error("store %r cannot take writes: %s -- spooling to %s and retrying "
+                         "with backoff (up to every %.0f s); nothing is dropped unless the "
+                         "spool passes %d bytes", self.store, exc, self.path,
+                         self.max_retry_seconds, self.max_bytes)
+        wait = max(self._wait, exc.retry_after_seconds or 0.0)
+        self._retry_at = now + min(wait, max(self.max_retry_seconds, self._wait))
         self._wait = min(self._wait * 2.0, self.max_retry_seconds)
 
     def flush(self, *, budget_seconds: float | None = None) -> int:
@@ -523,10 +569,18 @@ class SpoolingStore:
 
     def _refused(self, record: _Record, exc: PermanentError) -> None:
         """Drop ``record``, which the store refused for good; count it and move on."""
-        logger.error("store refused a spooled batch of %d records; dropped: %s",
-                     record.count, exc)
+        samples, events = _decode(record)
+        logger.error("store refused a spooled batch for its content; dropped %s: %s",
+                     describe(samples, events), exc)
         self.rejected["permanent"] += record.count
         self._delivered(record)
+
+    def _drop_refused(self, samples: Sequence[Sample], events: Sequence[Event],
+                      exc: PermanentError) -> None:
+        """Drop a batch the store refused for its content; count and name it."""
+        logger.error("store refused a batch for its content; dropped %s: %s",
+                     describe(samples, events), exc)
+        self.rejected["permanent"] += len(samples) + len(events)
 
     def _checked(self, samples: Sequence[Sample], events: Sequence[Event], now: float) -> Batch:
         """Return the batch without what the checks reject (counted in ``rejected``)."""
