@@ -1,31 +1,52 @@
 """A durable, bounded outbox of notifications, one queue per notifier.
 
-Every alert and page meant for a notifier is written here first (SQLite; a file
-for ``gpuhealth run``, memory for replays and tests) and deleted only once the
-notifier took it. Delivery is in order per notifier; a notifier that fails
-temporarily is retried with capped, jittered exponential backoff (honouring
-``retry_after_seconds``, e.g. PagerDuty's 429) and blocks nobody else; one that
-rejects an alert for good (:class:`~core.errors.PermanentError`) drops that alert
-(counted and logged). A restart resumes from the file, so an outage of an hour,
-or a crash in the middle, loses nothing.
+Every alert and page meant for a notifier is written here first and deleted only once
+the notifier took it: a SQLite file for ``gpuhealth run``, memory for replays and tests,
+or the controller pair's shared PostgreSQL (:mod:`storage.sql`; schema
+``storage/migrations/{sqlite,postgres}/NNNN_outbox.sql``). Delivery is in order per
+notifier; a notifier that fails temporarily is retried with capped, jittered
+exponential backoff (honouring ``retry_after_seconds``, e.g. PagerDuty's 429) and
+blocks nobody else; one that rejects an alert for good
+(:class:`~core.errors.PermanentError`) drops that alert (counted and logged). A restart
+resumes from the database, so an outage of an hour, or a crash in the middle, loses
+nothing.
 
-Bounded: a newer notification about the same alert in the same state replaces
-the queued one in place (a re-send of a firing alert while the receiver is down
-is one entry, not one per minute), and each notifier's queue holds at most
-``max_per_notifier`` entries; beyond that the oldest are dropped, counted and
-logged at ERROR. The depth of each queue is :meth:`Outbox.depths` (exported as
-the ``gpuhealth_outbox_depth`` metric).
+Bounded: a newer notification about the same alert in the same state replaces the
+queued one in place (a re-send of a firing alert while the receiver is down is one
+entry, not one per minute), and each notifier's queue holds at most
+``max_per_notifier`` entries; beyond that the oldest are dropped, counted and logged at
+ERROR. The depth of each queue is :meth:`Outbox.depths` (exported as the
+``gpuhealth_outbox_depth`` metric).
+
+One deliverer per queue: several processes may share one outbox (the two replicas of a
+controller pair; a leader that has not noticed yet that it lost its lease), and each
+notifier's queue is delivered by one of them at a time. A process first *claims* the
+queue (table ``outbox_claims``: owner and ``until_at``, taken in a transaction under
+the advisory lock ``outbox`` that every write takes, so two claims never interleave),
+renews the claim before each send for the send's timeout plus
+:data:`CLAIM_GRACE_SECONDS`, deletes what the notifier took, and releases the claim at
+the end of the round. So two live replicas never send the same entry, and the order per
+notifier holds across them. A process that dies in the middle of a send leaves its
+claim, which expires after at most that lease; the next deliverer then sends the entry
+again (at least once: the receiver may see it twice, as after any crash between a send
+and its acknowledgement). Claims are judged by the processes' clocks, which must agree
+within :data:`CLAIM_GRACE_SECONDS`. An entry replaced in place while it is being sent
+keeps its newer content: the deliverer deletes only the revision it sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import random
-import sqlite3
+import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,26 +56,32 @@ from core.clock import Clock, system_clock
 from core.errors import PermanentError, TemporaryError
 from core.protocols import Notifier
 from core.records import Alert
+from storage.sql import Connection, Database, open_database
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PER_NOTIFIER = 10_000
 """Entries kept per notifier: 10,000 alerts, far more than an hour of changes on a big fleet."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    notifier TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    state TEXT NOT NULL,
-    body TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_at REAL NOT NULL DEFAULT 0,
-    enqueued_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS outbox_by_notifier ON outbox (notifier, seq);
-CREATE INDEX IF NOT EXISTS outbox_by_alert ON outbox (notifier, fingerprint, seq);
-"""
+WRITER_LOCK = "outbox"
+"""PostgreSQL advisory transaction lock that every write to the outbox takes."""
+
+CLAIM_GRACE_SECONDS = 30.0
+"""A claim lasts one send's timeout plus this long (s): the clock skew it tolerates, and
+the longest wait, beyond a send's timeout, before another process delivers a queue whose
+deliverer died in the middle of a send."""
+
+_POOL_SIZE = 2
+"""PostgreSQL connections per outbox (the pipeline and the HTTP API are its callers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    seq: int
+    revision: int
+    attempts: int
+    next_at: float
+    alert: Alert
 
 
 @dataclass(slots=True, kw_only=True)
@@ -83,10 +110,12 @@ def notifier_name(notifier: Notifier) -> str:
 
 
 class Outbox:
-    """Durable per-notifier queues of alerts with retries.
+    """Durable per-notifier queues of alerts with retries (see the module docstring).
 
     Args:
-        path: SQLite file, or ``None`` for an in-memory outbox.
+        path: SQLite file (created with its folder), ``None`` for an in-memory outbox,
+            or a PostgreSQL DSN (``postgresql://...`` or libpq keywords; a controller
+            pair shares it).
         clock: Returns now, epoch seconds.
         max_per_notifier: Bound of each notifier's queue, >= 1.
         backoff_initial_seconds: First retry delay, seconds.
@@ -99,12 +128,16 @@ class Outbox:
 
     Raises:
         ValueError: A bound or delay out of range.
+        OSError: The SQLite folder cannot be created.
+        sqlite3.DatabaseError: The file is not an outbox.
+        PluginError: A PostgreSQL DSN without the controller's extra.
+        TemporaryError: The PostgreSQL server cannot be reached.
     """
 
     def __init__(
         self,
         *,
-        path: str | None = None,
+        path: str | Path | None = None,
         clock: Clock = system_clock,
         max_per_notifier: int = DEFAULT_MAX_PER_NOTIFIER,
         backoff_initial_seconds: float = 1.0,
@@ -127,21 +160,41 @@ class Outbox:
         self.jitter = jitter
         self.dropped: dict[str, int] = {}
         """Notifications dropped per notifier since start (bound or permanent error)."""
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path or ":memory:", check_same_thread=False,
-                                   isolation_level=None)
+        self.db: Database = open_database(path, pool_size=_POOL_SIZE,
+                                          sqlite_synchronous="NORMAL")
+        try:
+            self.db.migrate("outbox")
+        except BaseException:
+            self.db.close()
+            raise
+        self.where = self.db.where
+        """The file or ``host:port/dbname`` for messages (never a password)."""
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        """Who this outbox is in ``outbox_claims`` (unique per object)."""
         self._lock = threading.RLock()
-        with self._lock:
-            if path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+        self._delivering: set[str] = set()
+        self._unavailable = False
 
     def close(self) -> None:
-        """Close the database."""
+        """Release this outbox's claims (best effort) and close the database."""
         with self._lock:
-            self._db.close()
+            try:
+                with self._transaction() as db:
+                    db.execute("DELETE FROM outbox_claims WHERE owner = ?", (self.owner,))
+            except TemporaryError as exc:
+                logger.info("outbox %s: claims not released at close (they expire): %s",
+                            self.where, exc)
+            self.db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        """One write transaction (one writer at a time, across every process)."""
+        with self._lock, self.db.transaction(lock=WRITER_LOCK) as db:
+            yield db
+
+    def _rows(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
+        with self._lock:
+            return self.db.execute(sql, args)
 
     # --- queueing ----------------------------------------------------------------------
 
@@ -150,42 +203,32 @@ class Outbox:
 
         A notification about an alert whose last queued entry has the same state
         replaces that entry in place (same position, newest content).
+
+        Raises:
+            TemporaryError: PostgreSQL cannot be reached (nothing was queued).
         """
         if not alerts:
             return 0
         now = self.clock()
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN")
-            try:
-                for alert in alerts:
-                    body = json.dumps(alert_to_json(alert), sort_keys=True,
-                                      separators=(",", ":"))
-                    row = db.execute(
-                        "SELECT seq, state FROM outbox WHERE notifier=? AND fingerprint=? "
-                        "ORDER BY seq DESC LIMIT 1",
-                        (name, alert.fingerprint),
-                    ).fetchone()
-                    if row is not None and row[1] == alert.state.value:
-                        db.execute("UPDATE outbox SET body=? WHERE seq=?", (body, row[0]))
-                    else:
-                        db.execute(
-                            "INSERT INTO outbox (notifier, fingerprint, state, body, enqueued_at)"
-                            " VALUES (?, ?, ?, ?, ?)",
-                            (name, alert.fingerprint, alert.state.value, body, now),
-                        )
-                over = int(db.execute("SELECT COUNT(*) FROM outbox WHERE notifier=?",
-                                      (name,)).fetchone()[0]) - self.max_per_notifier
-                if over > 0:
+        with self._transaction() as db:
+            for alert in alerts:
+                body = json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":"))
+                row = db.execute(
+                    "SELECT seq, state FROM outbox WHERE notifier = ? AND fingerprint = ? "
+                    "ORDER BY seq DESC LIMIT 1", (name, alert.fingerprint)).fetchone()
+                if row is not None and row[1] == alert.state.value:
+                    db.execute("UPDATE outbox SET body = ?, revision = revision + 1 "
+                               "WHERE seq = ?", (body, row[0]))
+                else:
                     db.execute(
-                        "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE "
-                        "notifier=? ORDER BY seq LIMIT ?)",
-                        (name, over),
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+                        "INSERT INTO outbox (notifier, fingerprint, state, body, enqueued_at)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        (name, alert.fingerprint, alert.state.value, body, now))
+            over = int(db.execute("SELECT COUNT(*) FROM outbox WHERE notifier = ?",
+                                  (name,)).fetchone()[0]) - self.max_per_notifier
+            if over > 0:
+                db.execute("DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE "
+                           "notifier = ? ORDER BY seq LIMIT ?)", (name, over))
         if over > 0:
             self.dropped[name] = self.dropped.get(name, 0) + over
             logger.error("outbox of notifier %s full (%d): dropped the %d oldest notification(s)",
@@ -194,61 +237,83 @@ class Outbox:
         return 0
 
     def depths(self) -> dict[str, int]:
-        """Return the queued notifications per notifier name."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT notifier, COUNT(*) FROM outbox GROUP BY notifier").fetchall()
+        """Return the queued notifications per notifier name.
+
+        Raises:
+            TemporaryError: PostgreSQL cannot be reached.
+        """
+        rows = self._rows("SELECT notifier, COUNT(*) FROM outbox GROUP BY notifier")
         return {str(name): int(count) for name, count in rows}
 
     def queued(self, name: str) -> list[Alert]:
         """Return the alerts queued for notifier ``name``, oldest first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT body FROM outbox WHERE notifier=? ORDER BY seq", (name,)).fetchall()
+        rows = self._rows("SELECT body FROM outbox WHERE notifier = ? ORDER BY seq", (name,))
         return [alert_from_json(json.loads(body)) for (body,) in rows]
 
     def next_attempt_at(self, name: str) -> float | None:
         """Return when notifier ``name``'s head entry is due (epoch seconds), or ``None``."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT next_at FROM outbox WHERE notifier=? ORDER BY seq LIMIT 1",
-                (name,)).fetchone()
-        return float(row[0]) if row is not None else None
+        rows = self._rows("SELECT next_at FROM outbox WHERE notifier = ? ORDER BY seq "
+                          "LIMIT 1", (name,))
+        return float(rows[0][0]) if rows else None
+
+    # --- claims ------------------------------------------------------------------------
+
+    def claim(self, name: str, *, seconds: float) -> bool:
+        """Claim notifier ``name``'s queue for ``seconds``; return whether this outbox holds it.
+
+        Another owner's unexpired claim is left alone; this outbox's own claim is renewed.
+        """
+        now = self.clock()
+        with self._transaction() as db:
+            row = db.execute("SELECT owner, until_at FROM outbox_claims WHERE notifier = ?",
+                             (name,)).fetchone()
+            if row is not None and str(row[0]) != self.owner and float(row[1]) > now:
+                return False
+            db.execute("INSERT INTO outbox_claims (notifier, owner, until_at) VALUES (?, ?, ?) "
+                       "ON CONFLICT (notifier) DO UPDATE SET owner = excluded.owner, "
+                       "until_at = excluded.until_at", (name, self.owner, now + seconds))
+        return True
+
+    def release(self, name: str) -> None:
+        """Give up the claim on notifier ``name``'s queue (if this outbox holds it)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM outbox_claims WHERE notifier = ? AND owner = ?",
+                       (name, self.owner))
 
     # --- delivery ----------------------------------------------------------------------
 
-    def _head(self, name: str, limit: int) -> list[tuple[int, int, float, Alert]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, attempts, next_at, body FROM outbox WHERE notifier=? "
-                "ORDER BY seq LIMIT ?", (name, limit)).fetchall()
-        out: list[tuple[int, int, float, Alert]] = []
-        for seq, attempts, next_at, body in rows:
+    def _head(self, name: str, limit: int) -> list[_Entry]:
+        rows = self._rows("SELECT seq, revision, attempts, next_at, body FROM outbox "
+                          "WHERE notifier = ? ORDER BY seq LIMIT ?", (name, limit))
+        out: list[_Entry] = []
+        for seq, revision, attempts, next_at, body in rows:
             try:
-                out.append((int(seq), int(attempts), float(next_at),
-                            alert_from_json(json.loads(body))))
+                out.append(_Entry(int(seq), int(revision), int(attempts), float(next_at),
+                                  alert_from_json(json.loads(body))))
             except ValueError:
                 logger.exception("outbox entry %s of %s unreadable; dropped", seq, name)
-                self._delete([int(seq)])
+                self._delete([(int(seq), int(revision))])
         return out
 
-    def _delete(self, seqs: Sequence[int]) -> None:
-        if not seqs:
+    def _delete(self, entries: Sequence[tuple[int, int]]) -> None:
+        """Delete entries ``(seq, revision)``; one replaced since (a newer revision) stays."""
+        if not entries:
             return
-        with self._lock:
-            self._db.executemany("DELETE FROM outbox WHERE seq=?", [(s,) for s in seqs])
+        with self._transaction() as db:
+            db.executemany("DELETE FROM outbox WHERE seq = ? AND revision = ?",
+                           [list(e) for e in entries])
 
-    def _defer(self, seq: int, attempts: int, retry_after: float | None) -> float:
+    def _defer(self, entry: _Entry, retry_after: float | None) -> float:
         delay = min(self.backoff_max_seconds,
-                    self.backoff_initial_seconds * (2.0 ** min(attempts, 30)))
+                    self.backoff_initial_seconds * (2.0 ** min(entry.attempts, 30)))
         factor = self.jitter() if self.jitter is not None else random.uniform(0.8, 1.2)
         delay *= factor
         if retry_after is not None:
             delay = max(delay, retry_after)
         next_at = self.clock() + delay
-        with self._lock:
-            self._db.execute("UPDATE outbox SET attempts=?, next_at=? WHERE seq=?",
-                             (attempts + 1, next_at, seq))
+        with self._transaction() as db:
+            db.execute("UPDATE outbox SET attempts = ?, next_at = ? WHERE seq = ?",
+                       (entry.attempts + 1, next_at, entry.seq))
         return delay
 
     async def deliver(
@@ -259,6 +324,10 @@ class Outbox:
         force: bool = False,
     ) -> DeliveryStats:
         """Deliver what is due to every notifier, concurrently, in order per notifier.
+
+        A queue that another process (or another call on this outbox) is delivering is
+        left to it. An unreachable PostgreSQL is logged once and ends the round; what is
+        queued stays queued.
 
         Args:
             notifiers: Notifiers by name.
@@ -277,26 +346,58 @@ class Outbox:
 
     async def _deliver_one(self, name: str, notifier: Notifier, stats: DeliveryStats,
                            timeout_seconds: float, force: bool) -> None:
+        with self._lock:
+            if name in self._delivering:
+                return
+            self._delivering.add(name)
+        claimed = False
+        try:
+            claimed = await self._deliver_claimed(name, notifier, stats, timeout_seconds,
+                                                  force)
+            if self._unavailable:
+                self._unavailable = False
+                logger.warning("outbox %s reachable again", self.where)
+        except TemporaryError as exc:  # the database, not the notifier (handled inside)
+            claimed = True  # it may have been taken; releasing a claim not held is harmless
+            if not self._unavailable:
+                self._unavailable = True
+                logger.warning("outbox %s unavailable, delivery waits: %s", self.where, exc)
+        finally:
+            with self._lock:
+                self._delivering.discard(name)
+            if claimed:
+                with contextlib.suppress(TemporaryError):  # else it expires
+                    self.release(name)
+
+    async def _deliver_claimed(self, name: str, notifier: Notifier, stats: DeliveryStats,
+                               timeout_seconds: float, force: bool) -> bool:
+        """The delivery loop of one queue; return whether a claim was taken."""
         send_many = getattr(notifier, "send_many", None)
         batched = callable(send_many)
+        lease = timeout_seconds + CLAIM_GRACE_SECONDS
+        claimed = False
         while True:
+            if not claimed:  # a plain read first: no write for an empty or waiting queue
+                peek = self._head(name, 1)
+                if not peek or (not force and peek[0].next_at > self.clock()):
+                    return claimed
+            if not self.claim(name, seconds=lease):
+                return claimed  # another process delivers this queue now
+            claimed = True
             head = self._head(name, self.batch_size if batched else 1)
-            if not head:
-                return
-            if not force and head[0][2] > self.clock():
-                return
-            seqs = [h[0] for h in head]
-            alerts = [h[3] for h in head]
+            if not head or (not force and head[0].next_at > self.clock()):
+                return claimed
+            alerts = [h.alert for h in head]
             try:
                 if batched and send_many is not None:
                     await asyncio.wait_for(send_many(alerts), timeout_seconds)
                 else:
                     await asyncio.wait_for(notifier.send(alerts[0]), timeout_seconds)
             except PermanentError as exc:
-                if len(seqs) > 1:
+                if len(head) > 1:
                     batched = False  # find the one the receiver refuses; keep the others
                     continue
-                self._delete(seqs)
+                self._delete([(head[0].seq, head[0].revision)])
                 stats.dropped[name] = stats.dropped.get(name, 0) + 1
                 self.dropped[name] = self.dropped.get(name, 0) + 1
                 logger.warning("notifier %s rejected alert %s for good, dropped: %s",
@@ -304,19 +405,19 @@ class Outbox:
                 continue
             except (TemporaryError, TimeoutError, OSError) as exc:
                 retry_after = getattr(exc, "retry_after_seconds", None)
-                delay = self._defer(head[0][0], head[0][1], retry_after)
+                delay = self._defer(head[0], retry_after)
                 stats.failed[name] = stats.failed.get(name, 0) + 1
                 logger.warning("notifier %s could not deliver (retry in %.1f s, %d queued): %s",
                                name, delay, self.depths().get(name, 0), exc or "timed out")
-                return
+                return claimed
             except Exception as exc:
-                delay = self._defer(head[0][0], head[0][1], None)
+                delay = self._defer(head[0], None)
                 stats.failed[name] = stats.failed.get(name, 0) + 1
                 logger.exception("notifier %s failed (retry in %.1f s)", name, delay,
                                  exc_info=exc)
-                return
-            self._delete(seqs)
-            stats.sent[name] = stats.sent.get(name, 0) + len(seqs)
+                return claimed
+            stats.sent[name] = stats.sent.get(name, 0) + len(head)
+            self._delete([(h.seq, h.revision) for h in head])
 
 
 def outbox_to_json(outbox: Outbox) -> dict[str, Any]:

@@ -1,18 +1,20 @@
-"""The incident history: failures, the GPU/node population and predictions, in one SQLite file.
+"""The incident history: failures, the GPU/node population and predictions.
 
-Both the remediation engine (``gpuhealth run`` writes every incident it opens and closes)
-and the weekly reliability report (``gpuhealth report``) use it; the real-data importers
-(:mod:`storage.importers`) fill it from the Titan and LANL records.
+One SQLite file for ``gpuhealth run`` (``<data_dir>/history.sqlite``), or the controller
+pair's shared PostgreSQL (:mod:`storage.sql`), where the leader records it. Both the
+remediation engine (``run`` and the controller's leader write every incident it opens
+and closes) and the weekly reliability report (``gpuhealth report``) use it; the
+real-data importers (:mod:`storage.importers`) fill it from the Titan and LANL records.
 
 Schema (times are float UTC epoch seconds, ``NULL`` where unknown)::
 
-    incidents(incident_id PK, source, node, entity, kind, code, severity, cause,
+    history_incidents(incident_id PK, source, node, entity, kind, code, severity, cause,
               detected_at, out_of_service_at, back_in_service_at, resolved_at,
               model, driver_version, vbios_version, slot, batch, predicted_at,
               actions JSON list, attrs JSON object)
-    inventory(key PK, source, entity, node, model, driver_version, vbios_version, slot,
-              batch, first_seen_at, last_seen_at, removed_at, attrs JSON object)
-    predictions(entity, node, at, probability, horizon_seconds, top_features JSON,
+    history_inventory(key PK, source, entity, node, model, driver_version, vbios_version,
+              slot, batch, first_seen_at, last_seen_at, removed_at, attrs JSON object)
+    history_predictions(entity, node, at, probability, horizon_seconds, top_features JSON,
                 PK (entity, node, at))
 
 One inventory row is one *residency*: an entity (a GPU serial or UUID, or ``"node"`` for a
@@ -21,11 +23,12 @@ moved to another slot has two rows; a GPU still installed has ``removed_at`` NUL
 ``last_seen_at`` the last time it was seen. ``first_seen_at`` may be NULL when the source
 lost the install time (Titan, 1,158 rows): such a residency contributes no operating time.
 
-Writes are upserts (the last write of a key wins) in one transaction per call, with
-``executemany``: 37,343 Titan residencies plus 6,367 incidents insert in well under a second.
-WAL mode lets any number of readers (the report, another process) read while the one writer
-(the service) writes; a locked or busy database becomes
-:class:`core.errors.TemporaryError`.
+Writes are upserts (``INSERT ... ON CONFLICT DO UPDATE``: the last write of a key wins,
+and writing the same record again changes nothing) in one transaction per call, with
+``executemany``: 37,343 Titan residencies plus 6,367 incidents insert in well under a
+second on SQLite. WAL mode lets any number of readers (the report, another process) read
+while the one writer (the service) writes; a locked or busy database, or an unreachable
+PostgreSQL, becomes :class:`core.errors.TemporaryError`.
 
 Reads return pandas DataFrames with one column per record field (``actions`` a tuple,
 ``attrs`` and ``top_features`` dicts, shared between rows with equal values: treat them as
@@ -43,11 +46,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from core.errors import TemporaryError
+
+if TYPE_CHECKING:
+    import pandas as pd  # the report's reads only: the service that records never loads it
+from storage.sql import Database, open_database
 
 CAUSES = (
     "xid", "memory", "nvlink", "network", "host", "thermal", "power", "gpu_lost", "other",
@@ -289,34 +294,35 @@ INVENTORY_COLUMNS = (
 PREDICTION_COLUMNS = ("entity", "node", "at", "probability", "horizon_seconds", "top_features")
 """Columns of :meth:`IncidentHistory.predictions` frames."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (
-    incident_id TEXT PRIMARY KEY, source TEXT NOT NULL, node TEXT NOT NULL,
-    entity TEXT NOT NULL, kind TEXT NOT NULL, code TEXT NOT NULL, severity TEXT NOT NULL,
-    cause TEXT NOT NULL, detected_at REAL NOT NULL, out_of_service_at REAL,
-    back_in_service_at REAL, resolved_at REAL, model TEXT NOT NULL,
-    driver_version TEXT NOT NULL, vbios_version TEXT NOT NULL, slot TEXT NOT NULL,
-    batch TEXT NOT NULL, predicted_at REAL, actions TEXT NOT NULL, attrs TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS incidents_detected ON incidents (detected_at);
-CREATE TABLE IF NOT EXISTS inventory (
-    key TEXT PRIMARY KEY, source TEXT NOT NULL, entity TEXT NOT NULL, node TEXT NOT NULL,
-    model TEXT NOT NULL, driver_version TEXT NOT NULL, vbios_version TEXT NOT NULL,
-    slot TEXT NOT NULL, batch TEXT NOT NULL, first_seen_at REAL, last_seen_at REAL NOT NULL,
-    removed_at REAL, attrs TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS predictions (
-    entity TEXT NOT NULL, node TEXT NOT NULL, at REAL NOT NULL, probability REAL NOT NULL,
-    horizon_seconds REAL NOT NULL, top_features TEXT NOT NULL,
-    PRIMARY KEY (entity, node, at)
-);
-CREATE INDEX IF NOT EXISTS predictions_at ON predictions (at);
-"""
+WRITER_LOCK = "history"
+"""PostgreSQL advisory transaction lock that every write to the history takes."""
+
+_POOL_SIZE = 2
+"""PostgreSQL connections per history (the recorder and the report are its callers)."""
+
+
+def _upsert(table: str, key: tuple[str, ...], columns: tuple[str, ...]) -> str:
+    """A portable ``INSERT ... ON CONFLICT (key) DO UPDATE`` of every other column."""
+    others = [c for c in columns if c not in key]
+    return (f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"VALUES ({', '.join('?' * len(columns))}) "
+            f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in others))
+
+
+_UPSERT_INCIDENTS = _upsert("history_incidents", ("incident_id",), INCIDENT_COLUMNS)
+_UPSERT_INVENTORY = _upsert("history_inventory", ("key",), ("key", *INVENTORY_COLUMNS))
+_UPSERT_PREDICTIONS = _upsert("history_predictions", ("entity", "node", "at"),
+                              PREDICTION_COLUMNS)
 
 
 @contextlib.contextmanager
 def _mapped_errors(path: str) -> Iterator[None]:
-    """Translate a locked or busy database into :class:`TemporaryError`."""
+    """Translate a locked or busy SQLite database into :class:`TemporaryError`.
+
+    PostgreSQL's lost connections are :class:`TemporaryError` already
+    (:mod:`storage.sql`).
+    """
     try:
         yield
     except sqlite3.OperationalError as exc:
@@ -333,41 +339,54 @@ def _json(value: Mapping[str, Any] | tuple[str, ...]) -> str:
 
 
 class IncidentHistory:
-    """The incident history file (see the module docstring for the schema).
+    """The incident history (see the module docstring for the schema).
+
+    On SQLite (``gpuhealth run``, imports, tests) or on the controller pair's shared
+    PostgreSQL (:mod:`storage.sql`): the schema is ``storage/migrations/sqlite/
+    NNNN_history.sql`` or the shared ``storage/migrations/postgres``, applied once at
+    open (a history file of an earlier release is adopted: its tables are renamed to
+    ``history_*``). Writes are upserts in one transaction per call; on PostgreSQL they
+    take the advisory transaction lock ``history``, so a leader and the replica that
+    takes over from it never interleave one batch.
 
     Args:
-        path: SQLite file; created with its folder if missing. ``":memory:"`` for tests.
-        timeout_seconds: How long a write waits for another writer's lock before
-            :class:`TemporaryError` (s).
+        path: SQLite file, created with its folder if missing; ``":memory:"`` for tests;
+            or a PostgreSQL DSN (``postgresql://...`` or libpq keywords).
+        timeout_seconds: How long a write waits for another writer's lock (SQLite) or
+            for a connection (PostgreSQL) before :class:`TemporaryError` (s).
+
+    Raises:
+        OSError: The folder cannot be created.
+        sqlite3.DatabaseError: The file is not a database.
+        PluginError: A PostgreSQL DSN without the controller's extra.
+        TemporaryError: The database is locked, or the PostgreSQL server cannot be
+            reached.
     """
 
     def __init__(self, path: str | Path, *, timeout_seconds: float = 5.0) -> None:
         self.path = path
         self.timeout_seconds = timeout_seconds
         name = str(path)
-        if name != ":memory:":
-            Path(name).parent.mkdir(parents=True, exist_ok=True)
-        self._name = name
         self._lock = threading.Lock()
         with _mapped_errors(name):
-            self._conn = sqlite3.connect(name, timeout=timeout_seconds,
-                                         check_same_thread=False, isolation_level=None)
-            if name != ":memory:":
-                self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SCHEMA)
+            self.db: Database = open_database(
+                None if name == ":memory:" else path, pool_size=_POOL_SIZE,
+                timeout_seconds=timeout_seconds, sqlite_synchronous="NORMAL",
+                sqlite_timeout_seconds=timeout_seconds)
+            try:
+                self.db.migrate("history")
+            except BaseException:
+                self.db.close()
+                raise
+        self.where = self.db.where
+        """The file or ``host:port/dbname`` for messages (never a password)."""
 
     def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
         if not rows:
             return 0
-        with self._lock, _mapped_errors(self._name):
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.executemany(sql, rows)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        with self._lock, _mapped_errors(self.where), \
+                self.db.transaction(lock=WRITER_LOCK) as db:
+            db.executemany(sql, rows)
         return len(rows)
 
     def upsert_incidents(self, records: Iterable[IncidentRecord]) -> int:
@@ -383,9 +402,7 @@ class IncidentHistory:
                  r.cause, r.detected_at, r.out_of_service_at, r.back_in_service_at,
                  r.resolved_at, r.model, r.driver_version, r.vbios_version, r.slot, r.batch,
                  r.predicted_at, _json(r.actions), _json(r.attrs)) for r in records]
-        return self._write(
-            f"INSERT OR REPLACE INTO incidents ({', '.join(INCIDENT_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * len(INCIDENT_COLUMNS))})", rows)
+        return self._write(_UPSERT_INCIDENTS, rows)
 
     def upsert_inventory(self, records: Iterable[InventoryRecord]) -> int:
         """Insert or replace residencies by :attr:`InventoryRecord.key`, in one transaction.
@@ -399,9 +416,7 @@ class IncidentHistory:
         rows = [(r.key, r.source, r.entity, r.node, r.model, r.driver_version,
                  r.vbios_version, r.slot, r.batch, r.first_seen_at, r.last_seen_at,
                  r.removed_at, _json(r.attrs)) for r in records]
-        return self._write(
-            f"INSERT OR REPLACE INTO inventory (key, {', '.join(INVENTORY_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * (len(INVENTORY_COLUMNS) + 1))})", rows)
+        return self._write(_UPSERT_INVENTORY, rows)
 
     def record_predictions(self, records: Iterable[PredictionRecord]) -> int:
         """Insert or replace predictions by ``(entity, node, at)``, in one transaction.
@@ -414,14 +429,14 @@ class IncidentHistory:
         """
         rows = [(r.entity, r.node, r.at, r.probability, r.horizon_seconds,
                  _json(r.top_features)) for r in records]
-        return self._write(
-            f"INSERT OR REPLACE INTO predictions ({', '.join(PREDICTION_COLUMNS)}) "
-            f"VALUES ({', '.join('?' * len(PREDICTION_COLUMNS))})", rows)
+        return self._write(_UPSERT_PREDICTIONS, rows)
 
     def _frame(self, sql: str, params: list[Any], columns: tuple[str, ...],
                json_columns: Mapping[str, str]) -> pd.DataFrame:
-        with self._lock, _mapped_errors(self._name):
-            rows = self._conn.execute(sql, params).fetchall()
+        import pandas as pd
+
+        with self._lock, _mapped_errors(self.where):
+            rows = self.db.execute(sql, params)
         frame = pd.DataFrame.from_records(rows, columns=list(columns))
         for name, kind in json_columns.items():
             # Most rows repeat a handful of attribute sets: decode each distinct text once
@@ -451,7 +466,7 @@ class IncidentHistory:
         """
         where, params = self._where("detected_at", since, until, source)
         return self._frame(
-            f"SELECT {', '.join(INCIDENT_COLUMNS)} FROM incidents{where} "
+            f"SELECT {', '.join(INCIDENT_COLUMNS)} FROM history_incidents{where} "
             "ORDER BY detected_at, incident_id", params, INCIDENT_COLUMNS,
             {"actions": "tuple", "attrs": "dict"})
 
@@ -478,7 +493,7 @@ class IncidentHistory:
             params.append(source)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         return self._frame(
-            f"SELECT {', '.join(INVENTORY_COLUMNS)} FROM inventory{where} "
+            f"SELECT {', '.join(INVENTORY_COLUMNS)} FROM history_inventory{where} "
             "ORDER BY first_seen_at, key", params, INVENTORY_COLUMNS, {"attrs": "dict"})
 
     def predictions(self, since: float | None = None,
@@ -490,14 +505,14 @@ class IncidentHistory:
         """
         where, params = self._where("at", since, until, None)
         return self._frame(
-            f"SELECT {', '.join(PREDICTION_COLUMNS)} FROM predictions{where} "
+            f"SELECT {', '.join(PREDICTION_COLUMNS)} FROM history_predictions{where} "
             "ORDER BY at, node, entity", params, PREDICTION_COLUMNS, {"top_features": "dict"})
 
     def sources(self) -> list[str]:
         """Return the sources present in the incidents or inventory, sorted."""
-        with self._lock, _mapped_errors(self._name):
-            rows = self._conn.execute(
-                "SELECT source FROM incidents UNION SELECT source FROM inventory").fetchall()
+        with self._lock, _mapped_errors(self.where):
+            rows = self.db.execute("SELECT source FROM history_incidents "
+                                   "UNION SELECT source FROM history_inventory")
         return sorted(str(r[0]) for r in rows)
 
     @staticmethod
@@ -519,7 +534,7 @@ class IncidentHistory:
     def close(self) -> None:
         """Close the database connection; the object must not be used afterwards."""
         with self._lock:
-            self._conn.close()
+            self.db.close()
 
     def __enter__(self) -> IncidentHistory:
         return self
@@ -528,4 +543,4 @@ class IncidentHistory:
         self.close()
 
     def __repr__(self) -> str:
-        return f"IncidentHistory(path={self.path!r})"
+        return f"IncidentHistory(where={self.where!r})"

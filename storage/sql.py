@@ -228,7 +228,8 @@ def _statements(sql: str) -> list[str]:
 
 
 def open_database(target: str | Path | None, *, pool_size: int = 4,
-                  timeout_seconds: float = 10.0, sqlite_synchronous: str = "FULL"
+                  timeout_seconds: float = 10.0, sqlite_synchronous: str = "FULL",
+                  sqlite_timeout_seconds: float = 30.0
                   ) -> SqliteDatabase | PostgresDatabase:
     """Open the database at ``target``.
 
@@ -241,6 +242,9 @@ def open_database(target: str | Path | None, *, pool_size: int = 4,
         timeout_seconds: PostgreSQL connect timeout and the longest wait for a free
             connection.
         sqlite_synchronous: SQLite ``PRAGMA synchronous``.
+        sqlite_timeout_seconds: How long a SQLite statement waits for another
+            process's write lock before ``sqlite3.OperationalError`` ("database is
+            locked"), seconds.
 
     Raises:
         ValueError: ``pool_size`` < 1, ``timeout_seconds`` <= 0, or an unknown
@@ -253,7 +257,8 @@ def open_database(target: str | Path | None, *, pool_size: int = 4,
     if is_postgres(target):
         return PostgresDatabase(str(target), pool_size=pool_size,
                                 timeout_seconds=timeout_seconds)
-    return SqliteDatabase(target, synchronous=sqlite_synchronous)
+    return SqliteDatabase(target, synchronous=sqlite_synchronous,
+                          timeout_seconds=sqlite_timeout_seconds)
 
 
 class _SqliteConnection:
@@ -279,6 +284,8 @@ class SqliteDatabase:
             per object).
         synchronous: ``PRAGMA synchronous`` (``NORMAL`` survives a crash of the
             process; ``FULL`` also a power loss).
+        timeout_seconds: How long a statement waits for another process's write lock
+            before ``sqlite3.OperationalError`` ("database is locked"), seconds.
 
     Raises:
         ValueError: An unknown ``synchronous``.
@@ -288,17 +295,19 @@ class SqliteDatabase:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path | None, *, synchronous: str = "FULL") -> None:
+    def __init__(self, path: str | Path | None, *, synchronous: str = "FULL",
+                 timeout_seconds: float = 30.0) -> None:
         if synchronous.upper() not in SQLITE_SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(SQLITE_SYNCHRONOUS)}, "
                              f"got {synchronous!r}")
         self.path = None if path is None else Path(path)
         self.synchronous = synchronous
+        self.timeout_seconds = timeout_seconds
         self.where = ":memory:" if self.path is None else str(self.path)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.where, timeout=30.0, isolation_level=None,
+        self._db = sqlite3.connect(self.where, timeout=timeout_seconds, isolation_level=None,
                                    check_same_thread=False)
         if self.path is not None:
             self._db.execute("PRAGMA journal_mode=WAL")
