@@ -1,6 +1,6 @@
 """Online failure predictor: probability that a GPU (or link) fails within a horizon.
 
-One river pipeline (running standard scaler, then logistic regression trained by SGD) is shared
+One online pipeline (running standard scaler, then logistic regression trained by SGD) is shared
 by all entities of a kind: failures are rare, so per-GPU models would never see a positive. For
 each feature vector the predictor first **predicts** (a ``Prediction`` with the probability and
 the features that drove it: the largest ``weight * standardised value`` terms), then keeps the
@@ -20,11 +20,20 @@ The features are whatever the windowing stage puts in ``FeatureVector.values`` (
 rates and trends, remap state, Xid counts by class, temperature deviation from peers, throttle
 time, PCIe replay rate, link error rates, probe loss and RTT); missing features are simply
 absent, never zero-filled by this module.
+
+The scaler and the model are :class:`RunningStandardScaler` and :class:`SgdLogisticRegression`:
+plain-Python ports of river's ``preprocessing.StandardScaler`` and
+``linear_model.LogisticRegression(optimizer=optim.SGD(learning_rate))`` (same updates, same
+defaults: log loss, intercept step 0.01, no L2), on dicts of a few features. They exist
+because importing those river modules loads scipy, pandas and scikit-learn (~90 MiB of
+resident memory, ~1 s) into every node agent, for a model of a dozen weights. A version 1
+checkpoint (river's objects) is converted on restore.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import random
@@ -38,7 +47,129 @@ from core.records import EntityId, FeatureVector, Finding, NodeName, Prediction,
 
 logger = logging.getLogger(__name__)
 
-_CHECKPOINT_VERSION = 1
+_CHECKPOINT_VERSION = 2
+"""Version 2: the model is :class:`SgdLogisticRegression`; version 1 held river's objects."""
+
+_RIVER_CHECKPOINT_VERSION = 1
+
+
+class RunningStandardScaler:
+    """Scale each feature to zero mean and unit variance with running (Welford) estimates.
+
+    The arithmetic of river's ``preprocessing.StandardScaler`` (population variance; a
+    feature without variance scales to 0.0), on plain dicts.
+
+    Examples:
+        >>> scaler = RunningStandardScaler()
+        >>> for v in (1.0, 3.0):
+        ...     scaler.learn_one({"x": v})
+        >>> scaler.transform_one({"x": 4.0, "y": 1.0})
+        {'x': 2.0, 'y': 0.0}
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.means: dict[str, float] = {}
+        self.vars: dict[str, float] = {}
+
+    def learn_one(self, x: dict[str, float]) -> None:
+        """Update the running mean and variance of each feature of ``x``."""
+        counts, means, vars_ = self.counts, self.means, self.vars
+        for i, xi in x.items():
+            n = counts[i] = counts.get(i, 0) + 1
+            old = means.get(i, 0.0)
+            mean = means[i] = old + (xi - old) / n
+            var = vars_.get(i, 0.0)
+            vars_[i] = var + ((xi - old) * (xi - mean) - var) / n
+
+    def transform_one(self, x: dict[str, float]) -> dict[str, float]:
+        """Return ``x`` standardised by the estimates so far (unseen features: 0.0)."""
+        means, vars_ = self.means, self.vars
+        out: dict[str, float] = {}
+        for i, xi in x.items():
+            v = vars_.get(i, 0.0)
+            out[i] = (xi - means.get(i, 0.0)) / v**0.5 if v else 0.0
+        return out
+
+
+class SgdLogisticRegression:
+    """Binary logistic regression trained one example at a time by plain SGD.
+
+    The updates of river's ``linear_model.LogisticRegression`` with ``optim.SGD(lr)``:
+    log loss, weights start at zero, the intercept learns at a constant 0.01, no
+    regularisation, the gradient clipped to ``clip_gradient``.
+
+    Args:
+        learning_rate: SGD step of the weights, > 0.
+        intercept_learning_rate: Step of the intercept, >= 0.
+        clip_gradient: Largest absolute loss gradient, > 0.
+
+    Examples:
+        >>> model = SgdLogisticRegression(learning_rate=0.5)
+        >>> model.predict_proba_one({"x": 1.0})
+        0.5
+        >>> for _ in range(20):
+        ...     model.learn_one({"x": 1.0}, True)
+        ...     model.learn_one({"x": -1.0}, False)
+        >>> model.predict_proba_one({"x": 1.0}) > 0.9
+        True
+    """
+
+    def __init__(self, *, learning_rate: float = 0.01, intercept_learning_rate: float = 0.01,
+                 clip_gradient: float = 1e12) -> None:
+        if learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+        self.learning_rate = learning_rate
+        self.intercept_learning_rate = intercept_learning_rate
+        self.clip_gradient = clip_gradient
+        self.weights: dict[str, float] = {}
+        self.intercept = 0.0
+
+    def _raw(self, x: dict[str, float]) -> float:
+        w = self.weights
+        return sum(w.get(i, 0.0) * xi for i, xi in x.items()) + self.intercept
+
+    def predict_proba_one(self, x: dict[str, float]) -> float:
+        """Return the probability that ``x`` is positive, in [0, 1]."""
+        z = self._raw(x)
+        if z < -30:
+            return 0.0
+        if z > 30:
+            return 1.0
+        return 1.0 / (1.0 + math.exp(-z))
+
+    def learn_one(self, x: dict[str, float], y: bool) -> None:
+        """Take one SGD step on the log loss of ``(x, y)``."""
+        sign = 1 if y else -1
+        z = self._raw(x) * sign
+        if z > 18.0:
+            gradient = math.exp(-z) * -sign
+        elif z < -18.0:
+            gradient = float(-sign)
+        else:
+            gradient = -sign / (math.exp(z) + 1.0)
+        gradient = max(-self.clip_gradient, min(self.clip_gradient, gradient))
+        self.intercept -= self.intercept_learning_rate * gradient
+        w, lr = self.weights, self.learning_rate
+        for i, xi in x.items():
+            w[i] = w.get(i, 0.0) - lr * (xi * gradient)
+
+
+def _from_river(scaler: Any, model: Any, learning_rate: float
+                ) -> tuple[RunningStandardScaler, SgdLogisticRegression]:
+    """Convert the river scaler and model of a version 1 checkpoint (same arithmetic)."""
+    ours = RunningStandardScaler()
+    ours.counts = {str(k): int(v) for k, v in scaler.counts.items()}
+    ours.means = {str(k): float(v) for k, v in scaler.means.items()}
+    ours.vars = {str(k): float(v) for k, v in scaler.vars.items()}
+    lr = getattr(getattr(model.optimizer, "lr", None), "learning_rate", learning_rate)
+    intercept_lr = getattr(model.intercept_lr, "learning_rate", 0.01)
+    logistic = SgdLogisticRegression(learning_rate=float(lr),
+                                     intercept_learning_rate=float(intercept_lr),
+                                     clip_gradient=float(model.clip_gradient))
+    logistic.weights = {str(k): float(v) for k, v in model.weights.items()}
+    logistic.intercept = float(model.intercept)
+    return ours, logistic
 
 
 class OnlineFailurePredictor:
@@ -82,8 +213,8 @@ class OnlineFailurePredictor:
         self.negative_rate = negative_rate
         self.top_features = top_features
         self.seed = seed
-        self._river_scaler: Any = None  # river's models, made at first use (river's import
-        self._river_model: Any = None  # costs ~1 s and ~90 MiB; an agent starts without it)
+        self._scaler = RunningStandardScaler()
+        self._model = SgdLogisticRegression(learning_rate=learning_rate)
         self._pending: deque[FeatureVector] = deque()
         self._failed_at: dict[tuple[NodeName, EntityId], list[float]] = {}
         self._rng = random.Random(seed)
@@ -96,42 +227,11 @@ class OnlineFailurePredictor:
         model gave before learning it, window end)``, for the batch refit
         (:mod:`analytics.refit`) to train on and to compare against, prequentially."""
 
-    def _build(self) -> None:
-        from river import linear_model, optim, preprocessing
-
-        if self._river_scaler is None:
-            self._river_scaler = preprocessing.StandardScaler()
-        if self._river_model is None:
-            self._river_model = linear_model.LogisticRegression(
-                optimizer=optim.SGD(self.learning_rate))
-
-    @property
-    def _scaler(self) -> Any:
-        """River ``StandardScaler`` of the features (made at first use)."""
-        if self._river_scaler is None:
-            self._build()
-        return self._river_scaler
-
-    @_scaler.setter
-    def _scaler(self, value: Any) -> None:
-        self._river_scaler = value
-
-    @property
-    def _model(self) -> Any:
-        """River ``LogisticRegression`` with SGD (made at first use)."""
-        if self._river_model is None:
-            self._build()
-        return self._river_model
-
-    @_model.setter
-    def _model(self, value: Any) -> None:
-        self._river_model = value
-
     def predict(self, x: FeatureVector) -> Prediction:
         """Predict failure of ``x``'s entity within the horizon, then queue ``x`` for labelling."""
         features = dict(x.values)
         scaled = self._scaler.transform_one(features)
-        probability = float(self._model.predict_proba_one(scaled).get(True, 0.0))
+        probability = self._model.predict_proba_one(scaled)
         weights = self._model.weights
         terms = {f: float(weights.get(f, 0.0)) * v for f, v in scaled.items()}
         top = sorted(terms.items(), key=lambda kv: -abs(kv[1]))[: self.top_features]
@@ -239,11 +339,16 @@ class OnlineFailurePredictor:
         """
         with path.open("rb") as handle:
             state = pickle.load(handle)  # our own checkpoint file, never downloaded
-        if not isinstance(state, dict) or state.get("version") != _CHECKPOINT_VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in (_CHECKPOINT_VERSION, _RIVER_CHECKPOINT_VERSION):
             raise ValueError(f"{path} is not a version {_CHECKPOINT_VERSION} predictor checkpoint")
         predictor = cls(**state["params"])
-        predictor._scaler = state["scaler"]
-        predictor._model = state["model"]
+        if version == _RIVER_CHECKPOINT_VERSION:  # unpickling it imported river, once
+            predictor._scaler, predictor._model = _from_river(
+                state["scaler"], state["model"], predictor.learning_rate)
+        else:
+            predictor._scaler = state["scaler"]
+            predictor._model = state["model"]
         predictor._pending = deque(state["pending"])
         predictor._scored = dict(state.get("scored", {}))
         predictor.history.extend(state.get("history", []))

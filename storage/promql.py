@@ -24,14 +24,16 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import pandas as pd
 
 from core.catalog import BY_DCGM, BY_NAME, MetricSpec
 from core.errors import PermanentError, TemporaryError
 from core.records import EntityId, EntityRef, Event, NodeName, Sample
+
+if TYPE_CHECKING:
+    import pandas as pd  # reads only: importing the store (every agent does) never loads it
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +165,8 @@ class PromqlStore:
             TemporaryError: The server is unreachable or answered 429/5xx.
             PermanentError: The query was refused.
         """
+        import pandas as pd
+
         if step_seconds is not None and step_seconds <= 0:
             raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
         if entities is not None and not entities:

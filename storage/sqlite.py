@@ -53,16 +53,18 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from core.clock import Clock, system_clock
 from core.errors import TemporaryError
 from core.records import EntityId, EntityRef, Event, Evidence, NodeName, Sample
 from storage.sanitize import MAX_FUTURE_SECONDS, check_events, check_samples
+
+if TYPE_CHECKING:
+    import pandas as pd  # reads only (~50 MiB): an agent that only writes never loads it
 
 logger = logging.getLogger(__name__)
 
@@ -596,6 +598,8 @@ class SqliteStore:
         Raises:
             TemporaryError: The database is locked.
         """
+        import pandas as pd
+
         if step_seconds is not None and step_seconds <= 0:
             raise ValueError(f"step_seconds must be > 0, got {step_seconds!r}")
         if entities is not None and not entities:
@@ -649,6 +653,8 @@ class SqliteStore:
     @staticmethod
     def _frame(series: list[tuple[int, str, str, dict[str, str]]], sid: I64, ts: I64,
                val: F64) -> pd.DataFrame:
+        import pandas as pd
+
         if not len(sid):
             return pd.DataFrame(columns=_BASE_COLUMNS)
         rank = {s[0]: i for i, s in enumerate(series)}
