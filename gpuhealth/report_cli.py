@@ -8,8 +8,10 @@ Commands (registered in :mod:`gpuhealth.cli` with ``main.add_command(report)``):
 * ``gpuhealth report import titan|lanl PATH --history PATH``: import published failure
   records into the incident history (prints the counts, skipped rows by reason).
 
-The history file defaults to ``<[node] data_dir>/history.sqlite`` of the settings file
-(``--config`` / ``GPUHEALTH_CONFIG``), or ``[report] history`` once that section exists.
+``--history`` takes a history file or a PostgreSQL DSN (a controller pair's shared state,
+where the leader records the history). It defaults to ``[report] history`` of the
+settings file (``--config`` / ``GPUHEALTH_CONFIG``), else ``[controller] state`` when
+that is PostgreSQL, else ``<[node] data_dir>/history.sqlite``.
 
 :func:`schedule_weekly_report` adds the weekly job to an apscheduler 3.x scheduler: it
 writes the report into a folder and POSTs a JSON summary with the file paths to a webhook.
@@ -32,6 +34,7 @@ import httpx
 from core.errors import ArtifactError, ConfigError, GpuHealthError
 from dashboards.report import Format, ReportOptions, build_report, render, summary
 from storage.history import IncidentHistory
+from storage.sql import is_postgres, server_of
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +45,31 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 """Day names apscheduler's cron trigger takes."""
 
 
-def _history_path(history: str | None, config_path: str | None) -> Path:
+def _history_path(history: str | None, config_path: str | None) -> Path | str:
+    """Return the history to read (a DSN stays a string).
+
+    ``--history``, else ``[report] history``, else a PostgreSQL ``[controller] state``,
+    else ``<data_dir>/history.sqlite``.
+    """
     if history:
-        return Path(history)
+        return history if is_postgres(history) else Path(history)
     from gpuhealth.config import load_settings
 
     settings = load_settings(config_path)
     section = getattr(settings, "report", None)
     configured = getattr(section, "history", None) if section is not None else None
-    return Path(configured) if configured else settings.node.data_dir / HISTORY_FILE
+    if configured:
+        return Path(configured)
+    controller = getattr(settings, "controller", None)
+    state = getattr(controller, "state", None) if controller is not None else None
+    if state and is_postgres(str(state)):
+        return str(state)
+    return settings.node.data_dir / HISTORY_FILE
+
+
+def _shown(path: Path | str) -> str:
+    """The history for messages and the report's inputs (a server, never a password)."""
+    return server_of(path) if isinstance(path, str) and is_postgres(path) else str(path)
 
 
 def _spare_default(config_path: str | None) -> float:
@@ -111,8 +130,9 @@ def report_options(since: str, until: str | None, source: str | None,
               show_default=True, help="Output format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="-",
               help="File to write (default stdout).")
-@click.option("--history", type=click.Path(dir_okay=False), default=None,
-              help="Incident history file (default <data_dir>/history.sqlite).")
+@click.option("--history", default=None,
+              help="Incident history file or PostgreSQL DSN (default [report] history, a "
+                   "PostgreSQL [controller] state, else <data_dir>/history.sqlite).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               envvar="GPUHEALTH_CONFIG", help="TOML settings file (data_dir, [report]).")
 @click.option("--source", default=None, help="Only this source: gpuhealth, titan, lanl...")
@@ -144,13 +164,13 @@ def report(ctx: click.Context, since: str, until: str, fmt: str, output: str,
                                  job_sizes=_job_sizes(job_sizes))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    if not path.exists():
+    if isinstance(path, Path) and not path.exists():
         click.echo(f"error: no incident history at {path} (run 'gpuhealth run', or "
                    "'gpuhealth report import', first)", err=True)
         sys.exit(1)
     try:
         with IncidentHistory(path) as store:
-            figures = build_report(store, options, history_path=str(path))
+            figures = build_report(store, options, history_path=store.where)
     except GpuHealthError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -166,8 +186,8 @@ def report(ctx: click.Context, since: str, until: str, fmt: str, output: str,
 @report.command("import")
 @click.argument("kind", type=click.Choice(["titan", "lanl"]))
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--history", type=click.Path(dir_okay=False), default=None,
-              help="Incident history file (default <data_dir>/history.sqlite).")
+@click.option("--history", default=None,
+              help="Incident history file or PostgreSQL DSN (default as for report).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               envvar="GPUHEALTH_CONFIG", help="TOML settings file (data_dir).")
 @click.option("--lenient", is_flag=True,
@@ -188,10 +208,14 @@ def import_history(kind: str, path: str, history: str | None, config_path: str |
     except ArtifactError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    with IncidentHistory(target) as store:
-        store.upsert_inventory(result.inventory)
-        store.upsert_incidents(result.incidents)
-    click.echo(json.dumps({**result.summary(), "history": str(target)}, indent=2,
+    try:
+        with IncidentHistory(target) as store:
+            store.upsert_inventory(result.inventory)
+            store.upsert_incidents(result.incidents)
+    except GpuHealthError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(json.dumps({**result.summary(), "history": _shown(target)}, indent=2,
                           sort_keys=True))
 
 
@@ -225,8 +249,7 @@ def write_weekly_report(*, history_path: str | Path, folder: str | Path,
     options = ReportOptions(since=now - period_seconds, until=now, source=source,
                             spare_fraction=spare_fraction)
     with IncidentHistory(history_path) as store:
-        figures = build_report(store, options, now=lambda: now,
-                               history_path=str(history_path))
+        figures = build_report(store, options, now=lambda: now, history_path=store.where)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -264,7 +287,7 @@ def schedule_weekly_report(scheduler: Any, *, history_path: str | Path, folder: 
 
     Args:
         scheduler: An apscheduler ``BaseScheduler`` (``BackgroundScheduler`` in the service).
-        history_path: The incident history file.
+        history_path: The incident history file or PostgreSQL DSN.
         folder: Where the reports are written.
         webhook_url: Where the JSON summary is POSTed, or ``None``.
         weekday: ``mon`` ... ``sun``.

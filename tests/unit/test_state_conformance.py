@@ -1,6 +1,7 @@
 """The state stores: one conformance suite over SQLite and a real PostgreSQL.
 
-The action store, the audit trail and the fleet store are written once against
+The action store, the audit trail, the fleet store, the silences, the notification
+outbox and the incident history are written once against
 ``storage.sql``; a controller pair on two machines shares them in PostgreSQL, ``run``
 keeps them in SQLite. Two store objects on one target stand for two processes (a leader
 and its standby, or the controller and ``gpuhealth actions``).
@@ -13,17 +14,31 @@ migrations run for each. Without PostgreSQL the ``postgres`` cases skip (fail un
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from core.errors import TemporaryError
-from core.records import ActionPhase, ActionRequest, AuditRecord, RemediationStep
+from alerting.outbox import Outbox
+from alerting.testing import RecordingNotifier
+from core.clock import FakeClock
+from core.errors import NotifierUnavailable, PermanentError, TemporaryError
+from core.records import (
+    ActionPhase,
+    ActionRequest,
+    Alert,
+    AlertState,
+    AuditRecord,
+    RemediationStep,
+)
 from remediation.actions import ActionStore, StoredAction, StoredIncident
 from remediation.audit import AuditLog, AuditStore, open_audit
 from storage.fleet import (
@@ -33,6 +48,7 @@ from storage.fleet import (
     SqliteFleetStore,
     open_fleet_store,
 )
+from storage.history import IncidentHistory, IncidentRecord, InventoryRecord, PredictionRecord
 from storage.sql import SHARED_SCHEMA, is_postgres, migrations, open_database, server_of
 from tests.pg_server import Postgres, start_postgres
 
@@ -460,3 +476,297 @@ def test_silences_are_shared_by_two_stores(target: str, tmp_path: Path) -> None:
     assert again is not None
     assert again.state(a.clock()) is SilenceState.EXPIRED
     assert a.muting({"node": "gpu-01"}) == []
+
+
+# -- the notification outbox (alerting.outbox on the same database) ---------------------
+
+
+def _alerts(n: int, start: int = 0) -> list[Alert]:
+    from alerting.alerts import alert_for
+    from tests.unit.test_alerts import make_finding
+
+    return [alert_for(make_finding(entity=f"GPU-{i}"), starts_at=1.0)
+            for i in range(start, start + n)]
+
+
+def _entities(alerts: Sequence[Alert]) -> list[str]:
+    return [a.labels["entity"] for a in alerts]
+
+
+def _outbox(target: str | None, request: pytest.FixtureRequest, **kw: Any) -> Outbox:
+    box = Outbox(path=target, **kw)
+    _closing(request, box.close)
+    return box
+
+
+def test_the_outbox_keeps_order_and_replaces_in_place(single: str | None,
+                                                      request: pytest.FixtureRequest) -> None:
+    box = _outbox(single, request, clock=FakeClock())
+    first = _alerts(3)
+    box.enqueue("n", first)
+    box.enqueue("other", _alerts(1, start=7))
+    newer = replace(first[1], annotations={**first[1].annotations, "occurrences": "2"})
+    box.enqueue("n", [newer])  # same alert, same state: in place
+    assert box.depths() == {"n": 3, "other": 1}
+    assert _entities(box.queued("n")) == ["GPU-0", "GPU-1", "GPU-2"]
+    assert box.queued("n")[1].annotations["occurrences"] == "2"
+    box.enqueue("n", [replace(first[0], state=AlertState.RESOLVED, ends_at=5.0)])
+    assert [a.state for a in box.queued("n")] == [AlertState.FIRING] * 3 + [
+        AlertState.RESOLVED]
+    rec = RecordingNotifier(name="n")
+    stats = asyncio.run(box.deliver({"n": rec}))
+    assert stats.sent == {"n": 4}
+    assert _entities(rec.sent) == ["GPU-0", "GPU-1", "GPU-2", "GPU-0"]
+    assert box.depths() == {"other": 1}
+
+
+def test_the_outbox_bound_drops_the_oldest(single: str | None,
+                                           request: pytest.FixtureRequest) -> None:
+    box = _outbox(single, request, clock=FakeClock(), max_per_notifier=3)
+    assert box.enqueue("n", _alerts(5)) == 2
+    assert _entities(box.queued("n")) == ["GPU-2", "GPU-3", "GPU-4"]
+    assert box.dropped == {"n": 2}
+
+
+def test_the_outbox_backs_off_and_drops_a_refused_alert(single: str | None,
+                                                        request: pytest.FixtureRequest) -> None:
+    clock = FakeClock(now=0)
+    box = _outbox(single, request, clock=clock, jitter=lambda: 1.0)
+    rec = RecordingNotifier(name="n")
+    box.enqueue("n", _alerts(2))
+    rec.inject_error(NotifierUnavailable("503"), times=2)
+    assert asyncio.run(box.deliver({"n": rec})).failed == {"n": 1}
+    assert box.next_attempt_at("n") == 1.0
+    clock.now = 1.0
+    asyncio.run(box.deliver({"n": rec}))
+    assert box.next_attempt_at("n") == 3.0
+    clock.now = 3.0
+    rec.inject_error(PermanentError("400"))
+    stats = asyncio.run(box.deliver({"n": rec}))
+    assert (stats.dropped, _entities(rec.sent)) == ({"n": 1}, ["GPU-1"])
+
+
+def test_the_outbox_survives_a_restart(target: str, request: pytest.FixtureRequest) -> None:
+    box = Outbox(path=target, clock=FakeClock())
+    box.enqueue("n", _alerts(2))
+    box.close()
+    again = _outbox(target, request, clock=FakeClock())
+    rec = RecordingNotifier(name="n")
+    asyncio.run(again.deliver({"n": rec}))
+    assert _entities(rec.sent) == ["GPU-0", "GPU-1"]
+    assert again.depths() == {}
+
+
+def test_an_outbox_file_of_an_older_release_opens(tmp_path: Path) -> None:
+    path = tmp_path / "outbox.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, notifier TEXT NOT NULL,
+            fingerprint TEXT NOT NULL, state TEXT NOT NULL, body TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0,
+            enqueued_at REAL NOT NULL);
+        CREATE INDEX outbox_by_notifier ON outbox (notifier, seq);
+        CREATE INDEX outbox_by_alert ON outbox (notifier, fingerprint, seq);
+    """)
+    (alert,) = _alerts(1)
+    from alerting.alerts import alert_to_json
+
+    old.execute("INSERT INTO outbox (notifier, fingerprint, state, body, enqueued_at) "
+                "VALUES ('n', ?, 'firing', ?, 1.0)",
+                (alert.fingerprint, json.dumps(alert_to_json(alert))))
+    old.commit()
+    old.close()
+    box = Outbox(path=str(path), clock=FakeClock())
+    try:
+        assert _entities(box.queued("n")) == ["GPU-0"]
+        rec = RecordingNotifier(name="n")
+        asyncio.run(box.deliver({"n": rec}))
+        assert _entities(rec.sent) == ["GPU-0"]
+    finally:
+        box.close()
+
+
+class _SlowNotifier:
+    """Records what it is sent, in the order received by every replica together."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]], lock: threading.Lock,
+                 *, many: bool = False) -> None:
+        self.name = name
+        self.log = log
+        self.lock = lock
+        if many:
+            self.send_many = self._send_many
+
+    async def send(self, alert: Alert) -> None:
+        await asyncio.sleep(0.002)
+        with self.lock:
+            self.log.append((self.name, alert.labels["entity"]))
+
+    async def _send_many(self, alerts: Sequence[Alert]) -> None:
+        await asyncio.sleep(0.002)
+        with self.lock:
+            self.log.extend((self.name, a.labels["entity"]) for a in alerts)
+
+
+def test_two_replicas_delivering_at_once_send_each_entry_once_in_order(
+        target: str, request: pytest.FixtureRequest) -> None:
+    replicas = [_outbox(target, request, batch_size=7) for _ in range(2)]
+    log: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    total = 60
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        for start in range(0, total, 5):  # both replicas write (a leader change meanwhile)
+            replicas[start // 5 % 2].enqueue("one", _alerts(5, start))
+            replicas[start // 5 % 2].enqueue("many", _alerts(5, start))
+            time.sleep(0.003)
+        done.set()
+
+    def deliver(box: Outbox) -> None:
+        notifiers = {"one": _SlowNotifier("one", log, lock),
+                     "many": _SlowNotifier("many", log, lock, many=True)}
+        try:
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:
+                finished = done.is_set()
+                asyncio.run(box.deliver(notifiers))
+                if finished and not box.depths():
+                    return
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce),
+               *(threading.Thread(target=deliver, args=(box,)) for box in replicas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    expected = [f"GPU-{i}" for i in range(total)]
+    for name in ("one", "many"):
+        assert [e for n, e in log if n == name] == expected  # each once, in order
+    assert replicas[0].depths() == {}
+
+
+def test_a_dead_deliverers_claim_expires_then_the_standby_sends_what_is_pending_once(
+        target: str, request: pytest.FixtureRequest) -> None:
+    clock = FakeClock(now=100.0)
+    leader = Outbox(path=target, clock=clock)
+    leader.enqueue("n", _alerts(3))
+    assert leader.claim("n", seconds=60.0)  # then dies in the middle of a send
+    standby = _outbox(target, request, clock=clock)
+    rec = RecordingNotifier(name="n")
+    assert asyncio.run(standby.deliver({"n": rec})).sent == {}
+    assert not standby.claim("n", seconds=60.0)
+    clock.now = 161.0  # the dead leader's claim has expired
+    assert asyncio.run(standby.deliver({"n": rec})).sent == {"n": 3}
+    assert asyncio.run(standby.deliver({"n": rec})).sent == {}
+    assert _entities(rec.sent) == ["GPU-0", "GPU-1", "GPU-2"]
+    leader.db.close()  # never released: it died
+    standby.enqueue("n", _alerts(1, start=3))  # no claim left behind after a round
+    assert asyncio.run(standby.deliver({"n": rec})).sent == {"n": 1}
+
+
+def test_an_entry_replaced_while_it_is_sent_keeps_its_newer_content(
+        single: str | None, request: pytest.FixtureRequest) -> None:
+    box = _outbox(single, request, clock=FakeClock())
+    (alert,) = _alerts(1)
+    box.enqueue("n", [alert])
+    newer = replace(alert, annotations={**alert.annotations, "occurrences": "9"})
+
+    class Replacing(RecordingNotifier):
+        async def send(self, sent: Alert) -> None:
+            if not self.sent:
+                box.enqueue("n", [newer])  # the pipeline re-sends it meanwhile
+            await super().send(sent)
+
+    rec = Replacing(name="n")
+    asyncio.run(box.deliver({"n": rec}))
+    # the entry sent first was replaced meanwhile: it stayed, and went again, newer
+    assert rec.sent == [alert, newer]
+    assert box.depths() == {}
+
+
+# -- the incident history (storage.history on the same database) ------------------------
+
+
+def _history_records(n: int, *, severity: str = "critical"
+                     ) -> tuple[list[IncidentRecord], list[InventoryRecord],
+                                list[PredictionRecord]]:
+    incidents = [IncidentRecord(
+        incident_id=f"gpu-{i:02d}/fp{i}", node=f"gpu-{i:02d}", entity=f"GPU-{i}", kind="xid",
+        code="79", severity=severity, cause="gpu_lost", detected_at=1000.0 + i,
+        out_of_service_at=1010.0 + i, back_in_service_at=None, resolved_at=None,
+        actions=("cordon", "drain"), attrs={"state": "open"}) for i in range(n)]
+    inventory = [InventoryRecord(
+        entity=f"GPU-{i}", node=f"gpu-{i:02d}", model="H100", driver_version="550.54.15",
+        vbios_version="96.00", slot="0000:1b:00.0", first_seen_at=10.0, last_seen_at=2000.0,
+        removed_at=None) for i in range(n)]
+    predictions = [PredictionRecord(entity=f"GPU-{i}", node=f"gpu-{i:02d}", at=900.0 + i,
+                                    probability=0.75, horizon_seconds=86400.0,
+                                    top_features={"ecc": 0.5}) for i in range(n)]
+    return incidents, inventory, predictions
+
+
+def test_history_upserts_are_idempotent_across_two_writers(
+        target: str, request: pytest.FixtureRequest) -> None:
+    a, b = IncidentHistory(target), IncidentHistory(target)
+    _closing(request, a.close)
+    _closing(request, b.close)
+    incidents, inventory, predictions = _history_records(4)
+    for writer in (a, b, a):  # a leader, the standby taking over, the leader again
+        assert writer.upsert_incidents(incidents) == 4
+        assert writer.upsert_inventory(inventory) == 4
+        assert writer.record_predictions(predictions) == 4
+    frame = b.incidents()
+    assert list(frame["incident_id"]) == [r.incident_id for r in incidents]
+    assert frame.iloc[0]["actions"] == ("cordon", "drain")
+    assert frame.iloc[0]["attrs"] == {"state": "open"}
+    assert frame.iloc[0]["back_in_service_at"] is None or frame["back_in_service_at"].isna()[0]
+    assert len(a.inventory()) == 4
+    assert len(a.predictions(since=900.0, until=902.0)) == 2
+    closed = replace(incidents[0], resolved_at=1500.0, back_in_service_at=1500.0,
+                     attrs={"state": "closed"})
+    b.upsert_incidents([closed])  # the last write of a key wins
+    row = a.incidents().iloc[0]
+    assert (row["resolved_at"], row["attrs"]) == (1500.0, {"state": "closed"})
+    assert len(a.incidents(since=1001.0)) == 3
+    assert a.sources() == ["gpuhealth"]
+
+
+def test_the_history_reads_the_same_on_both_engines(
+        target: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    shared = IncidentHistory(target)
+    local = IncidentHistory(":memory:")
+    for h in (shared, local):
+        _closing(request, h.close)
+        incidents, inventory, predictions = _history_records(3)
+        h.upsert_incidents(incidents)
+        h.upsert_inventory(inventory)
+        h.record_predictions(predictions)
+    for read in ("incidents", "inventory", "predictions"):
+        got, want = getattr(shared, read)(), getattr(local, read)()
+        assert list(got.columns) == list(want.columns)
+        assert got.astype(str).to_dict("records") == want.astype(str).to_dict("records")
+
+
+def test_the_report_reads_the_history_of_either_engine(target: str,
+                                                       request: pytest.FixtureRequest) -> None:
+    from click.testing import CliRunner
+
+    from gpuhealth.report_cli import report
+
+    history = IncidentHistory(target)
+    _closing(request, history.close)
+    incidents, inventory, _ = _history_records(2)
+    history.upsert_inventory(inventory)
+    history.upsert_incidents(incidents)
+    result = CliRunner().invoke(report, ["--history", target, "--since", "0", "--until",
+                                         "5000", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["inputs"]["history"] == history.where  # never a password
+    assert body["inputs"]["incidents_in_window"] == 2
+    assert body["inputs"]["inventory_residencies"] == 2
