@@ -296,8 +296,12 @@ _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
+def _read_lines(path: str, result: ArtifactResult,
+                stream: BinaryIO | None = None) -> Iterator[Line]:
     """Yield the lines of ``path`` (``-`` is standard input) from one open handle.
+
+    With ``stream`` (an archive's member, :mod:`collectors.archive`), the lines are read
+    from it and ``path`` only names it.
 
     The file is opened once, so pipes and process substitutions work. gzip files
     (rotated ``kern.log.2.gz``) are decompressed; a UTF-8 or UTF-16 byte-order mark
@@ -307,8 +311,10 @@ def _read_lines(path: str, result: ArtifactResult) -> Iterator[Line]:
     """
     with contextlib.ExitStack() as stack:
         try:
-            if path == "-":
-                raw: BinaryIO = sys.stdin.buffer
+            if stream is not None:
+                raw: BinaryIO = stream
+            elif path == "-":
+                raw = sys.stdin.buffer
             else:
                 raw = stack.enter_context(open(path, "rb"))
             buffered: io.BufferedReader = (
@@ -434,8 +440,12 @@ def _recognised(parsers: Sequence[ArtifactParser], block: Block, *, exclude: str
 
 
 def read_artifact(
-    path: str, ctx: ParseContext, parsers: Sequence[ArtifactParser], result: ArtifactResult
+    path: str, ctx: ParseContext, parsers: Sequence[ArtifactParser], result: ArtifactResult,
+    *, stream: BinaryIO | None = None,
 ) -> Iterator[Record]:
-    """Stream the records of the file at ``path``; issues go to ``result.issues``."""
-    yield from parse_lines(_read_lines(path, result), ctx, parsers, result)
+    """Stream the records of the file at ``path``; issues go to ``result.issues``.
+
+    ``stream``: read the bytes from it instead (an archive member named ``path``).
+    """
+    yield from parse_lines(_read_lines(path, result, stream), ctx, parsers, result)
     result.summarise(path)

@@ -1,7 +1,9 @@
 """Offline triage: parse pasted artifacts and judge them with the fault model.
 
 The output follows the ``gpuhealth diagnose --json`` contract of
-``docs/fault-model.md`` (schema in ``gpuhealth/diagnose.schema.json``).
+``docs/fault-model.md`` (schema in ``gpuhealth/diagnose.schema.json``). Archives (tar,
+tar.gz, tar.xz, tar.bz2, zip: a sosreport, a must-gather) are opened and each member is
+diagnosed on its own (:mod:`collectors.archive`); a gzip of text stays a text file.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analytics.fault_model import Context, Observations, evaluate, worst
+from collectors.archive import archive_kind, read_archive, strip_archive_suffix
 from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
 from collectors.parsers import artifact_parsers
 from core.codec import finding_to_json
@@ -97,6 +100,9 @@ def expand_paths(paths: Sequence[str]) -> Iterator[str]:
 def _file_node(path: str) -> str:
     """Return the node a file of a folder stands for: its name without the extension."""
     name = os.path.basename(path)
+    stripped = strip_archive_suffix(name)
+    if stripped != name:
+        return stripped
     for suffix in (".gz",):
         name = name.removesuffix(suffix)
     return os.path.splitext(name)[0] or name
@@ -185,7 +191,12 @@ def diagnose(
             os.path.normpath(path).startswith(folder + os.sep) for folder in folders
         )
         file_node = NodeName(_file_node(path)) if in_folder else node
-        if path.endswith(LINE_PROTOCOL_SUFFIXES) or _is_line_protocol(path):
+        if archive_kind(path):
+            # A bundle (sosreport, must-gather, tar of /var/log): each member on its own,
+            # named archive:member in evidence and issues, read in bounded memory.
+            ctx = ParseContext(file=path, node=file_node, default_year=default_year)
+            observations.extend(read_archive(path, ctx, parsers, result))
+        elif path.endswith(LINE_PROTOCOL_SUFFIXES) or _is_line_protocol(path):
             # Recorded telemetry (`gpuhealth export`): its events and samples, read with the
             # checks of `gpuhealth import` (a rejected line is an issue with its number).
             observations.extend(_line_protocol(path, result, now=now))

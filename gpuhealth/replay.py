@@ -40,6 +40,7 @@ from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
 from analytics.online import OnlineAnalytics, OnlineResult
+from collectors.archive import archive_kind, read_archive, strip_archive_suffix
 from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
 from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
@@ -175,7 +176,9 @@ def node_of_file(path: str) -> str:
         >>> node_of_file("cases/001-xid79-fallen-off-bus.log")
         '001-xid79-fallen-off-bus'
     """
-    return os.path.splitext(os.path.basename(path))[0]
+    name = os.path.basename(path)
+    stripped = strip_archive_suffix(name)
+    return stripped if stripped != name else os.path.splitext(name)[0]
 
 
 def load_node_facts(path: str) -> dict[str, dict[str, str]]:
@@ -541,7 +544,10 @@ def replay(
         else:
             result = ArtifactResult()
             ctx = ParseContext(file=path, node=node, default_year=default_year)
-            records = list(_on_node(_read_artifact(path, ctx, used_parsers, result), node))
+            # a bundle (sosreport, must-gather) is one snapshot of its node, read member
+            # by member (evidence names archive:member:line)
+            read = read_archive if archive_kind(path) else _read_artifact
+            records = list(_on_node(read(path, ctx, used_parsers, result), node))
             report.parsed_lines += result.parsed_lines
             if result.parsed_lines or records:
                 slot(node).files.append(path)  # an unreadable file is an issue, not a node
