@@ -171,6 +171,59 @@ def test_locked_database_is_a_temporary_error(tmp_path: Path) -> None:
         store.close()
 
 
+_OLD_SCHEMA = """
+CREATE TABLE incidents (
+    incident_id TEXT PRIMARY KEY, source TEXT NOT NULL, node TEXT NOT NULL,
+    entity TEXT NOT NULL, kind TEXT NOT NULL, code TEXT NOT NULL, severity TEXT NOT NULL,
+    cause TEXT NOT NULL, detected_at REAL NOT NULL, out_of_service_at REAL,
+    back_in_service_at REAL, resolved_at REAL, model TEXT NOT NULL,
+    driver_version TEXT NOT NULL, vbios_version TEXT NOT NULL, slot TEXT NOT NULL,
+    batch TEXT NOT NULL, predicted_at REAL, actions TEXT NOT NULL, attrs TEXT NOT NULL
+);
+CREATE INDEX incidents_detected ON incidents (detected_at);
+CREATE TABLE inventory (
+    key TEXT PRIMARY KEY, source TEXT NOT NULL, entity TEXT NOT NULL, node TEXT NOT NULL,
+    model TEXT NOT NULL, driver_version TEXT NOT NULL, vbios_version TEXT NOT NULL,
+    slot TEXT NOT NULL, batch TEXT NOT NULL, first_seen_at REAL, last_seen_at REAL NOT NULL,
+    removed_at REAL, attrs TEXT NOT NULL
+);
+CREATE TABLE predictions (
+    entity TEXT NOT NULL, node TEXT NOT NULL, at REAL NOT NULL, probability REAL NOT NULL,
+    horizon_seconds REAL NOT NULL, top_features TEXT NOT NULL,
+    PRIMARY KEY (entity, node, at)
+);
+INSERT INTO incidents VALUES ('old', 'gpuhealth', 'n1', 'GPU-1', 'xid', '79', 'critical',
+    'gpu_lost', 1000.0, 1000.0, 1060.0, 1060.0, '', '', '', '', '', NULL, '["drain"]', '{}');
+INSERT INTO predictions VALUES ('GPU-1', 'n1', 900.0, 0.8, 3600.0, '{"ecc": 0.5}');
+"""
+
+
+def test_a_history_file_of_an_older_release_is_adopted(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(_OLD_SCHEMA)
+    old.close()
+    with IncidentHistory(path) as store:
+        frame = store.incidents()
+        assert list(frame["incident_id"]) == ["old"]
+        assert frame.iloc[0]["actions"] == ("drain",)
+        assert list(store.predictions()["probability"]) == [0.8]
+        store.upsert_incidents([incident("old", resolved_at=2000.0), incident("new")])
+        both = store.incidents()
+        assert list(zip(both["incident_id"], both["resolved_at"], strict=True)) == [
+            ("new", 1060.0), ("old", 2000.0)]
+    with IncidentHistory(path) as again:  # migrated once
+        assert len(again.incidents()) == 2
+    conn = sqlite3.connect(path)
+    try:
+        tables = {r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        conn.close()
+    assert {"history_incidents", "history_inventory", "history_predictions"} <= tables
+    assert not tables & {"incidents", "inventory", "predictions"}
+
+
 def test_bulk_insert_is_fast(history: IncidentHistory) -> None:
     """40k residencies and 7k incidents (Titan's size) in one call each."""
     residencies = [residency(f"g{i}", float(i), float(i) + 1e6, node=f"n{i // 2}")
