@@ -71,14 +71,21 @@ NETWORK_KINDS = frozenset(
 _WORD = re.compile(r"[A-Za-z0-9]+")
 
 
+def _camel(words: Iterable[str]) -> str:
+    return "".join(w[:1].upper() + w[1:].lower() for w in words)
+
+
 def alert_name(kind: str, code: str) -> str:
     """Return the ``alertname`` label for a finding's kind and code.
 
     The prefix is ``Host`` for host kinds (``host_*``), ``Net`` for network
-    kinds (:data:`NETWORK_KINDS`), else ``Gpu``; kind and code are turned into
-    CamelCase words. Only the part of the code before a ``:`` counts (a code such
-    as ``uncorrected_nonfatal:0000:5e:00.0`` carries an address, and an alert name
-    must stay one per fault class, never one per device).
+    kinds (:data:`NETWORK_KINDS`), ``Gpuhealth`` for the stack's own (``gpuhealth``),
+    else ``Gpu``; kind and code are turned into CamelCase words, and a kind that starts
+    with the prefix's own word (``gpu_lost``) does not say it twice. Only the part of the
+    code before a ``:`` counts (a code such as ``uncorrected_nonfatal:0000:5e:00.0``
+    carries an address, and an alert name must stay one per fault class, never one per
+    device). Alert names are an API: the names this function gave before the doubled
+    prefix was dropped are aliases for one release (:func:`legacy_alert_name`).
 
     Args:
         kind: Finding kind, e.g. ``xid`` or ``row_remap``.
@@ -98,6 +105,40 @@ def alert_name(kind: str, code: str) -> str:
         'NetIbPortDown'
         >>> alert_name("pcie", "uncorrected_nonfatal:0000:5e:00.0")
         'GpuPcieUncorrectedNonfatal'
+        >>> alert_name("gpu_lost", "rm_init_adapter")
+        'GpuLostRmInitAdapter'
+        >>> alert_name("gpuhealth", "notifier_backlog")
+        'GpuhealthNotifierBacklog'
+    """
+    if kind.startswith("host_"):
+        prefix, kind_words = "Host", kind[len("host_") :]
+    elif kind in NETWORK_KINDS:
+        prefix, kind_words = "Net", kind
+    elif kind == "gpuhealth" or kind.startswith("gpuhealth_"):
+        prefix, kind_words = "Gpuhealth", kind[len("gpuhealth") :]
+    else:
+        prefix, kind_words = "Gpu", kind
+    words = _WORD.findall(kind_words)
+    if words and words[0].lower() == prefix.lower():
+        words = words[1:]
+    return prefix + _camel(words + _WORD.findall(code.split(":", 1)[0]))
+
+
+def legacy_alert_name(kind: str, code: str) -> str | None:
+    """Return the name the alert had before its doubled prefix was dropped, if it had one.
+
+    Deprecated aliases, kept for one release (``docs/alerting.md``, "Alert names"):
+    gpuhealth's silences and routes that match ``alertname`` on an old name still select
+    the alert, and the exported Prometheus rules carry the old name in their
+    ``alias`` annotation. ``None`` when the name did not change.
+
+    Examples:
+        >>> legacy_alert_name("gpu_lost", "rm_init_adapter")
+        'GpuGpuLostRmInitAdapter'
+        >>> legacy_alert_name("gpuhealth", "notifier_backlog")
+        'GpuGpuhealthNotifierBacklog'
+        >>> legacy_alert_name("xid", "79") is None
+        True
     """
     if kind.startswith("host_"):
         prefix, kind_words = "Host", kind[len("host_") :]
@@ -105,8 +146,28 @@ def alert_name(kind: str, code: str) -> str:
         prefix, kind_words = "Net", kind
     else:
         prefix, kind_words = "Gpu", kind
-    words = _WORD.findall(kind_words) + _WORD.findall(code.split(":", 1)[0])
-    return prefix + "".join(w[:1].upper() + w[1:].lower() for w in words)
+    old = prefix + _camel(_WORD.findall(kind_words) + _WORD.findall(code.split(":", 1)[0]))
+    return old if old != alert_name(kind, code) else None
+
+
+def alert_names(labels: Mapping[str, str]) -> tuple[str, ...]:
+    """Return the names an alert answers to: its ``alertname``, then its deprecated alias.
+
+    The alias comes from the ``kind`` and ``code`` labels gpuhealth's alerts carry.
+
+    Examples:
+        >>> alert_names({"alertname": "GpuLostRmInitAdapter", "kind": "gpu_lost",
+        ...              "code": "rm_init_adapter"})
+        ('GpuLostRmInitAdapter', 'GpuGpuLostRmInitAdapter')
+        >>> alert_names({"alertname": "GpuXid79", "kind": "xid", "code": "79"})
+        ('GpuXid79',)
+    """
+    name = labels.get("alertname", "")
+    kind = labels.get("kind", "")
+    old = legacy_alert_name(kind, labels.get("code", "")) if kind else None
+    if old is None or old == name or name != alert_name(kind, labels.get("code", "")):
+        return (name,)
+    return (name, old)
 
 
 PREDICTION_KIND = "prediction"

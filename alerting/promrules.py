@@ -9,7 +9,9 @@ are mapped onto ``node`` and ``entity`` with ``label_replace``). The alert names
 ``severity``, ``kind`` and ``code`` labels and the ``summary``, ``action`` and
 ``runbook_url`` annotations are those gpuhealth's own alerts carry
 (:func:`alerting.alerts.alert_name`), so routes and silences written for one work
-for the other. Severities follow ``docs/fault-model.md``.
+for the other. A rule whose name lost a doubled prefix (``GpuGpuhealthNotifierBacklog``
+is now ``GpuhealthNotifierBacklog``) names its old name in an ``alias`` annotation for one
+release. Severities follow ``docs/fault-model.md``.
 
 Only states that a metric shows by itself are exported: recovery actions, row
 remap and SRAM flags, retired-page pending, clock event reasons, NVLink and
@@ -30,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from alerting.alerts import alert_name
+from alerting.alerts import alert_name, legacy_alert_name
 from analytics.fault_model.xid import RESET_GPU_XIDS
 
 DEFAULT_RUNBOOK_BASE_URL = "docs/runbooks"
@@ -207,19 +209,24 @@ def rules_to_json(
         for rule in group.rules:
             labels = {**(extra_labels or {}), **group.labels, "severity": rule.severity,
                       "kind": rule.kind, "code": rule.code}
+            annotations = {
+                "summary": rule.summary,
+                "description": f"{rule.severity} {rule.kind} {rule.code} on "
+                               f"{_WHERE} (value {{{{ $value }}}}). Recommended action: "
+                               f"{rule.action}. Exported from gpuhealth.",
+                "action": rule.action,
+                "runbook_url": f"{runbook_base_url.rstrip('/')}/{rule.kind}.md",
+            }
+            old = legacy_alert_name(rule.kind, rule.code)
+            if old is not None:  # a deprecated alias, kept for one release
+                annotations["alias"] = old
+                annotations["description"] += f" Named {old} before (deprecated alias)."
             rules.append({
                 "alert": rule.alert,
                 "expr": rule.expr,
                 "for": rule.for_,
                 "labels": labels,
-                "annotations": {
-                    "summary": rule.summary,
-                    "description": f"{rule.severity} {rule.kind} {rule.code} on "
-                                   f"{_WHERE} (value {{{{ $value }}}}). Recommended action: "
-                                   f"{rule.action}. Exported from gpuhealth.",
-                    "action": rule.action,
-                    "runbook_url": f"{runbook_base_url.rstrip('/')}/{rule.kind}.md",
-                },
+                "annotations": annotations,
             })
         out.append({"name": group.name, "rules": rules})
     return {"groups": out}

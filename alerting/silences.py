@@ -30,6 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from alerting.alerts import alert_names
 from core.clock import Clock, system_clock
 from core.errors import TemporaryError
 from storage.sql import PostgresDatabase, is_postgres, server_of
@@ -98,7 +99,15 @@ class Matcher:
             >>> Matcher(name="severity", op=MatchOp.NOT_EQUAL, value="info").matches({})
             True
         """
-        actual = labels.get(self.name, "")
+        if self.name == "alertname":
+            # a renamed alert still answers to its old name for one release
+            # (alerting.alerts.legacy_alert_name): = and =~ select it by either name,
+            # != and !~ only when neither name is excluded
+            verdicts = [self._verdict(name) for name in alert_names(labels)]
+            return any(verdicts) if self.is_equal else all(verdicts)
+        return self._verdict(labels.get(self.name, ""))
+
+    def _verdict(self, actual: str) -> bool:
         if self.is_regex:
             hit = _compiled(self.value).fullmatch(actual) is not None
         else:

@@ -397,8 +397,9 @@ def service_pipeline(settings: Settings, *, identity: str,
         identity: This process's identity (election, audit trail).
         is_leader: Whether this process may decide and act now.
         shared_state: A controller pair's PostgreSQL DSN: the action store, the audit
-            trail and the silences live there, shared by the replicas; ``None``: the data
-            folder's files (``actions.db``, ``audit.jsonl``, ``silences.json``).
+            trail, the silences and the notification outbox live there, shared by the
+            replicas; ``None``: the data folder's files (``actions.db``, ``audit.jsonl``,
+            ``silences.json``, the outbox file).
         notify_as_standby: Notify while not leader (``run``); ``False`` for a controller.
 
     Raises:
@@ -412,7 +413,7 @@ def service_pipeline(settings: Settings, *, identity: str,
         facts={"node": settings.node.name, **settings.inventory},
         audit_log_path=shared_state or str(settings.audit_log_path),
         action_store_path=shared_state or str(settings.action_store_path),
-        outbox_path=str(alerting_path(settings, "outbox")),
+        outbox_path=shared_state or str(alerting_path(settings, "outbox")),
         silences=SilenceStore(path=shared_state or alerting_path(settings, "silences")),
         event_window_seconds=settings.analytics.event_window_seconds,
     )

@@ -50,12 +50,14 @@ from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
 from gpuhealth.api import AlertingApi
 from gpuhealth.compose import service_pipeline
 from gpuhealth.config import Settings, api_token
+from gpuhealth.history_sync import HistoryRecorder
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
 from gpuhealth.tokens import AgentTokens
 from remediation.metrics import RemediationCollector
 from storage.fleet import BatchError, FleetStore, open_fleet_store, parse_batch
+from storage.history import IncidentHistory
 from storage.sql import is_postgres, server_of
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 """Largest batch body accepted (413 beyond)."""
 
 SILENT_KIND, SILENT_CODE = "agent", "silent"
+
+HISTORY_INTERVAL_SECONDS = 30.0
+"""How often the leader writes changed incidents and inventory into the history (s)."""
 
 
 class Controller:
@@ -114,6 +119,8 @@ class Controller:
         self.silent: set[str] = set()
         self.port: int | None = None
         self.ready = threading.Event()
+        self.recorder: HistoryRecorder | None = None
+        """The leader's incident history writer (opened by :meth:`serve`)."""
         self._db = ThreadPoolExecutor(max_workers=c.pool_size,
                                       thread_name_prefix="gpuhealth-state")
 
@@ -275,6 +282,7 @@ class Controller:
         interval = c.consume_interval_seconds
         next_eval = 0.0
         next_silent = 0.0
+        next_history = 0.0
         next_prune = time.monotonic() + 60.0
         while not stop.is_set():
             changed = 0
@@ -303,6 +311,10 @@ class Controller:
                     await self.pipeline.aevaluate()
                 await self.pipeline.atick()
                 self.remediation_metrics.refresh()
+                if (self.recorder is not None and now >= next_history
+                        and self.elector.is_leader_now()):
+                    next_history = now + HISTORY_INTERVAL_SECONDS
+                    await self._db_call(self.recorder.sync, self.pipeline.actions, time.time())
             except TemporaryError as exc:
                 self._store_failed_at = time.monotonic()
                 logger.warning("controller: state store unavailable: %s", exc)
@@ -327,6 +339,8 @@ class Controller:
 
     async def _check_silent(self) -> int:
         rows = await self._db_call(self.store.agents)
+        if self.recorder is not None:
+            self.recorder.observe_agents(rows)
         now = time.time()
         after = self.settings.controller.agent_silent_seconds
         silent_now = {r.node for r in rows if now - r.last_heartbeat_at > after}
@@ -374,6 +388,7 @@ class Controller:
         site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context)
         await site.start()
         self.port = int(runner.addresses[0][1]) if runner.addresses else c.port
+        self.recorder = self._open_history()
         self.elector.start()
         logger.info("gpuhealth controller %s listening on %s://%s:%d (state %s, remediation %s)",
                     self.elector.identity, "https" if context else "http", c.listen_address,
@@ -384,11 +399,28 @@ class Controller:
             await self._consume(stop)
         finally:
             await runner.cleanup()
+            if self.recorder is not None:
+                self.recorder.history.close()
             self.elector.stop()
             await self.pipeline.deliver(force=True)
             self.pipeline.close()
             self._db.shutdown(wait=True)
             self.store.close()
+
+
+    def _open_history(self) -> HistoryRecorder | None:
+        """The history the leader records: the shared PostgreSQL state, else the file.
+
+        One that cannot be opened is logged; the controller runs on without it.
+        """
+        state = self.settings.fleet_state
+        target = state if is_postgres(state) else str(self.settings.history_path)
+        try:
+            return HistoryRecorder(IncidentHistory(target))
+        except Exception as exc:  # an unreadable file, an unreachable server
+            logger.error("controller: no incident history (the weekly report will miss "  # noqa: TRY400
+                         "this run): %s: %s", _state_name(target), exc)
+            return None
 
 
 def _silent_finding(node: str, last: float, after: float) -> Finding:

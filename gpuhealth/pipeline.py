@@ -577,9 +577,14 @@ class Pipeline:
     async def deliver(self, *, force: bool = False) -> int:
         """Deliver what is due from the outbox; return the failed and dropped deliveries.
 
+        Only a process that notifies delivers: the leader, or ``run`` (which notifies as
+        standby too); a controller's standby leaves the pair's shared outbox to the leader.
+
         Args:
             force: Try every queue now, ignoring backoff (end of a replay, shutdown).
         """
+        if not (self.notify_as_standby or self.is_leader()):
+            return 0
         return await self._router.deliver(force=force)
 
     async def aclose(self) -> None:
