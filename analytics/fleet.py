@@ -15,7 +15,7 @@ own remediation waits for a human. The event is reported once while it holds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
 
@@ -121,3 +121,105 @@ class FleetCorrelator:
                                  "(docs/fleet.md, 'Fleet incidents')",
                           first_seen_at=now, last_seen_at=now, occurrences=len(nodes))
         return FleetEvent(attribute=attribute, value=value, nodes=tuple(nodes), finding=finding)
+
+
+LINK_FACT_PREFIX = "link:"
+"""``[inventory]`` facts naming a port's other end: ``"link:mlx5_0/1" = "gpu-02:mlx5_0/1"``
+(``<peer node>:<peer port>``; the peer may be a switch, ``leaf-3:17``)."""
+
+PORT_KINDS = frozenset({"ib_port", "ib_counters", "port_errors", "counter_saturated",
+                        "nic_port", "rdma_counters", "roce_qos", "ethernet"})
+"""Finding kinds about one port, whose entity is the port (``mlx5_0/1``, ``eth0``)."""
+
+Port = tuple[str, str]
+"""``(node, port)``."""
+
+
+def link_map(facts: Mapping[str, Mapping[str, str]]) -> dict[Port, Port]:
+    """Return each port's other end, both ways, from the agents' ``link:<port>`` facts.
+
+    Args:
+        facts: Per node, its reported facts.
+
+    Returns:
+        ``{(node, port): (peer node, peer port)}``; a fact without ``:`` in its value, or
+        with an empty side, is ignored.
+
+    Examples:
+        >>> link_map({"a": {"link:mlx5_0/1": "b:mlx5_0/1"}})[("b", "mlx5_0/1")]
+        ('a', 'mlx5_0/1')
+    """
+    links: dict[Port, Port] = {}
+    for node, node_facts in facts.items():
+        for key, value in node_facts.items():
+            if not key.startswith(LINK_FACT_PREFIX):
+                continue
+            port = key[len(LINK_FACT_PREFIX):].strip()
+            peer_node, sep, peer_port = value.strip().rpartition(":")
+            if not (port and sep and peer_node and peer_port):
+                continue
+            links[(node, port)] = (peer_node, peer_port)
+            links.setdefault((peer_node, peer_port), (node, port))
+    return links
+
+
+def join_link_ends(findings: Sequence[Finding],
+                   facts: Mapping[str, Mapping[str, str]]) -> list[Finding]:
+    """Make the two ends of one link one finding (one alert, one incident).
+
+    A port fault on a link is seen from both ends (symbol errors, link down, flapping on
+    node A's ``mlx5_0/1`` and on node B's port it is cabled to). When both ends have a
+    finding of a :data:`PORT_KINDS` kind, the worse one (then the earlier, then the one
+    on the lower node name) stands for the link: it carries both ends' evidence and says
+    which other end sees it; the other end's finding is folded into it, so the link is
+    one incident and only the standing end's node is remediated. A port whose other end
+    is known but shows nothing keeps its finding, with the peer named.
+
+    Args:
+        findings: The current findings (any kinds; others pass through unchanged).
+        facts: Per node, its reported facts (:func:`link_map` reads ``link:<port>``).
+
+    Returns:
+        The findings with each joined pair replaced by its standing end, in input order.
+    """
+    links = link_map(facts)
+    if not links:
+        return list(findings)
+    ends: dict[Port, Finding] = {}
+    for f in findings:
+        if f.kind in PORT_KINDS and (f.node, f.entity) in links:
+            held = ends.get((f.node, f.entity))
+            if held is None or f.severity.rank > held.severity.rank:
+                ends[(f.node, f.entity)] = f
+    replaced: dict[tuple[str, str, str, str], Finding | None] = {}
+    for (node, port), f in ends.items():
+        peer = links[(node, port)]
+        other = ends.get(peer)
+        if other is None:
+            if f.key not in replaced:
+                replaced[f.key] = replace(f, summary=f"{f.summary} (link to {peer[0]}:{peer[1]})")
+            continue
+        if f.key in replaced and replaced[f.key] is None:
+            continue
+        keep, fold = sorted((f, other), key=lambda x: (-x.severity.rank,
+                                                      x.first_seen_at or 0.0, x.node))
+        joined = replace(
+            keep,
+            summary=(f"{keep.summary}; the other end of this link, {fold.node}:{fold.entity}, "
+                     f"sees it too ({fold.kind} {fold.code}): one link fault"),
+            evidence=(*keep.evidence,
+                      *(Evidence(file=e.file, line=e.line, text=f"{fold.node}: {e.text}")
+                        for e in fold.evidence),
+                      Evidence(file=fold.node, line=None, text=fold.summary)),
+            occurrences=keep.occurrences + fold.occurrences)
+        replaced[keep.key] = joined
+        replaced[fold.key] = None
+    out: list[Finding] = []
+    for f in findings:
+        if f.key in replaced:
+            new = replaced.pop(f.key)
+            if new is not None:
+                out.append(new)
+        else:
+            out.append(f)
+    return out

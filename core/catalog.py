@@ -674,6 +674,20 @@ CATALOG: tuple[MetricSpec, ...] = (
         help="Most nodes gpuhealth may hold out of service at once (the disruption budget)",
     ),
     MetricSpec(
+        name="gpuhealth_state_write_failures_total",
+        type=C,
+        unit="1",
+        help="Failed writes of a remediation state store (audit, actions) since start",
+        labels=("store",),
+    ),
+    MetricSpec(
+        name="gpuhealth_state_store_writable",
+        type=G,
+        unit="1",
+        help="1 while the last write of a remediation state store succeeded, 0 while it fails",
+        labels=("store",),
+    ),
+    MetricSpec(
         name="gpuhealth_remediation_actions_total",
         type=C,
         unit="1",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alerting.silences import SilenceStore
+from analytics.fleet import join_link_ends
 from analytics.online import OnlineAnalytics
 from analytics.prediction_stage import PredictionStage
 from core import plugins
@@ -389,7 +390,9 @@ def replay_pipeline(
 
 def service_pipeline(settings: Settings, *, identity: str,
                      is_leader: Callable[[], bool], shared_state: str | None = None,
-                     notify_as_standby: bool = True) -> Pipeline:
+                     notify_as_standby: bool = True,
+                     fleet_facts: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
+                     ) -> Pipeline:
     """The pipeline of a long-running service (``run``, ``controller``).
 
     Args:
@@ -401,6 +404,8 @@ def service_pipeline(settings: Settings, *, identity: str,
             replicas; ``None``: the data folder's files (``actions.db``, ``audit.jsonl``,
             ``silences.json``, the outbox file).
         notify_as_standby: Notify while not leader (``run``); ``False`` for a controller.
+        fleet_facts: The agents' facts per node (a controller's registry): findings on the
+            two ends of one link become one (:func:`~analytics.fleet.join_link_ends`).
 
     Raises:
         ConfigError: A notifier, adapter or guard setting is wrong.
@@ -418,6 +423,8 @@ def service_pipeline(settings: Settings, *, identity: str,
         event_window_seconds=settings.analytics.event_window_seconds,
     )
     pipeline.notify_as_standby = notify_as_standby
+    if fleet_facts is not None:
+        pipeline.join = lambda found: join_link_ends(found, fleet_facts())
     return pipeline
 
 

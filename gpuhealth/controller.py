@@ -93,12 +93,14 @@ class Controller:
         self._refused_logged: dict[str, float] = {}
         self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
         self.elector = build_leader_loop(settings)
+        self.facts: dict[str, dict[str, str]] = {}
+        """Per node, the facts its agent reports (``[inventory]``: switch, rack, links)."""
         # On PostgreSQL the action store and the audit trail are the pair's, shared: the
         # standby resumes the leader's actions from them (each exactly once, by its key).
         self.pipeline: Pipeline = service_pipeline(
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None,
-            notify_as_standby=False)
+            notify_as_standby=False, fleet_facts=lambda: self.facts)
         token = api_token(settings)
         if c.listen_address not in ("127.0.0.1", "::1", "localhost") and not token:
             raise ConfigError(f"{settings.source}: [alerting] api_token_env: the controller "
@@ -108,13 +110,12 @@ class Controller:
                                or SilenceStore(), token=token)
         self.exporter = MetricsExporter()
         self.remediation_metrics = RemediationCollector(
-            self.pipeline.engine, is_leader=self.elector.is_leader_now)
+            self.pipeline.remediation, is_leader=self.elector.is_leader_now)
         self.exporter.register(self.remediation_metrics)
         self._store_failed_at = float("-inf")
         self.correlator = FleetCorrelator(attributes=c.correlate_by,
                                           min_nodes=c.correlate_min_nodes,
                                           window_seconds=c.correlate_window_seconds)
-        self.facts: dict[str, dict[str, str]] = {}
         self.cursor = 0
         self.silent: set[str] = set()
         self.port: int | None = None

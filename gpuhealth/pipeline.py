@@ -53,11 +53,11 @@ from core.records import (
     Severity,
 )
 from remediation.actions import ActionStore
-from remediation.audit import AuditLog, AuditStore, open_audit
-from remediation.decisions import decide_on_alerts, take_over
+from remediation.audit import open_audit
 from remediation.dry_run import DryRunScheduler
 from remediation.engine import RemediationEngine
 from remediation.policy import RemediationPolicy
+from remediation.stage import RemediationStage
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -144,6 +144,8 @@ class Pipeline:
             node); ``False`` for a controller replica, whose leader notifies for the fleet:
             the standby routes nothing until it leads, then sends every active alert once
             (Alertmanager and PagerDuty deduplicate by fingerprint and ``dedup_key``).
+        join: Joins findings across nodes before they alert (the controller's
+            :func:`~analytics.fleet.join_link_ends`: the two ends of one link, one finding).
 
     Raises:
         ValueError: ``dry_run`` is false with the dry-run scheduler, or a guard parameter
@@ -187,6 +189,7 @@ class Pipeline:
         engine_options: Mapping[str, Any] | None = None,
         tick_inline: bool = True,
         notify_as_standby: bool = True,
+        join: Callable[[list[Finding]], list[Finding]] | None = None,
     ) -> None:
         if not dry_run and (scheduler is None or isinstance(scheduler, DryRunScheduler)):
             raise ValueError(
@@ -248,49 +251,48 @@ class Pipeline:
         self._lock = threading.RLock()
         self.act_on_predictions = act_on_predictions
         self.critical_reserve_fraction = critical_reserve_fraction
-        self._policy = self._new_policy()
-        self._audit: AuditLog | AuditStore | None = (
-            open_audit(audit_log_path) if audit_log_path else None)
-        if self._audit is not None:
-            try:
-                self._audit.create()  # the path announced at start exists from the start
-            except OSError as exc:
-                logger.error("cannot create the audit log %s: %s", audit_log_path, exc)  # noqa: TRY400
-        if self._audit is not None:
-            # Incidents still open in the log keep their budget slot until they resolve here.
-            self._policy.restore(self._audit.read())
         self.is_leader = is_leader
         self.tick_inline = tick_inline
         self.notify_as_standby = notify_as_standby
+        self.join = join
         self.wake = threading.Event()
         """Set when the engine has new work (the service's remediation thread waits on it)."""
-        self._was_leader = is_leader()
-        self._actions = ActionStore(action_store_path)
-        self._engine = RemediationEngine(
-            store=self._actions,
+        engine = RemediationEngine(
+            store=ActionStore(action_store_path),
             scheduler=self._scheduler,
-            policy=self._policy,
+            policy=self._new_policy(),
             node_agent=node_agent,
             clock=clock,
             is_leader=is_leader,
             lock=self._lock,
             **dict(engine_options or {}),
         )
+        self._stage = RemediationStage(
+            new_policy=self._new_policy, engine=engine,
+            audit=open_audit(audit_log_path) if audit_log_path else None,
+            is_leader=is_leader, lock=self._lock, active=self._active_findings)
+        # Incidents still open in the trail keep their budget slot until they resolve here.
+        self._stage.restore()
 
     @property
     def policy(self) -> RemediationPolicy:
         """The remediation policy (its budget and held-back state)."""
-        return self._policy
+        return self._stage.policy
 
     @property
     def engine(self) -> RemediationEngine:
         """The remediation engine (actions, breaker, probation)."""
-        return self._engine
+        return self._stage.engine
+
+    @property
+    def remediation(self) -> RemediationStage:
+        """The remediation stage (policy, engine and audit trail; its write failures)."""
+        return self._stage
 
     @property
     def actions(self) -> ActionStore:
         """The action store."""
-        return self._actions
+        return self._stage.actions
 
     async def atick(self) -> list[AuditRecord]:
         """Advance remediation once (poll running steps, start the next ones); audit it.
@@ -298,14 +300,7 @@ class Pipeline:
         Returns:
             The audit records written.
         """
-        self._check_leadership()
-        records = await self._engine.tick()
-        if records and self._audit is not None:
-            try:
-                self._audit.extend(records)
-            except OSError as exc:
-                logger.error("cannot write the audit log: %s", exc)  # noqa: TRY400
-        return records
+        return await self._stage.tick()
 
     def _new_policy(self) -> RemediationPolicy:
         return RemediationPolicy(
@@ -319,27 +314,11 @@ class Pipeline:
             clock=self.clock,
         )
 
-    def _check_leadership(self) -> None:
-        """On becoming leader, rebuild the policy and decide what the standby only tracked.
-
-        The policy is rebuilt from the shared audit log, then every active alert is
-        decided (idempotency keeps it from acting twice).
-        """
-        leader = self.is_leader()
-        if leader and not self._was_leader:
-            logger.warning("this controller is leader now: taking over remediation")
-            with self._lock:
-                active = [(finding, alert.fingerprint) for alert in self._tracker.active()
-                          if (finding := self._tracker.finding_of(alert.fingerprint))
-                          is not None]
-                policy, decided = take_over(
-                    self._new_policy, self._audit.read() if self._audit is not None else (),
-                    active)
-                self._policy = self._engine.policy = policy
-            records = [*decided.audit, *self._engine.enqueue(decided)]
-            if records and self._audit is not None:
-                self._audit.extend(records)
-        self._was_leader = leader
+    def _active_findings(self) -> list[tuple[Finding, str]]:
+        """``(finding, fingerprint)`` of every alert firing now (decided on taking over)."""
+        with self._lock:
+            return [(finding, alert.fingerprint) for alert in self._tracker.active()
+                    if (finding := self._tracker.finding_of(alert.fingerprint)) is not None]
 
     @property
     def outbox(self) -> Outbox:
@@ -410,7 +389,7 @@ class Pipeline:
                     self._predicted.pop(key, None)
                 else:
                     self._predicted[key] = finding
-                self._engine.predictions[prediction.node] = max(
+                self._stage.engine.predictions[prediction.node] = max(
                     (p.confidence for (n, _), p in self._predicted.items()
                      if n == prediction.node), default=0.0)
 
@@ -453,13 +432,7 @@ class Pipeline:
         Returns:
             The audit records written (none on a standby or when it was open already).
         """
-        if not self.is_leader():
-            return []
-        with self._lock:
-            records = self._engine.trip_breaker(why, now=self.clock(), nodes=nodes)
-        if records and self._audit is not None:
-            self._audit.extend(records)
-        return records
+        return self._stage.trip_breaker(why, now=self.clock(), nodes=nodes)
 
     def clear_findings(self, keys: Iterable[tuple[str, str, str, str]]) -> None:
         """Close findings given to :meth:`observe_findings` by ``(node, entity, kind, code)``."""
@@ -514,7 +487,7 @@ class Pipeline:
         return asyncio.run(self._closing(self.aevaluate()))
 
     def _judge(self, now: float) -> list[Finding]:
-        found: list[Finding] = []
+        found: list[Finding] = self._stage.self_findings(self.facts.get("node", "gpuhealth"))
         for node, obs in self._nodes.items():
             found.extend(evaluate(obs, self._context(node, now), self.rules))
         if self._held:
@@ -522,18 +495,20 @@ class Pipeline:
         if self._predicted or self._held:
             found.extend(self._predicted.values())
             found.extend(f for f, _ in self._held.values())
-            return merge_findings(found)
-        return merge_findings(found) if len(self._nodes) > 1 else found
+            found = merge_findings(found)
+        elif len(self._nodes) > 1:
+            found = merge_findings(found)
+        return self.join(found) if self.join is not None else found
 
     async def aevaluate(self) -> PipelineOutput:
         """Judge everything observed so far; alert, notify and decide remediation.
 
+        Never raises for a state store that cannot be written: the decisions then wait
+        and are taken once it can (:class:`~remediation.stage.RemediationStage`); the
+        alerts are sent either way.
+
         Returns:
             The current findings and what changed in this evaluation.
-
-        Raises:
-            OSError: The audit log cannot be written; nothing is submitted then,
-                but the alerts are still sent.
         """
         with self._lock:
             now = self.clock()
@@ -543,9 +518,8 @@ class Pipeline:
             findings = self._judge(now)
             before = {a.fingerprint for a in self._tracker.active()}
             changed = self._tracker.update(findings)
-            decided = decide_on_alerts(self._policy, self._engine, changed, before=before,
-                                       finding_of=self._tracker.finding_of,
-                                       leader=self.is_leader())
+            decided = self._stage.decide(changed, before=before,
+                                         finding_of=self._tracker.finding_of)
             if self.notify_as_standby or self.is_leader():
                 notified, pages = self._router.route(changed, self._tracker.active(), now)
             else:  # the leader notifies; on taking over, every active alert goes out once
@@ -560,12 +534,7 @@ class Pipeline:
             muted=self._router.muted(),
         )
         try:
-            if self._audit is not None:
-                self._audit.extend(decided.audit)  # written before anything is submitted
-            queued = self._engine.enqueue(decided)
-            if queued and self._audit is not None:
-                self._audit.extend(queued)
-            output.audit.extend(queued)
+            output.audit.extend(self._stage.queue_pending())
             if self.tick_inline:
                 output.audit.extend(await self.atick())
             elif decided.requests:
@@ -601,9 +570,7 @@ class Pipeline:
     def close(self) -> None:
         """Close the outbox and the action store (both keep their files for the next start)."""
         self._router.close()
-        self._actions.close()
-        if isinstance(self._audit, AuditStore):
-            self._audit.close()
+        self._stage.close()
 
     def flush(self) -> int:
         """Try every undelivered notification once now, from synchronous code.

@@ -254,7 +254,7 @@ class Service:
         self.pipeline = self._build_pipeline()
         if self.role != "agent":
             self._remediation_metrics = RemediationCollector(
-                self.pipeline.engine, is_leader=self.elector.is_leader_now)
+                self.pipeline.remediation, is_leader=self.elector.is_leader_now)
             self._remediation_metrics.refresh()
             self.exporter.register(self._remediation_metrics)
         if self.role == "agent":

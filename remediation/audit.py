@@ -16,6 +16,7 @@ trail in PostgreSQL; :func:`open_audit` picks the one a target names. Both are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -115,8 +116,11 @@ class AuditLog:
     def extend(self, records: Iterable[AuditRecord]) -> None:
         """Append records in order, one line each, and ``fsync`` once they are all written.
 
+        All or nothing: when the write fails (``ENOSPC``, ``EIO``), what it wrote of them is
+        cut off again before the error is raised.
+
         Raises:
-            OSError: The file cannot be written.
+            OSError: The file cannot be written (none of ``records`` is in it).
         """
         lines = [
             json.dumps(audit_to_json(r), sort_keys=True, separators=(",", ":")) + "\n"
@@ -127,10 +131,23 @@ class AuditLog:
         folder = os.path.dirname(self.path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write("".join(lines))
-            handle.flush()
-            os.fsync(handle.fileno())
+        data = "".join(lines).encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:  # unbuffered: nothing is left to be flushed after an error
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                # A full disk may have taken part of the lines: cut them off, so the
+                # next append starts on a line of its own and nothing is half-recorded.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
 
     def read(self) -> list[AuditRecord]:
         """Return every record in the file, oldest first (empty when there is no file).

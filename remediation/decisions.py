@@ -8,7 +8,8 @@ alert changes into the policy's decisions (``docs/remediation.md``):
   the critical reserve of the budget goes to critical faults;
 - an alert that fires again while its node is on probation, with an occurrence *after*
   the fix (a backlog line or a second copy of the old event is not a recurrence),
-  escalates to the next rung (:meth:`RemediationPolicy.escalate`) and ends the probation;
+  escalates to the next rung (:meth:`RemediationPolicy.escalate`); the stage ends the
+  probation once the escalation is recorded (:mod:`remediation.stage`);
 - only the leader decides; a standby tracks alerts and decides nothing, and on becoming
   leader rebuilds the policy from the audit trail and decides every active alert (the
   idempotency keys keep it from acting twice): :func:`take_over`.
@@ -66,7 +67,6 @@ def decide_on_alerts(policy: RemediationPolicy, engine: RemediationEngine,
                 and finding.last_seen_at > probation.fixed_at):
             decided.extend(policy.escalate(finding, fingerprint=alert.fingerprint,
                                            why=RECURRED))
-            engine.end_probation(alert.fingerprint, why=f"escalated: {RECURRED}")
     return decided
 
 
@@ -86,5 +86,5 @@ def take_over(new_policy: Callable[[], RemediationPolicy], audit: Iterable[Audit
     policy = new_policy()
     policy.restore(audit)
     decided = policy.decide_worst_first(active)
-    decided.audit = [r for r in decided.audit if r.decision != DECISION_DUPLICATE]
+    decided.decisions = [d for d in decided.decisions if d.decision != DECISION_DUPLICATE]
     return policy, decided

@@ -71,6 +71,7 @@ from remediation.actions import (
 )
 from remediation.placement import reliability_scores
 from remediation.policy import (
+    DECISION_HELD,
     DECISION_REQUESTED,
     SCOPE_GPU,
     PolicyResult,
@@ -255,28 +256,24 @@ class RemediationEngine:
         """
         now = self.clock()
         out: list[AuditRecord] = []
-        details_by_key = {
-            r.idempotency_key: r.details for r in result.audit if r.decision == DECISION_REQUESTED
-        }
-        for record in result.audit:
-            if record.details.get("disrupts_node") == "true" and record.decision in (
-                DECISION_REQUESTED,
-                "held",
-            ):
-                self._failing.append((record.at, record.node))
+        for d in result.decisions:
+            if d.disrupts_node and d.decision in (DECISION_REQUESTED, DECISION_HELD):
+                self._failing.append((d.at, d.node))
         out.extend(self._check_breaker(now))
-        for request in result.requests:
-            details = details_by_key.get(request.idempotency_key, {})
-            incident = incident_of(request.idempotency_key)
-            severity = details.get("severity", "")
+        for d in result.decisions:
+            request = d.request
+            if request is None:
+                continue
+            incident = d.incident_key
+            severity = d.severity
             self.store.open_incident(
                 StoredIncident(
                     incident=incident,
-                    fingerprint=details.get("fingerprint", fingerprint_of(incident)),
+                    fingerprint=d.fingerprint,
                     node=request.node,
-                    entity=details.get("finding_entity", request.entity),
-                    kind=details.get("kind", ""),
-                    code=details.get("code", ""),
+                    entity=d.finding_entity or request.entity,
+                    kind=d.kind,
+                    code=d.code,
                     severity=severity,
                     state=INCIDENT_OPEN,
                     opened_at=now,
@@ -290,7 +287,7 @@ class RemediationEngine:
             stored = self.store.add(
                 request,
                 incident=incident,
-                fingerprint=details.get("fingerprint", fingerprint_of(incident)),
+                fingerprint=d.fingerprint,
                 severity=severity,
                 phase=phase,
                 now=now,

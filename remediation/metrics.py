@@ -10,7 +10,10 @@ the engine's own, not copies the service keeps in step:
 - ``gpuhealth_time_to_remediate_seconds_total``: seconds from an incident's first request
   to its node out of service, summed (MTTR's numerator; dry-run steps add nothing);
 - ``gpuhealth_open_incidents{severity,phase}``, ``gpuhealth_node_reliability_ratio{node}``;
-- ``gpuhealth_disrupted_nodes`` (none in dry run), ``gpuhealth_disruption_budget_nodes``.
+- ``gpuhealth_disrupted_nodes`` (none in dry run), ``gpuhealth_disruption_budget_nodes``;
+- ``gpuhealth_state_write_failures_total{store}`` (``audit``, ``actions``): failed writes
+  of the remediation stage's stores since start, and ``gpuhealth_state_store_writable{store}``
+  (0 while the last write failed).
 """
 
 from __future__ import annotations
@@ -21,19 +24,21 @@ from typing import Any
 
 from core.exposition import family
 from core.records import Severity
-from remediation.engine import RemediationEngine
+from remediation.stage import RemediationStage
 
 
 class RemediationCollector:
     """prometheus-client collector over one engine (module docstring).
 
     Args:
-        engine: The remediation engine (its ``stats``, ``policy`` and ``store``).
+        stage: The remediation stage (its engine's ``stats``, ``policy`` and ``store``, its
+            write failures).
         is_leader: Whether this controller leads now.
     """
 
-    def __init__(self, engine: RemediationEngine, *, is_leader: Callable[[], bool]) -> None:
-        self.engine = engine
+    def __init__(self, stage: RemediationStage, *, is_leader: Callable[[], bool]) -> None:
+        self.stage = stage
+        self.engine = stage.engine
         self.is_leader = is_leader
         self._incidents: collections.Counter[tuple[str, str]] = collections.Counter()
         self._breaker = False
@@ -78,3 +83,8 @@ class RemediationCollector:
         out = frozenset() if policy.dry_run else policy.out_of_service
         yield family("gpuhealth_disrupted_nodes", [({}, len(out))])
         yield family("gpuhealth_disruption_budget_nodes", [({}, policy.disruption_limit)])
+        failing = self.stage.failing_store()
+        yield family("gpuhealth_state_write_failures_total",
+                     [({"store": k}, n) for k, n in self.stage.write_failures.items()])
+        yield family("gpuhealth_state_store_writable",
+                     [({"store": k}, float(k not in failing)) for k in self.stage.write_failures])

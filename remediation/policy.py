@@ -160,8 +160,8 @@ def ladder(finding: Finding, *, gpu_level_drain: bool = True) -> list[PlannedSte
     drain_later = PlannedStep(
         step=RemediationStep.DRAIN, entity=node, when=NEXT_SAFE_POINT, mode=MODE_ALLOW_COMPLETION
     )
-    if sev == Severity.INFO:
-        return []
+    if sev == Severity.INFO or finding.kind == "gpuhealth":
+        return []  # gpuhealth's own faults (a store it cannot write) are not the node's
     if sev == Severity.WARNING:
         if action == Action.RESET_GPU and gpu is not None:
             # Pending row remap, Xid 94/63: reset at the next opportunity, no cordon (MEMERR).
@@ -232,17 +232,169 @@ def describe_request(request: ActionRequest) -> str:
     return describe(request.step, request.entity, dict(request.attrs))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """One decision of the policy about one step of one incident: the typed record it hands on.
+
+    The engine reads a decision's fields to open the incident and store the action; the
+    audit trail is written from it (:meth:`audit_record`) and read back into it
+    (:meth:`from_audit`) when the policy is rebuilt after a restart or a fail-over, so
+    the audit line, the action and the budget come from one record.
+
+    Attributes:
+        at: When it was decided, epoch seconds.
+        actor: Who decided (the ``actor`` of the audit record).
+        decision: :data:`DECISION_REQUESTED`, :data:`DECISION_HELD`,
+            :data:`DECISION_DUPLICATE` or :data:`DECISION_RESOLVED`.
+        node: The node.
+        planned: The step decided on; ``None`` for a resolution.
+        reason: Why (the hold's reason, the request's ``Reason=``).
+        idempotency_key: ``<incident>/<step>``, or the incident for a resolution.
+        dry_run: Whether requests are dry-run.
+        fingerprint: The alert's fingerprint.
+        incident: The incident's number for this fingerprint, from 1.
+        alertname, severity, action, kind, code, finding_entity: The finding decided on
+            (empty for a resolution).
+        escalated_from: The incident this one escalates (a recurrence on probation), or ``""``.
+        why: Why it escalated or was released, or ``""``.
+        released: A resolution because a human took over, not because the fault went away.
+        request: The request to submit (``requested`` decisions only).
+    """
+
+    at: float
+    actor: str
+    decision: str
+    node: NodeName
+    planned: PlannedStep | None
+    reason: str
+    idempotency_key: str
+    dry_run: bool
+    fingerprint: str
+    incident: int
+    alertname: str = ""
+    severity: str = ""
+    action: str = ""
+    kind: str = ""
+    code: str = ""
+    finding_entity: str = ""
+    escalated_from: str = ""
+    why: str = ""
+    released: bool = False
+    request: ActionRequest | None = None
+
+    @property
+    def disrupts_node(self) -> bool:
+        """Whether the step takes (part of) the node out of service (counted by the budget)."""
+        return self.planned is not None and self.planned.disrupts_node
+
+    @property
+    def incident_key(self) -> str:
+        """The incident's key: the fingerprint, ``<fingerprint>.<n>`` from the second on."""
+        return self.fingerprint if self.incident == 1 else f"{self.fingerprint}.{self.incident}"
+
+    def audit_record(self) -> AuditRecord:
+        """Return the audit line of this decision (its fields as ``details``)."""
+        details: dict[str, str] = {"fingerprint": self.fingerprint, "incident": str(self.incident)}
+        if self.alertname:
+            details.update(alertname=self.alertname, severity=self.severity,
+                           action=self.action, kind=self.kind, code=self.code,
+                           finding_entity=self.finding_entity)
+        if self.escalated_from:
+            details.update(escalated="true", escalated_from=self.escalated_from)
+        if self.why:
+            details["why"] = self.why
+        if self.released:
+            details["released"] = "true"
+        if self.planned is not None:
+            details.update(self.planned.attrs())
+            details["disrupts_node"] = "true" if self.disrupts_node else "false"
+        return AuditRecord(
+            at=self.at, actor=self.actor, decision=self.decision,
+            step=self.planned.step if self.planned is not None else None, node=self.node,
+            entity=self.planned.entity if self.planned is not None else NODE_ENTITY,
+            reason=self.reason, idempotency_key=self.idempotency_key, dry_run=self.dry_run,
+            details=details)
+
+    @classmethod
+    def from_audit(cls, record: AuditRecord) -> Decision | None:
+        """Read a policy decision back from its audit line; ``None`` for other lines.
+
+        A ``requested`` line gets back its :attr:`request` (step, entity, reason, key,
+        dry-run and the step's attributes), as it was handed to the engine.
+
+        Lines without a ``fingerprint`` (the engine's step results, the breaker) are not
+        policy decisions. Lines of older versions lack ``disrupts_node``; it is then
+        derived from the step as :attr:`PlannedStep.disrupts_node` does.
+        """
+        d = record.details
+        fingerprint = d.get("fingerprint")
+        if fingerprint is None or record.decision not in _DECISIONS:
+            return None
+        planned: PlannedStep | None = None
+        if record.step is not None:
+            planned = PlannedStep(step=record.step, entity=record.entity,
+                                  when=d.get("when", NOW), scope=d.get("scope", SCOPE_NODE),
+                                  mode=d.get("mode", ""))
+        try:
+            incident = int(d.get("incident", "1"))
+        except ValueError:
+            incident = 1
+        request = None
+        if record.decision == DECISION_REQUESTED and planned is not None:
+            request = ActionRequest(step=planned.step, node=record.node, entity=planned.entity,
+                                    reason=record.reason, idempotency_key=record.idempotency_key,
+                                    dry_run=record.dry_run, attrs=planned.attrs())
+        return cls(
+            at=record.at, actor=record.actor, decision=record.decision, node=record.node,
+            planned=planned, reason=record.reason, idempotency_key=record.idempotency_key,
+            dry_run=record.dry_run, fingerprint=fingerprint, incident=incident,
+            alertname=d.get("alertname", ""), severity=d.get("severity", ""),
+            action=d.get("action", ""), kind=d.get("kind", ""), code=d.get("code", ""),
+            finding_entity=d.get("finding_entity", ""),
+            escalated_from=d.get("escalated_from", ""), why=d.get("why", ""),
+            released=d.get("released") == "true", request=request)
+
+
+_DECISIONS = frozenset({DECISION_REQUESTED, DECISION_HELD, DECISION_DUPLICATE,
+                        DECISION_RESOLVED})
+
+
 @dataclass(slots=True)
 class PolicyResult:
-    """What one decision produced: the requests to submit and the audit records to write."""
+    """What one decision produced: typed :class:`Decision` records, in ladder order.
 
-    requests: list[ActionRequest] = field(default_factory=list)
-    audit: list[AuditRecord] = field(default_factory=list)
+    :attr:`requests` are the ones to submit, :attr:`audit` the lines to write before
+    anything is submitted; both are read from :attr:`decisions`.
+    """
+
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def requests(self) -> list[ActionRequest]:
+        """The requests to submit, in order."""
+        return [d.request for d in self.decisions if d.request is not None]
+
+    @property
+    def audit(self) -> list[AuditRecord]:
+        """One audit line per decision, in order."""
+        return [d.audit_record() for d in self.decisions]
 
     def extend(self, other: PolicyResult) -> None:
-        """Append ``other``'s requests and records."""
-        self.requests.extend(other.requests)
-        self.audit.extend(other.audit)
+        """Append ``other``'s decisions."""
+        self.decisions.extend(other.decisions)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyCheckpoint:
+    """The policy's decision state at one moment (:meth:`RemediationPolicy.checkpoint`)."""
+
+    done: set[str]
+    incident: dict[str, int]
+    active: dict[str, str]
+    out_of_service: dict[str, set[str]]
+    held: dict[str, Finding]
+    held_plan: dict[str, tuple[list[PlannedStep], tuple[str, str] | None]]
+    shared: dict[str, dict[tuple[str, str, str, str], tuple[str, set[str]]]]
 
 
 class RemediationPolicy:
@@ -328,7 +480,7 @@ class RemediationPolicy:
         self._active: dict[str, str] = {}
         self._out_of_service: dict[str, set[str]] = {}
         self._held: dict[str, Finding] = {}
-        self._held_plan: dict[str, tuple[list[PlannedStep], dict[str, str] | None]] = {}
+        self._held_plan: dict[str, tuple[list[PlannedStep], tuple[str, str] | None]] = {}
         self._shared: dict[str, dict[tuple[str, str, str, str], tuple[str, set[str]]]] = {}
 
     @property
@@ -361,6 +513,28 @@ class RemediationPolicy:
     def held(self) -> frozenset[str]:
         """Fingerprints with steps held back, retried by :meth:`retry_held`."""
         return frozenset(self._held)
+
+    def checkpoint(self) -> PolicyCheckpoint:
+        """Return a copy of the decision state, for :meth:`rollback`."""
+        return PolicyCheckpoint(
+            done=set(self._done), incident=dict(self._incident), active=dict(self._active),
+            out_of_service={n: set(f) for n, f in self._out_of_service.items()},
+            held=dict(self._held), held_plan=dict(self._held_plan),
+            shared={n: {k: (key, set(fps)) for k, (key, fps) in steps.items()}
+                    for n, steps in self._shared.items()})
+
+    def rollback(self, checkpoint: PolicyCheckpoint) -> None:
+        """Put the decision state back as it was at ``checkpoint``.
+
+        For decisions that could not be recorded: the budget then counts no node that no
+        recorded decision holds, and deciding again gives the same keys.
+        """
+        c = checkpoint
+        self._done, self._incident, self._active = set(c.done), dict(c.incident), dict(c.active)
+        self._out_of_service = {n: set(f) for n, f in c.out_of_service.items()}
+        self._held, self._held_plan = dict(c.held), dict(c.held_plan)
+        self._shared = {n: {k: (key, set(fps)) for k, (key, fps) in steps.items()}
+                        for n, steps in c.shared.items()}
 
     def _prefix(self, fingerprint: str) -> tuple[str, int]:
         n = self._incident.get(fingerprint, 1)
@@ -405,9 +579,9 @@ class RemediationPolicy:
             if is_fresh:
                 result.extend(self.decide(finding, fingerprint=fp))
             elif fp in self._held:
-                plan, extra = self._held_plan.get(fp, (None, None))
+                plan, escalation = self._held_plan.get(fp, (None, None))
                 result.extend(self._decide(finding, fp, quiet_holds=True, plan=plan,
-                                           extra=extra))
+                                           escalation=escalation))
         return result
 
     def escalate(self, finding: Finding, *, fingerprint: str, why: str) -> PolicyResult:
@@ -416,7 +590,8 @@ class RemediationPolicy:
         The fault recurred after its fix: cordon, drain now, hand off to hardware service.
 
         The node keeps its disruption-budget slot across the two incidents (it is not
-        returned to service in between). Audit records carry ``escalated=true`` and ``why``.
+        returned to service in between). Its decisions carry ``escalated_from`` and ``why``
+        (audit lines: ``escalated=true``, ``escalated_from``, ``why``).
         """
         prefix, incident = self._prefix(fingerprint)
         self._incident[fingerprint] = incident + 1
@@ -427,9 +602,8 @@ class RemediationPolicy:
             PlannedStep(step=RemediationStep.DRAIN, entity=node, mode=MODE_EVICT),
             PlannedStep(step=RemediationStep.HAND_OFF, entity=finding.entity),
         ]
-        result = self._decide(finding, fingerprint, quiet_holds=False, plan=plan, extra={
-            "escalated": "true", "escalated_from": prefix, "why": why})
-        return result
+        return self._decide(finding, fingerprint, quiet_holds=False, plan=plan,
+                            escalation=(prefix, why))
 
     def release(self, *, fingerprint: str, node: str, why: str) -> PolicyResult:
         """Stop acting on ``fingerprint`` without resuming the node (a human took over).
@@ -450,19 +624,10 @@ class RemediationPolicy:
             holders.discard(fingerprint)
             if not holders:
                 del self._out_of_service[node]
-        record = AuditRecord(
-            at=now,
-            actor=self.actor,
-            decision=DECISION_RESOLVED,
-            step=None,
-            node=NodeName(node),
-            entity=NODE_ENTITY,
-            reason=why,
-            idempotency_key=prefix,
-            dry_run=self.dry_run,
-            details={"fingerprint": fingerprint, "incident": str(incident), "released": "true"},
-        )
-        return PolicyResult(audit=[record])
+        return PolicyResult(decisions=[Decision(
+            at=now, actor=self.actor, decision=DECISION_RESOLVED, node=NodeName(node),
+            planned=None, reason=why, idempotency_key=prefix, dry_run=self.dry_run,
+            fingerprint=fingerprint, incident=incident, why=why, released=True)])
 
     def _decide(
         self,
@@ -471,7 +636,7 @@ class RemediationPolicy:
         *,
         quiet_holds: bool,
         plan: list[PlannedStep] | None = None,
-        extra: dict[str, str] | None = None,
+        escalation: tuple[str, str] | None = None,
     ) -> PolicyResult:
         now = self.clock()
         prefix, incident = self._prefix(fp)
@@ -481,17 +646,18 @@ class RemediationPolicy:
             f"gpuhealth: {name} {finding.severity.value} {finding.action.value} "
             f"on {finding.entity}: {finding.summary}"
         )
-        base = {
-            "fingerprint": fp,
-            "incident": str(incident),
-            "alertname": name,
-            "severity": finding.severity.value,
-            "action": finding.action.value,
-            "kind": finding.kind,
-            "code": finding.code,
-            "finding_entity": finding.entity,
-            **(extra or {}),
-        }
+        escalated_from, why_escalated = escalation or ("", "")
+
+        def decision(kind: str, planned: PlannedStep, key: str, why: str,
+                     request: ActionRequest | None = None) -> Decision:
+            return Decision(
+                at=now, actor=self.actor, decision=kind, node=node, planned=planned,
+                reason=why, idempotency_key=key, dry_run=self.dry_run, fingerprint=fp,
+                incident=incident, alertname=name, severity=finding.severity.value,
+                action=finding.action.value, kind=finding.kind, code=finding.code,
+                finding_entity=finding.entity, escalated_from=escalated_from,
+                why=why_escalated, request=request)
+
         result = PolicyResult()
         self._active[fp] = node
         held_before: str | None = None
@@ -499,24 +665,10 @@ class RemediationPolicy:
         steps = plan if plan is not None else ladder(finding, gpu_level_drain=self.gpu_level_drain)
         for planned in steps:
             key = f"{prefix}/{planned.step.value}"
-            details = {
-                **base,
-                **planned.attrs(),
-                "disrupts_node": "true" if planned.disrupts_node else "false",
-            }
             if key in self._done:
                 if not quiet_holds:
-                    result.audit.append(
-                        self._record(
-                            now,
-                            DECISION_DUPLICATE,
-                            planned,
-                            node,
-                            key,
-                            details,
-                            "already requested for this incident",
-                        )
-                    )
+                    result.decisions.append(decision(DECISION_DUPLICATE, planned, key,
+                                                     "already requested for this incident"))
                 continue
             step_id = _step_id(planned)
             shared = self._shared.get(node, {}).get(step_id) if step_id else None
@@ -526,17 +678,9 @@ class RemediationPolicy:
                 if planned.disrupts_node:
                     self._out_of_service.setdefault(node, set()).add(fp)
                 if not quiet_holds:
-                    result.audit.append(
-                        self._record(
-                            now,
-                            DECISION_DUPLICATE,
-                            planned,
-                            node,
-                            key,
-                            details,
-                            f"already requested by another incident ({other})",
-                        )
-                    )
+                    result.decisions.append(decision(
+                        DECISION_DUPLICATE, planned, key,
+                        f"already requested by another incident ({other})"))
                 continue
             why = self._guard(finding, planned, fp, held_before)
             if why is not None:
@@ -544,9 +688,7 @@ class RemediationPolicy:
                 held_before = held_before or why
                 if not quiet_holds:
                     logger.info("held back %s on %s: %s", planned.step.value, node, why)
-                    result.audit.append(
-                        self._record(now, DECISION_HELD, planned, node, key, details, why)
-                    )
+                    result.decisions.append(decision(DECISION_HELD, planned, key, why))
                 continue
             request = ActionRequest(
                 step=planned.step,
@@ -562,14 +704,11 @@ class RemediationPolicy:
                 self._out_of_service.setdefault(node, set()).add(fp)
             if step_id is not None:
                 self._shared.setdefault(node, {})[step_id] = (key, {fp})
-            result.requests.append(request)
-            result.audit.append(
-                self._record(now, DECISION_REQUESTED, planned, node, key, details, reason)
-            )
+            result.decisions.append(decision(DECISION_REQUESTED, planned, key, reason, request))
         if any_held:
             self._held[fp] = finding
             if plan is not None:
-                self._held_plan[fp] = (plan, extra)
+                self._held_plan[fp] = (plan, escalation)
         else:
             self._held.pop(fp, None)
             self._held_plan.pop(fp, None)
@@ -625,21 +764,10 @@ class RemediationPolicy:
         result = PolicyResult()
         self._active.pop(fingerprint, None)
         self._incident[fingerprint] = incident + 1
-        details = {"fingerprint": fingerprint, "incident": str(incident)}
-        result.audit.append(
-            AuditRecord(
-                at=now,
-                actor=self.actor,
-                decision=DECISION_RESOLVED,
-                step=None,
-                node=NodeName(node),
-                entity=NODE_ENTITY,
-                reason="the finding is gone",
-                idempotency_key=prefix,
-                dry_run=self.dry_run,
-                details=details,
-            )
-        )
+        result.decisions.append(Decision(
+            at=now, actor=self.actor, decision=DECISION_RESOLVED, node=NodeName(node),
+            planned=None, reason="the finding is gone", idempotency_key=prefix,
+            dry_run=self.dry_run, fingerprint=fingerprint, incident=incident))
         self._unshare(node, fingerprint)
         holders = self._out_of_service.get(node)
         if holders is not None and fingerprint in holders:
@@ -649,60 +777,56 @@ class RemediationPolicy:
                 planned = PlannedStep(step=RemediationStep.RESUME, entity=NODE_ENTITY)
                 key = f"{prefix}/{RemediationStep.RESUME.value}"
                 reason = "gpuhealth: resolved, return to service"
-                result.requests.append(
-                    ActionRequest(
-                        step=RemediationStep.RESUME,
-                        node=NodeName(node),
-                        entity=NODE_ENTITY,
-                        reason=reason,
-                        idempotency_key=key,
-                        dry_run=self.dry_run,
-                        attrs=planned.attrs(),
-                    )
+                request = ActionRequest(
+                    step=RemediationStep.RESUME,
+                    node=NodeName(node),
+                    entity=NODE_ENTITY,
+                    reason=reason,
+                    idempotency_key=key,
+                    dry_run=self.dry_run,
+                    attrs=planned.attrs(),
                 )
                 self._done.add(key)
-                result.audit.append(
-                    self._record(
-                        now,
-                        DECISION_REQUESTED,
-                        planned,
-                        NodeName(node),
-                        key,
-                        {**details, **planned.attrs(), "disrupts_node": "false"},
-                        reason,
-                    )
-                )
+                result.decisions.append(Decision(
+                    at=now, actor=self.actor, decision=DECISION_REQUESTED, node=NodeName(node),
+                    planned=planned, reason=reason, idempotency_key=key, dry_run=self.dry_run,
+                    fingerprint=fingerprint, incident=incident, request=request))
         return result
 
     def restore(self, records: Iterable[AuditRecord]) -> None:
         """Rebuild idempotency, incident and budget state from an earlier audit log.
 
-        So that replaying the same incident after a restart requests nothing twice.
+        Each policy line is read back into its :class:`Decision` (:meth:`Decision.from_audit`),
+        so replaying the same incident after a restart or a fail-over requests nothing twice.
         """
         for record in records:
-            fp = record.details.get("fingerprint")
-            if fp is None:
-                continue
-            if record.decision in (DECISION_REQUESTED, DECISION_DUPLICATE):
-                if record.decision == DECISION_REQUESTED:
-                    self._done.add(record.idempotency_key)
-                if record.step != RemediationStep.RESUME:
-                    self._active[fp] = record.node
-                if record.details.get("disrupts_node") == "true":
-                    self._out_of_service.setdefault(record.node, set()).add(fp)
-                step_id = _step_id_of_record(record)
-                if step_id is not None:
-                    steps = self._shared.setdefault(record.node, {})
-                    steps.setdefault(step_id, (record.idempotency_key, set()))[1].add(fp)
-            elif record.decision == DECISION_RESOLVED:
-                self._active.pop(fp, None)
-                self._incident[fp] = int(record.details.get("incident", "1")) + 1
-                self._unshare(record.node, fp)
-                holders = self._out_of_service.get(record.node)
-                if holders is not None:
-                    holders.discard(fp)
-                    if not holders:
-                        del self._out_of_service[record.node]
+            d = Decision.from_audit(record)
+            if d is not None:
+                self._apply(d)
+
+    def _apply(self, d: Decision) -> None:
+        """Account for one decision taken earlier (by this or another controller)."""
+        fp, node = d.fingerprint, d.node
+        if d.decision in (DECISION_REQUESTED, DECISION_DUPLICATE) and d.planned is not None:
+            if d.decision == DECISION_REQUESTED:
+                self._done.add(d.idempotency_key)
+            if d.planned.step != RemediationStep.RESUME:
+                self._active[fp] = node
+            if d.disrupts_node:
+                self._out_of_service.setdefault(node, set()).add(fp)
+            step_id = _step_id(d.planned)
+            if step_id is not None:
+                steps = self._shared.setdefault(node, {})
+                steps.setdefault(step_id, (d.idempotency_key, set()))[1].add(fp)
+        elif d.decision == DECISION_RESOLVED:
+            self._active.pop(fp, None)
+            self._incident[fp] = d.incident + 1
+            self._unshare(node, fp)
+            holders = self._out_of_service.get(node)
+            if holders is not None:
+                holders.discard(fp)
+                if not holders:
+                    del self._out_of_service[node]
 
     def _unshare(self, node: str, fingerprint: str) -> None:
         """Drop ``fingerprint`` from the steps it shares on ``node``; forget steps nobody holds."""
@@ -717,29 +841,6 @@ class RemediationPolicy:
         if not steps:
             del self._shared[node]
 
-    def _record(
-        self,
-        now: float,
-        decision: str,
-        planned: PlannedStep,
-        node: NodeName,
-        key: str,
-        details: dict[str, str],
-        reason: str,
-    ) -> AuditRecord:
-        return AuditRecord(
-            at=now,
-            actor=self.actor,
-            decision=decision,
-            step=planned.step,
-            node=node,
-            entity=planned.entity,
-            reason=reason,
-            idempotency_key=key,
-            dry_run=self.dry_run,
-            details=details,
-        )
-
 
 def _step_id(planned: PlannedStep) -> tuple[str, str, str, str] | None:
     """Return what makes a step the same as another incident's step, or ``None`` (never shared).
@@ -750,17 +851,6 @@ def _step_id(planned: PlannedStep) -> tuple[str, str, str, str] | None:
     if planned.step in (RemediationStep.NOTIFY, RemediationStep.RESUME):
         return None
     return (planned.entity, planned.step.value, planned.scope, planned.when)
-
-
-def _step_id_of_record(record: AuditRecord) -> tuple[str, str, str, str] | None:
-    if record.step is None or record.step in (RemediationStep.NOTIFY, RemediationStep.RESUME):
-        return None
-    return (
-        record.entity,
-        record.step.value,
-        record.details.get("scope", SCOPE_NODE),
-        record.details.get("when", NOW),
-    )
 
 
 def _cut(text: str) -> str:

@@ -67,8 +67,19 @@ KNOWN_FACTS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "ib_unused": ("InfiniBand ports not cabled on purpose: mlx5_1:1,mlx5_2", _is_port_list),
     "expected_busbw_gbps": ("nccl-tests bus bandwidth expected, GB/s", _is_positive_number),
     "driver_version": ("NVIDIA driver version of the node", lambda v: bool(v.strip())),
+    "switch": ("leaf switch the node is cabled to (fleet incidents)", lambda v: bool(v.strip())),
+    "rack": ("rack of the node (fleet incidents)", lambda v: bool(v.strip())),
 }
 """Facts the rules read, with what each means and a check of its value."""
+
+LINK_FACT = "link:"
+"""Facts ``link:<port>`` = ``<peer node>:<peer port>``: the other end of a port's cable
+(the controller makes both ends' findings one incident)."""
+
+
+def _is_link_end(value: str) -> bool:
+    peer, sep, port = value.strip().rpartition(":")
+    return bool(sep and peer and port)
 
 
 def check_facts(facts: Mapping[str, str]) -> list[str]:
@@ -82,6 +93,11 @@ def check_facts(facts: Mapping[str, str]) -> list[str]:
     """
     problems: list[str] = []
     for key, value in facts.items():
+        if key.startswith(LINK_FACT):
+            if not key[len(LINK_FACT):].strip() or not _is_link_end(value):
+                problems.append(f"fact {key}={value!r} is invalid: link:<port> = "
+                                "\"<peer node>:<peer port>\" (link:mlx5_0/1 = \"gpu-02:mlx5_0/1\")")
+            continue
         known = KNOWN_FACTS.get(key)
         if known is None:
             problems.append(f"unknown fact {key!r}; known: {', '.join(sorted(KNOWN_FACTS))}")

@@ -55,3 +55,62 @@ def test_a_controller_standby_notifies_nothing_until_it_leads() -> None:
     assert [a.labels["node"] for a in led.notified] == ["n1"]  # sent once on taking over
     assert p.evaluate().notified == []
     p.close()
+
+
+# --- the two ends of one link ---------------------------------------------------------
+
+LINKS = {"n1": {"link:mlx5_0/1": "n2:mlx5_0/1"}, "n3": {"link:mlx5_0/1": "leaf-3:17"}}
+
+
+def test_both_ends_of_one_link_are_one_finding_with_both_evidences() -> None:
+    from analytics.fleet import join_link_ends
+
+    worse, other = _f("n2"), _f("n1", Severity.MAJOR)
+    unrelated = _f("n4")
+    joined = join_link_ends([other, worse, unrelated], LINKS)  # n2's fact is derived
+    assert [f.node for f in joined] == ["n2", "n4"]  # the worse end stands for the link
+    link = joined[0]
+    assert "n1:mlx5_0/1" in link.summary
+    assert "one link fault" in link.summary
+    assert [e.text for e in link.evidence][:2] == ["State: Down", "n1: State: Down"]
+    assert link.occurrences == 2
+    assert join_link_ends([unrelated], LINKS) == [unrelated]
+    assert join_link_ends([other, worse], {}) == [other, worse]  # no topology: unchanged
+
+
+def test_one_end_alone_keeps_its_finding_and_names_the_peer() -> None:
+    from analytics.fleet import join_link_ends
+
+    (alone,) = join_link_ends([_f("n3")], LINKS)
+    assert alone.node == "n3"
+    assert alone.summary.endswith("(link to leaf-3:17)")
+    gpu = Finding(node="n1", entity="mlx5_0/1", kind="xid", code="79",  # type: ignore[arg-type]
+                  severity=Severity.CRITICAL, action=Action.REBOOT_NODE, summary="s",
+                  evidence=(), source="t")
+    assert join_link_ends([gpu, _f("n2")], LINKS)[0] is gpu  # only port kinds join
+
+
+def test_a_link_seen_from_both_ends_alerts_once_and_remediates_one_node() -> None:
+    from analytics.fleet import join_link_ends
+    from gpuhealth.pipeline import Pipeline
+
+    p = Pipeline(facts={}, notifiers=[], audit_log_path=None, cluster_size=10,
+                 join=lambda found: join_link_ends(found, LINKS))
+    p.observe_findings([_f("n1"), _f("n2")], hold_seconds=600)
+    out = p.evaluate()
+    assert [a.labels["node"] for a in out.alerts] == ["n1"]  # equal severity: first seen, name
+    assert {r.node for r in out.actions} == {"n1"}
+    alone = Pipeline(facts={}, notifiers=[], audit_log_path=None, cluster_size=10)
+    alone.observe_findings([_f("n1"), _f("n2")], hold_seconds=600)
+    assert len(alone.evaluate().alerts) == 2  # without the topology: two incidents
+    p.close()
+    alone.close()
+
+
+def test_link_facts_are_checked() -> None:
+    from analytics.fault_model.engine import check_facts
+
+    assert check_facts({"link:mlx5_0/1": "gpu-02:mlx5_0/1", "switch": "leaf-1"}) == []
+    (problem,) = check_facts({"link:mlx5_0/1": "gpu-02"})
+    assert "link:mlx5_0/1" in problem
+    assert "<peer node>:<peer port>" in problem

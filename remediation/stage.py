@@ -1,0 +1,337 @@
+"""The remediation stage: policy, engine and audit trail as one, each decision recorded first.
+
+:class:`RemediationStage` is what the pipeline hands an evaluation's alert changes to. It
+owns the :class:`~remediation.policy.RemediationPolicy` (budget, ladder, idempotency),
+the :class:`~remediation.engine.RemediationEngine` (actions, breaker, probation) and the
+audit trail, and keeps them in step:
+
+1. the policy decides (typed :class:`~remediation.policy.Decision` records);
+2. the decisions are written to the audit trail; only then are their requests queued in
+   the action store (an audit log written before any step);
+3. when the audit trail cannot be written (``ENOSPC``, a read-only remount, an I/O error,
+   PostgreSQL away), the policy is put back as it was before the decision, so the budget
+   counts no node that no recorded action holds, and the same alert changes are decided
+   again at the next evaluation, in order, until the write succeeds (nothing accepted is
+   lost; the pipeline goes on by itself once space returns);
+4. when the audit was written but the action store cannot be, the requests stay queued
+   here and are stored at the next evaluation or tick (``ActionStore.add`` is idempotent
+   on the key); after a restart :meth:`RemediationStage.reconcile` stores every request
+   of a still-open incident the audit trail has and the action store lacks.
+
+Each failed write counts in :attr:`RemediationStage.write_failures` (per store: ``audit``,
+``actions``) and makes :meth:`RemediationStage.failing_store` name the store, which the
+service turns into a critical self-alert and the ``gpuhealth_state_write_failures_total``
+metric.
+
+Only the leader decides; on becoming leader the stage rebuilds the policy from the shared
+audit trail and decides every active alert (:func:`~remediation.decisions.take_over`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from core.errors import TemporaryError
+from core.records import (
+    Action,
+    Alert,
+    AlertState,
+    AuditRecord,
+    EntityId,
+    Finding,
+    NodeName,
+    RemediationStep,
+    Severity,
+)
+from remediation.actions import ActionStore
+from remediation.audit import AuditLog, AuditStore
+from remediation.decisions import decide_on_alerts, take_over
+from remediation.engine import RemediationEngine
+from remediation.policy import Decision, PolicyResult, RemediationPolicy
+
+logger = logging.getLogger(__name__)
+
+WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, TemporaryError)
+"""What a failed write of a state store raises: the file's ``OSError`` (``ENOSPC``,
+``EROFS``, ``EIO``), SQLite's errors (``database or disk is full``) and an unreachable
+PostgreSQL (:class:`~core.errors.TemporaryError`)."""
+
+AUDIT, ACTIONS = "audit", "actions"
+SELF_KIND, WRITE_FAILED = "gpuhealth", "state_write_failed"
+
+
+@dataclass(slots=True)
+class _Undecided:
+    """Alert changes whose decisions could not be recorded, to decide again in order."""
+
+    changed: list[Alert] = field(default_factory=list)
+    fresh: set[str] = field(default_factory=set)
+    """Fingerprints of those that were new (not firing before) when they came."""
+
+
+class RemediationStage:
+    """Decide, record, queue and advance remediation (module docstring).
+
+    Args:
+        new_policy: Makes a fresh policy with this controller's guards (at start and on
+            taking over leadership).
+        engine: The engine; its ``policy`` is replaced when the policy is rebuilt.
+        audit: The audit trail (JSONL file or SQL store), or ``None`` to keep the records
+            only in the outputs (replays, tests).
+        is_leader: Whether this controller may decide now.
+        lock: Held while the policy and engine state change (the pipeline's lock).
+        active: Lists ``(finding, fingerprint)`` of every alert firing now (decided again
+            when this controller takes over leadership).
+    """
+
+    def __init__(self, *, new_policy: Callable[[], RemediationPolicy],
+                 engine: RemediationEngine, audit: AuditLog | AuditStore | None,
+                 is_leader: Callable[[], bool], lock: threading.RLock,
+                 active: Callable[[], Sequence[tuple[Finding, str]]]) -> None:
+        self._new_policy = new_policy
+        self._active = active
+        self.engine = engine
+        self.audit = audit
+        self.is_leader = is_leader
+        self._lock = lock
+        self._undecided = _Undecided()
+        self._unqueued = PolicyResult()
+        self.write_failures: dict[str, int] = {AUDIT: 0, ACTIONS: 0}
+        """Failed writes per store since start (``gpuhealth_state_write_failures_total``)."""
+        self._failing: dict[str, str] = {}
+        self._was_leader = is_leader()
+
+    @property
+    def policy(self) -> RemediationPolicy:
+        """The policy in use (rebuilt on taking over leadership)."""
+        return self.engine.policy
+
+    @property
+    def actions(self) -> ActionStore:
+        """The action store."""
+        return self.engine.store
+
+    def failing_store(self) -> dict[str, str]:
+        """Stores whose last write failed, with the error (empty when all are writable)."""
+        return dict(self._failing)
+
+    def self_findings(self, node: str) -> list[Finding]:
+        """The critical self-alert of each store that cannot be written now.
+
+        Kind ``gpuhealth``, code ``state_write_failed``, entity the store, on ``node``
+        (this controller's): remediation takes no step for it (``ladder`` plans none for
+        gpuhealth's own faults), the alert says what waits.
+        """
+        return [
+            Finding(node=NodeName(node), entity=EntityId(store), kind=SELF_KIND,
+                    code=WRITE_FAILED, severity=Severity.CRITICAL, action=Action.NONE,
+                    summary=(f"gpuhealth cannot write its {store} store ({error}): "
+                             "remediation decisions wait until it can; free space or fix "
+                             "the store"),
+                    evidence=(), source="gpuhealth remediation stage (docs/remediation.md)")
+            for store, error in sorted(self._failing.items())
+        ]
+
+    def restore(self) -> None:
+        """Rebuild the policy from the audit trail, then store what the action store lacks.
+
+        Raises:
+            OSError: The JSONL audit log exists but cannot be read.
+            TemporaryError: The shared audit trail cannot be read now.
+        """
+        if self.audit is None:
+            return
+        try:
+            self.audit.create()  # the path announced at start exists from the start
+        except OSError as exc:
+            logger.error("cannot create the audit log: %s", exc)  # noqa: TRY400
+        records = self.audit.read()
+        with self._lock:
+            self.policy.restore(records)
+        self.reconcile(records)
+
+    def reconcile(self, records: Iterable[AuditRecord]) -> int:
+        """Store each request of an open incident that was audited but never stored.
+
+        A crash or a full disk between the audit line and the action leaves the budget
+        counting the node with no action holding it; this queues that action (once: the
+        store is idempotent on the key). Returns how many were queued.
+        """
+        decisions = [d for r in records if (d := Decision.from_audit(r)) is not None]
+        last = {d.fingerprint: i for i, d in enumerate(decisions)}
+        open_incidents = self.policy.open_incidents
+        missing = PolicyResult()
+        for i, d in enumerate(decisions):
+            if d.request is None:
+                continue
+            resume = d.planned is not None and d.planned.step == RemediationStep.RESUME
+            # A step of an incident still open, or the resume that closed the last one.
+            if not (d.fingerprint in open_incidents or (resume and last[d.fingerprint] == i)):
+                continue
+            if self.actions.by_key(d.idempotency_key) is None:
+                missing.decisions.append(d)
+        if missing.decisions:
+            logger.warning("%d audited request(s) were never stored as actions: storing them "
+                           "now", len(missing.decisions))
+            self._queue(missing)
+        return len(missing.decisions)
+
+    def decide(self, changed: Sequence[Alert], *, before: set[str],
+               finding_of: Callable[[str], Finding | None]) -> PolicyResult:
+        """Decide, audit and queue what ``changed`` asks of remediation.
+
+        Alert changes whose decisions could not be audited at an earlier call are decided
+        first, in their order. Call with the pipeline's lock held.
+
+        Args:
+            changed: The alerts that changed in this evaluation.
+            before: Fingerprints of the alerts firing before it.
+            finding_of: The finding behind an alert's fingerprint.
+
+        Returns:
+            The decisions recorded now; empty when the audit trail could not be written
+            (they are decided again at the next call). Their requests are stored by
+            :meth:`queue_pending`.
+        """
+        leader = self.is_leader()
+        pending = self._undecided
+        if pending.changed:
+            latest = {a.fingerprint: a for a in changed}
+            kept = [a for a in pending.changed
+                    if not (a.fingerprint in pending.fresh and a.state != AlertState.RESOLVED
+                            and latest.get(a.fingerprint, a).state == AlertState.RESOLVED)]
+            dropped = {a.fingerprint for a in pending.changed} - {a.fingerprint for a in kept}
+            # A pending new alert still firing is decided once, from its latest finding.
+            again = {a.fingerprint for a in kept
+                     if a.fingerprint in pending.fresh and a.state != AlertState.RESOLVED}
+            changed = kept + [a for a in changed if a.fingerprint not in dropped
+                              and not (a.fingerprint in again
+                                       and a.state != AlertState.RESOLVED)]
+            before = before - pending.fresh
+        fresh = {a.fingerprint for a in changed
+                 if a.fingerprint not in before and a.state != AlertState.RESOLVED}
+        checkpoint = self.policy.checkpoint()
+        decided = decide_on_alerts(self.policy, self.engine, changed, before=before,
+                                   finding_of=finding_of, leader=leader)
+        if not decided.decisions:
+            self._undecided = _Undecided()
+            return decided
+        try:
+            if self.audit is not None:
+                self.audit.extend(decided.audit)
+        except WRITE_ERRORS as exc:
+            self.policy.rollback(checkpoint)
+            self._undecided = _Undecided(changed=list(changed), fresh=fresh)
+            self._failed(AUDIT, exc, f"{len(decided.decisions)} decision(s) wait: nothing is "
+                                     "submitted that cannot be recorded first")
+            return PolicyResult()
+        self._undecided = _Undecided()
+        self._ok(AUDIT)
+        for fingerprint, why in {(d.fingerprint, d.why) for d in decided.decisions
+                                 if d.escalated_from}:
+            self.engine.end_probation(fingerprint, why=f"escalated: {why}")
+        self._unqueued.extend(decided)
+        return decided
+
+    def queue_pending(self) -> list[AuditRecord]:
+        """Store the audited requests not stored yet; audit what the engine did with them.
+
+        Returns:
+            The engine's audit records (breaker opened, approvals awaited), written.
+        """
+        if not self._unqueued.decisions:
+            return []
+        result, self._unqueued = self._unqueued, PolicyResult()
+        return self._queue(result)
+
+    def _queue(self, result: PolicyResult) -> list[AuditRecord]:
+        try:
+            records = self.engine.enqueue(result)
+        except WRITE_ERRORS as exc:
+            self._unqueued.extend(result)
+            self._failed(ACTIONS, exc, f"{len(result.requests)} request(s) stay queued")
+            return []
+        self._ok(ACTIONS)
+        self.write(records)
+        return records
+
+    def write(self, records: Sequence[AuditRecord]) -> bool:
+        """Append the engine's records (step results, breaker) to the audit trail.
+
+        Returns:
+            Whether they were written (a failure is logged and counted, never raised).
+        """
+        if not records or self.audit is None:
+            return True
+        try:
+            self.audit.extend(records)
+        except WRITE_ERRORS as exc:
+            self._failed(AUDIT, exc, f"{len(records)} engine record(s) not written")
+            return False
+        self._ok(AUDIT)
+        return True
+
+    async def tick(self) -> list[AuditRecord]:
+        """Check leadership, store pending requests, advance the engine once; audit it."""
+        out = self.check_leadership()
+        out += self.queue_pending()
+        if self._failing.get(ACTIONS):
+            return out  # the action store is not writable: advancing would not be recorded
+        try:
+            records = await self.engine.tick()
+        except WRITE_ERRORS as exc:
+            self._failed(ACTIONS, exc, "remediation does not advance until it is writable")
+            return out
+        self.write(records)
+        return out + records
+
+    def check_leadership(self) -> list[AuditRecord]:
+        """On becoming leader, rebuild the policy from the audit trail and decide what is active.
+
+        Returns:
+            The audit records written.
+        """
+        leader = self.is_leader()
+        records: list[AuditRecord] = []
+        if leader and not self._was_leader:
+            logger.warning("this controller is leader now: taking over remediation")
+            firing = self._active()
+            with self._lock:
+                trail = self.audit.read() if self.audit is not None else ()
+                policy, decided = take_over(self._new_policy, trail, firing)
+                self.engine.policy = policy
+            if self.write(decided.audit):
+                self._unqueued.extend(decided)
+                records = [*decided.audit, *self.queue_pending()]
+        self._was_leader = leader
+        return records
+
+    def trip_breaker(self, why: str, *, now: float, nodes: int) -> list[AuditRecord]:
+        """Open the circuit breaker for a fleet event (leader only); audit it."""
+        if not self.is_leader():
+            return []
+        with self._lock:
+            records = self.engine.trip_breaker(why, now=now, nodes=nodes)
+        self.write(records)
+        return records
+
+    def close(self) -> None:
+        """Close the action store and a SQL audit trail (their files stay for the next start)."""
+        self.actions.close()
+        if isinstance(self.audit, AuditStore):
+            self.audit.close()
+
+    def _failed(self, store: str, exc: BaseException, what: str) -> None:
+        self.write_failures[store] += 1
+        first = store not in self._failing
+        self._failing[store] = str(exc) or type(exc).__name__
+        if first:
+            logger.critical("cannot write the %s store: %s; %s", store, exc, what)
+
+    def _ok(self, store: str) -> None:
+        if self._failing.pop(store, None) is not None:
+            logger.warning("the %s store is writable again", store)
