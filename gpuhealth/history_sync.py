@@ -1,8 +1,14 @@
-"""What ``gpuhealth run`` writes into the incident history the weekly report reads.
+"""What ``gpuhealth run`` and a controller's leader write into the incident history.
+
+The weekly report reads it. ``run`` keeps it in ``<data_dir>/history.sqlite``; a
+controller pair in its shared PostgreSQL, where only the leader writes (a standby that
+takes over writes the same keys again: every write is an upsert, so nothing is doubled).
 
 * **Inventory**: one :class:`~storage.history.InventoryRecord` per GPU seen, from the
   ``gpu_info`` sample's labels (model, driver and VBIOS versions), with first and last
-  seen times; written when new or changed, and at least every ``inventory_seconds``.
+  seen times (``run``), or from the agent registry (a controller: each agent's GPUs at
+  its last heartbeat, its ``driver_version`` fact, first seen when the agent first
+  reported); written when new or changed, and at least every ``inventory_seconds``.
 * **Incidents**: one :class:`~storage.history.IncidentRecord` per incident of the
   remediation engine's action store, upserted while it changes: detected, out of service
   (the first cordon or node drain that succeeded), back in service and resolved (its
@@ -16,11 +22,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 
 from core.errors import GpuHealthError
 from core.records import ActionPhase, Prediction, Sample
 from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, ActionStore
+from storage.fleet import AgentRow
 from storage.history import (
     IncidentHistory,
     IncidentRecord,
@@ -36,7 +44,7 @@ class HistoryRecorder:
     """Keeps the incident history up to date from the service (see the module docstring).
 
     Args:
-        history: The history file.
+        history: The history (a SQLite file, or the controller pair's PostgreSQL).
         inventory_seconds: Re-write every GPU's inventory row at least this often, > 0.
     """
 
@@ -47,9 +55,14 @@ class HistoryRecorder:
         self._dirty: set[tuple[str, str]] = set()
         self._inventory_at = float("-inf")
         self._written: dict[str, IncidentRecord] = {}
+        self._lock = threading.Lock()
 
     def observe(self, samples: Iterable[Sample]) -> None:
         """Take samples; ``gpu_info`` ones update the inventory."""
+        with self._lock:
+            self._observe(samples)
+
+    def _observe(self, samples: Iterable[Sample]) -> None:
         for s in samples:
             if s.metric != "gpu_info" or s.observed_at is None:
                 continue
@@ -69,6 +82,39 @@ class HistoryRecorder:
                 self._dirty.add(key)
             self._inventory[key] = record
 
+    def observe_agents(self, agents: Iterable[AgentRow]) -> None:
+        """Take the agent registry (a controller): each agent's GPUs update the inventory.
+
+        A residency starts when the agent first reported (the registry's, shared by the
+        replicas, so a new leader writes the same keys) and lasts to its last heartbeat.
+        """
+        with self._lock:
+            self._observe_agents(agents)
+
+    def _observe_agents(self, agents: Iterable[AgentRow]) -> None:
+        for agent in agents:
+            for gpu in agent.gpus:
+                entity = str(gpu.get("entity", ""))
+                if not entity:
+                    continue
+                key = (str(agent.node), entity)
+                old = self._inventory.get(key)
+                record = InventoryRecord(
+                    entity=entity, node=str(agent.node), model=str(gpu.get("model", "")),
+                    driver_version=str(gpu.get("driver_version")
+                                       or agent.facts.get("driver_version", "")),
+                    vbios_version=str(gpu.get("vbios_version", "")),
+                    slot=str(gpu.get("pci_bus_id", "")),
+                    first_seen_at=float(agent.first_seen_at),
+                    last_seen_at=float(agent.last_heartbeat_at), removed_at=None,
+                    source="gpuhealth")
+                if old is None or (old.model, old.driver_version, old.vbios_version,
+                                   old.first_seen_at) != (
+                        record.model, record.driver_version, record.vbios_version,
+                        record.first_seen_at):
+                    self._dirty.add(key)
+                self._inventory[key] = record
+
     def record_predictions(self, predictions: Iterable[Prediction]) -> None:
         """Write the predictions that alert (probability >= 0.5)."""
         rows = [PredictionRecord(entity=str(p.entity), node=str(p.node), at=p.predicted_at,
@@ -80,12 +126,13 @@ class HistoryRecorder:
 
     def sync(self, store: ActionStore, now: float) -> None:
         """Write changed inventory rows and incidents (errors are logged, retried next time)."""
-        if self._dirty or now - self._inventory_at >= self.inventory_seconds:
-            keys = set(self._inventory) if now - self._inventory_at >= self.inventory_seconds \
-                else self._dirty
+        with self._lock:  # the controller observes on its loop while this runs in a thread
+            due = now - self._inventory_at >= self.inventory_seconds
+            keys = set(self._inventory) if due else set(self._dirty)
             rows = [self._inventory[k] for k in keys]
-            if self._safely(lambda: self.history.upsert_inventory(rows)):
-                self._dirty.clear()
+        if (keys or due) and self._safely(lambda: self.history.upsert_inventory(rows)):
+            with self._lock:
+                self._dirty.difference_update(keys)
                 self._inventory_at = now
         changed = [r for r in self._incidents(store) if self._written.get(r.incident_id) != r]
         if changed and self._safely(lambda: self.history.upsert_incidents(changed)):
@@ -112,7 +159,8 @@ class HistoryRecorder:
             if dry:
                 # nothing was done to the node: no time out of service, no repair
                 attrs["dry_run"] = "true"
-            gpu = self._inventory.get((inc.node, inc.entity))
+            with self._lock:
+                gpu = self._inventory.get((inc.node, inc.entity))
             out.append(IncidentRecord(
                 incident_id=f"{inc.node}/{inc.incident}", node=inc.node, entity=inc.entity,
                 kind=inc.kind, code=inc.code, severity=inc.severity,
@@ -131,6 +179,6 @@ class HistoryRecorder:
         try:
             write()
         except (GpuHealthError, OSError) as exc:
-            logger.warning("cannot write the incident history %s: %s", self.history.path, exc)
+            logger.warning("cannot write the incident history %s: %s", self.history.where, exc)
             return False
         return True
