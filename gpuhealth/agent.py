@@ -120,6 +120,7 @@ class AgentLink:
     def _loop(self) -> None:
         delay = self.interval_seconds
         last_sent = 0.0
+        shown: bool | None = None
         while not self.stop.is_set():
             due = len(self.outbox) > 0 or time.monotonic() - last_sent >= self.heartbeat_seconds
             if due:
@@ -146,7 +147,9 @@ class AgentLink:
                     # sooner than one that does not answer at all.
                     cap = ANSWERED_BACKOFF_SECONDS if result.statuses else MAX_BACKOFF_SECONDS
                     delay = min(cap, max(self.interval_seconds, delay * 2))
-            self.exporter.render()
+            if self.up is not shown:  # up or down shows at once; depths at the next collection
+                shown = self.up
+                self.exporter.render()
             self.wake.wait(delay if self.up is False else self.interval_seconds)
             self.wake.clear()
 
