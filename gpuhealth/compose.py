@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from alerting.silences import SilenceStore
@@ -146,36 +146,29 @@ def replay_guards(*, max_disrupted_fraction: float, cluster_size: int,
                   engine_options: Mapping[str, Any] | None = None) -> Guards:
     """The guards of a replay given without a configuration (``gpuhealth replay`` flags).
 
-    ``engine_options`` may set any of the engine's guards (``breaker_max_nodes``,
-    ``probation_seconds``...); the rest keep the engine's defaults (breaker off: a dry
-    replay of recorded cases is no fleet event).
+    :func:`guards` of the default settings with the flags over them, so a replay without
+    a file has exactly ``run``'s defaults, except the circuit breaker: off unless
+    ``engine_options`` sets ``breaker_max_nodes`` (a dry replay of recorded cases is no
+    fleet event). ``engine_options`` may set any engine guard (``probation_seconds``...).
 
     Raises:
         ValueError: An unknown engine option.
     """
     options = dict(engine_options or {})
-    known = {"breaker_max_nodes", "breaker_window_seconds", "max_actions_per_minute",
-             "approval_min_severity", "approval_steps", "probation_seconds",
-             "step_timeout_seconds"}
-    unknown = set(options) - known
+    unknown = set(options) - _ENGINE_GUARDS
     if unknown:
         raise ValueError(f"unknown engine options {sorted(unknown)}")
-    return Guards(
-        dry_run=dry_run,
-        max_disrupted_fraction=max_disrupted_fraction,
-        cluster_size=cluster_size,
-        disruption_limit=max(1, math.floor(max_disrupted_fraction * cluster_size + 1e-9)),
-        critical_reserve_fraction=0.25,
-        opt_out_nodes=frozenset(opt_out_nodes),
-        act_on_predictions=False,
-        breaker_max_nodes=options.get("breaker_max_nodes"),
-        breaker_window_seconds=float(options.get("breaker_window_seconds", 600.0)),
-        max_actions_per_minute=float(options.get("max_actions_per_minute", 600.0)),
-        approval_min_severity=options.get("approval_min_severity"),
-        approval_steps=frozenset(options.get("approval_steps", ())),
-        probation_seconds=float(options.get("probation_seconds", 3600.0)),
-        step_timeout_seconds=float(options.get("step_timeout_seconds", 3600.0)),
-    )
+    if "approval_steps" in options:
+        options["approval_steps"] = frozenset(options["approval_steps"])
+    options.setdefault("breaker_max_nodes", None)
+    base = guards(Settings(), cluster_size=cluster_size,
+                  max_disrupted_fraction=max_disrupted_fraction, dry_run=dry_run)
+    return replace(base, opt_out_nodes=frozenset(opt_out_nodes), **options)
+
+
+_ENGINE_GUARDS = frozenset({"breaker_max_nodes", "breaker_window_seconds",
+                            "max_actions_per_minute", "approval_min_severity",
+                            "approval_steps", "probation_seconds", "step_timeout_seconds"})
 
 
 def guards_of(pipeline: Pipeline) -> Guards:

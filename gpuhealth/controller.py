@@ -122,6 +122,7 @@ class Controller:
         self.ready = threading.Event()
         self.recorder: HistoryRecorder | None = None
         """The leader's incident history writer (opened by :meth:`serve`)."""
+        self._report_scheduler: Any = None
         self._db = ThreadPoolExecutor(max_workers=c.pool_size,
                                       thread_name_prefix="gpuhealth-state")
 
@@ -390,6 +391,8 @@ class Controller:
         await site.start()
         self.port = int(runner.addresses[0][1]) if runner.addresses else c.port
         self.recorder = self._open_history()
+        if self.recorder is not None and self.settings.report.enabled:
+            self._report_scheduler = self._start_weekly_report()
         self.elector.start()
         logger.info("gpuhealth controller %s listening on %s://%s:%d (state %s, remediation %s)",
                     self.elector.identity, "https" if context else "http", c.listen_address,
@@ -402,6 +405,8 @@ class Controller:
             await runner.cleanup()
             if self.recorder is not None:
                 self.recorder.history.close()
+            if self._report_scheduler is not None:
+                self._report_scheduler.shutdown(wait=False)
             self.elector.stop()
             await self.pipeline.deliver(force=True)
             self.pipeline.close()
@@ -409,13 +414,34 @@ class Controller:
             self.store.close()
 
 
+    def _history_target(self) -> str:
+        """The shared PostgreSQL state, else this replica's history file."""
+        state = self.settings.fleet_state
+        return state if is_postgres(state) else str(self.settings.history_path)
+
+    def _start_weekly_report(self) -> Any:
+        """Schedule the weekly report on every replica; only the leader writes it."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        from gpuhealth.report_cli import schedule_weekly_report
+
+        r = self.settings.report
+        scheduler = BackgroundScheduler(timezone=r.timezone)
+        schedule_weekly_report(
+            scheduler, history_path=self._history_target(),
+            folder=r.folder or self.settings.node.data_dir / "reports",
+            webhook_url=r.webhook_url, weekday=r.weekday, at=r.time, timezone=r.timezone,
+            spare_fraction=r.spare_fraction, formats=r.formats, link_base=r.link_base,
+            only_if=self.elector.is_leader_now)
+        scheduler.start()
+        return scheduler
+
     def _open_history(self) -> HistoryRecorder | None:
         """The history the leader records: the shared PostgreSQL state, else the file.
 
         One that cannot be opened is logged; the controller runs on without it.
         """
-        state = self.settings.fleet_state
-        target = state if is_postgres(state) else str(self.settings.history_path)
+        target = self._history_target()
         try:
             return HistoryRecorder(IncidentHistory(target))
         except Exception as exc:  # an unreadable file, an unreachable server

@@ -152,7 +152,8 @@ class RemediationStage:
         records = self.audit.read()
         with self._lock:
             self.policy.restore(records)
-        self.reconcile(records)
+        if self.actions.path is not None or self.actions.db.dialect != "sqlite":
+            self.reconcile(records)  # an action store in memory (replay) starts empty
 
     def reconcile(self, records: Iterable[AuditRecord]) -> int:
         """Store each request of an open incident that was audited but never stored.
