@@ -277,12 +277,27 @@ def write_weekly_report(*, history_path: str | Path, folder: str | Path,
     return {"files": files, "summary": head, "delivered": delivered}
 
 
+def write_weekly_report_if(only_if: Callable[[], bool], **kwargs: Any) -> dict[str, Any] | None:
+    """Write the weekly report (:func:`write_weekly_report`) if ``only_if()`` says so.
+
+    A controller pair schedules the job on both replicas and only the leader writes it.
+
+    Returns:
+        What :func:`write_weekly_report` returns, or ``None`` when skipped.
+    """
+    if not only_if():
+        logger.info("weekly report: not the leader; the leader writes it")
+        return None
+    return write_weekly_report(**kwargs)
+
+
 def schedule_weekly_report(scheduler: Any, *, history_path: str | Path, folder: str | Path,
                            webhook_url: str | None = None, weekday: str = "mon",
                            at: str = "06:00", timezone: str = "UTC",
                            spare_fraction: float = 0.15, source: str | None = None,
                            formats: Sequence[str] = ("html", "json"),
-                           link_base: str | None = None) -> Any:
+                           link_base: str | None = None,
+                           only_if: Callable[[], bool] | None = None) -> Any:
     """Add the weekly report job to an apscheduler 3.x scheduler.
 
     Args:
@@ -297,6 +312,8 @@ def schedule_weekly_report(scheduler: Any, *, history_path: str | Path, folder: 
         source: Only this source, or ``None``.
         formats: Formats written (``html``, ``md``, ``json``).
         link_base: URL prefix under which ``folder`` is served, for the webhook's links.
+        only_if: Asked when the job fires; the report is written only if it returns true
+            (a controller's ``is_leader``). ``None``: always.
 
     Returns:
         The apscheduler ``Job`` (id ``gpuhealth-weekly-report``; added again, it replaces).
@@ -323,9 +340,14 @@ def schedule_weekly_report(scheduler: Any, *, history_path: str | Path, folder: 
         trigger = CronTrigger(day_of_week=day, hour=hour, minute=minute, timezone=timezone)
     except Exception as exc:  # apscheduler raises plain ValueError/ZoneInfo errors here
         raise ConfigError(f"[report] timezone: {timezone!r}: {exc}") from exc
+    kwargs: dict[str, Any] = {
+        "history_path": str(history_path), "folder": str(folder), "webhook_url": webhook_url,
+        "formats": tuple(formats), "source": source, "spare_fraction": spare_fraction,
+        "link_base": link_base}
+    job: Callable[..., Any] = write_weekly_report
+    if only_if is not None:
+        job, kwargs = write_weekly_report_if, {"only_if": only_if, **kwargs}
     return scheduler.add_job(
-        write_weekly_report, trigger, id="gpuhealth-weekly-report", replace_existing=True,
+        job, trigger, id="gpuhealth-weekly-report", replace_existing=True,
         name="gpuhealth weekly reliability report", misfire_grace_time=3600, coalesce=True,
-        kwargs={"history_path": str(history_path), "folder": str(folder),
-                "webhook_url": webhook_url, "formats": tuple(formats), "source": source,
-                "spare_fraction": spare_fraction, "link_base": link_base})
+        kwargs=kwargs)

@@ -163,3 +163,22 @@ def test_the_controller_keeps_its_outbox_and_history_in_the_shared_state(
         controller.pipeline.close()
         controller.store.close()
     assert not (settings.node.data_dir / "outbox.sqlite").exists()
+
+
+def test_the_weekly_report_is_written_by_the_leader_only(dsn: str, tmp_path: Path) -> None:
+    from apscheduler.schedulers.background import (  # type: ignore[import-untyped,unused-ignore]
+        BackgroundScheduler,
+    )
+
+    from gpuhealth.report_cli import schedule_weekly_report
+
+    IncidentHistory(dsn).close()
+    leader = [False]
+    job = schedule_weekly_report(BackgroundScheduler(timezone="UTC"), history_path=dsn,
+                                 folder=tmp_path / "reports", only_if=lambda: leader[0])
+    assert job.func(**job.kwargs) is None  # the standby skips it
+    assert not (tmp_path / "reports").exists()
+    leader[0] = True
+    written = job.func(**job.kwargs)
+    assert written is not None
+    assert [Path(f).suffix for f in written["files"]] == [".html", ".json"]
