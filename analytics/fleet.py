@@ -14,6 +14,7 @@ own remediation waits for a human. The event is reported once while it holds.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -223,3 +224,82 @@ def join_link_ends(findings: Sequence[Finding],
         else:
             out.append(f)
     return out
+
+
+SILENT_KIND, SILENT_CODE = "agent", "silent"
+"""The finding of a node whose agent went silent."""
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceChange:
+    """What one :meth:`AgentSilence.update` found: agents gone silent, agents back.
+
+    Attributes:
+        gone: One ``warning`` finding per node whose agent went silent now.
+        back: The ``(node, entity, kind, code)`` keys of the findings to clear.
+        silent: Every node silent now.
+    """
+
+    gone: list[Finding]
+    back: list[tuple[str, str, str, str]]
+    silent: frozenset[str]
+
+
+class AgentSilence:
+    """A node whose agent has not been heard from is watched, never drained on that alone.
+
+    node-problem-detector and NVSentinel treat a missing heartbeat the same way: the node
+    may be down, the agent stopped or the network cut, and none of these says a GPU is
+    bad. An agent silent for longer than ``after_seconds`` gets a ``warning`` finding
+    (``agent``/``silent``, action none: it alerts, remediation plans no step); a heartbeat
+    clears it.
+
+    Args:
+        after_seconds: Silence that makes a finding, > 0 (``[controller] agent_silent_seconds``).
+
+    Raises:
+        ValueError: ``after_seconds`` <= 0.
+    """
+
+    def __init__(self, *, after_seconds: float) -> None:
+        if after_seconds <= 0:
+            raise ValueError(f"after_seconds must be > 0, got {after_seconds!r}")
+        self.after_seconds = after_seconds
+        self.silent: frozenset[str] = frozenset()
+
+    def update(self, last_heartbeat: Mapping[str, float], *, now: float,
+               store_back_since: float | None = None) -> SilenceChange:
+        """Account for the registry's last heartbeats; return what changed.
+
+        Args:
+            last_heartbeat: Per node, its agent's last heartbeat, epoch seconds.
+            now: Epoch seconds.
+            store_back_since: Seconds since the state store was last unreachable
+                (``None``: it never was). A heartbeat could not be written while it was
+                away, so no agent is called silent until it has been back for a whole
+                ``after_seconds``.
+        """
+        after = self.after_seconds
+        silent_now = {n for n, last in last_heartbeat.items() if now - last > after}
+        back = self.silent - silent_now
+        if store_back_since is not None and store_back_since < after:
+            silent_now &= self.silent
+        gone = silent_now - self.silent
+        self.silent = frozenset(silent_now)
+        return SilenceChange(
+            gone=[self._finding(n, last_heartbeat[n], now) for n in sorted(gone)],
+            back=[(n, "node", SILENT_KIND, SILENT_CODE) for n in sorted(back)],
+            silent=self.silent)
+
+    def _finding(self, node: str, last: float, now: float) -> Finding:
+        after = self.after_seconds
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last))
+        return Finding(
+            node=NodeName(node), entity=EntityId("node"), kind=SILENT_KIND, code=SILENT_CODE,
+            severity=Severity.WARNING, action=Action.NONE,
+            summary=f"gpuhealth agent on {node} silent for more than {after:.0f} s "
+                    "(node down, agent stopped or network cut); not remediated on that alone",
+            evidence=(Evidence(file="controller", line=None,
+                               text=f"last heartbeat at {stamp}"),),
+            source="analytics.fleet: agent registry (docs/fleet.md)",
+            first_seen_at=last + after, last_seen_at=now)

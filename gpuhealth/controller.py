@@ -43,10 +43,8 @@ from typing import Any
 from aiohttp import web
 
 from alerting.silences import SilenceStore
-from analytics.fleet import FleetCorrelator
-from core.codec import CodecError, finding_from_json
+from analytics.fleet import AgentSilence, FleetCorrelator
 from core.errors import ConfigError, TemporaryError
-from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
 from gpuhealth.api import AlertingApi
 from gpuhealth.compose import service_pipeline
 from gpuhealth.config import Settings, api_token
@@ -56,7 +54,13 @@ from gpuhealth.metrics import CONTENT_TYPE, MetricsExporter
 from gpuhealth.pipeline import Pipeline
 from gpuhealth.tokens import AgentTokens
 from remediation.metrics import RemediationCollector
-from storage.fleet import BatchError, FleetStore, open_fleet_store, parse_batch
+from storage.fleet import (
+    BatchError,
+    FleetStore,
+    finding_updates,
+    open_fleet_store,
+    parse_batch,
+)
 from storage.history import IncidentHistory
 from storage.sql import is_postgres, server_of
 
@@ -65,7 +69,6 @@ logger = logging.getLogger(__name__)
 MAX_BATCH_BYTES = 8 * 1024 * 1024
 """Largest batch body accepted (413 beyond)."""
 
-SILENT_KIND, SILENT_CODE = "agent", "silent"
 
 HISTORY_INTERVAL_SECONDS = 30.0
 """How often the leader writes changed incidents and inventory into the history (s)."""
@@ -117,7 +120,7 @@ class Controller:
                                           min_nodes=c.correlate_min_nodes,
                                           window_seconds=c.correlate_window_seconds)
         self.cursor = 0
-        self.silent: set[str] = set()
+        self.silence = AgentSilence(after_seconds=c.agent_silent_seconds)
         self.port: int | None = None
         self.ready = threading.Event()
         self.recorder: HistoryRecorder | None = None
@@ -257,27 +260,13 @@ class Controller:
 
     def _apply(self, records: list[Any]) -> int:
         """Give consumed records to the pipeline; return how many changed something."""
-        window = self.settings.analytics.event_window_seconds
-        now = time.time()
-        changed = 0
-        for record in records:
-            if record.kind == "finding":
-                hold = record.at + window - now
-                if hold <= 0:
-                    continue
-                try:
-                    finding = finding_from_json(record.body)
-                except CodecError as exc:  # accepted by an older version: skip, say so
-                    logger.warning("controller: record %s skipped: %s", record.key, exc)
-                    continue
-                self.pipeline.observe_findings([finding], hold_seconds=hold, replace_held=True)
-                changed += 1
-            elif record.kind == "finding_cleared":
-                b = record.body
-                self.pipeline.clear_findings([(str(b.get("node")), str(b.get("entity")),
-                                               str(b.get("kind")), str(b.get("code")))])
-                changed += 1
-        return changed
+        updates = finding_updates(records, now=time.time(),
+                                  window_seconds=self.settings.analytics.event_window_seconds)
+        if updates.cleared:
+            self.pipeline.clear_findings(updates.cleared)
+        for finding, hold in updates.held:
+            self.pipeline.observe_findings([finding], hold_seconds=hold, replace_held=True)
+        return updates.changed
 
     async def _consume(self, stop: asyncio.Event) -> None:
         c = self.settings.controller
@@ -341,31 +330,21 @@ class Controller:
 
     async def _check_silent(self) -> int:
         rows = await self._db_call(self.store.agents)
-        if self.recorder is not None:
-            self.recorder.observe_agents(rows)
         now = time.time()
-        after = self.settings.controller.agent_silent_seconds
-        silent_now = {r.node for r in rows if now - r.last_heartbeat_at > after}
-        self.exporter.set("gpuhealth_controller_agents", float(len(silent_now)),
-                          {"state": "silent"})
-        self.exporter.set("gpuhealth_controller_agents", float(len(rows) - len(silent_now)),
-                          {"state": "reporting"})
         self.facts.update({r.node: dict(r.facts) for r in rows})
-        back = self.silent - silent_now
-        # A heartbeat could not be written while the store was away: no agent is called
-        # silent until the store has been back for a whole silence period.
-        if time.monotonic() - self._store_failed_at < after:
-            silent_now &= self.silent
-        gone = silent_now - self.silent
-        if back:
-            self.pipeline.clear_findings([(n, "node", SILENT_KIND, SILENT_CODE) for n in back])
-        if gone:
-            by_node = {r.node: r for r in rows}
-            self.pipeline.observe_findings(
-                [_silent_finding(by_node[n].node, by_node[n].last_heartbeat_at, after)
-                 for n in gone], hold_seconds=10 * 365 * 86400.0)
-        self.silent = silent_now
-        return len(back) + len(gone)
+        change = self.silence.update(
+            {r.node: r.last_heartbeat_at for r in rows}, now=now,
+            store_back_since=(time.monotonic() - self._store_failed_at
+                              if self._store_failed_at > float("-inf") else None))
+        self.exporter.set("gpuhealth_controller_agents", float(len(change.silent)),
+                          {"state": "silent"})
+        self.exporter.set("gpuhealth_controller_agents", float(len(rows) - len(change.silent)),
+                          {"state": "reporting"})
+        if change.back:
+            self.pipeline.clear_findings(change.back)
+        if change.gone:
+            self.pipeline.observe_findings(change.gone, hold_seconds=10 * 365 * 86400.0)
+        return len(change.back) + len(change.gone)
 
     # --- running ----------------------------------------------------------------------
 
@@ -448,18 +427,6 @@ class Controller:
             logger.error("controller: no incident history (the weekly report will miss "  # noqa: TRY400
                          "this run): %s: %s", _state_name(target), exc)
             return None
-
-
-def _silent_finding(node: str, last: float, after: float) -> Finding:
-    return Finding(
-        node=NodeName(node), entity=EntityId("node"), kind=SILENT_KIND, code=SILENT_CODE,
-        severity=Severity.WARNING, action=Action.NONE,
-        summary=f"gpuhealth agent on {node} silent for more than {after:.0f} s "
-                "(node down, agent stopped or network cut); not remediated on that alone",
-        evidence=(Evidence(file="controller", line=None, text="last heartbeat at "
-                           + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last))),),
-        source="gpuhealth controller: agent registry", first_seen_at=last + after,
-        last_seen_at=time.time())
 
 
 def _state_name(target: str) -> str:

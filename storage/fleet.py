@@ -30,6 +30,7 @@ agent may resend).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from core.codec import CodecError, finding_from_json
+from core.records import Finding
 from storage.sql import (
     Database,
     PostgresDatabase,
@@ -57,6 +59,8 @@ __all__ = [
     "is_postgres",
     "open_fleet_store",
 ]
+
+logger = logging.getLogger(__name__)
 
 COMPONENT = "fleet"
 """The schema component (``storage/migrations/sqlite/NNNN_fleet*.sql``)."""
@@ -422,3 +426,62 @@ def without_nul(value: Any) -> Any:
     if isinstance(value, list):
         return [without_nul(v) for v in value]
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class FindingUpdates:
+    """The findings a run of accepted records opens and closes, in accepted order.
+
+    Only the latest record of each finding counts (a finding cleared and seen again is
+    open; one seen and cleared is closed), so applying :attr:`cleared` and then
+    :attr:`held` gives what applying the records one by one would.
+
+    Attributes:
+        held: ``(finding, hold seconds)``: each stays open that long unless cleared (what
+            is left of the event window since the agent made it).
+        cleared: ``(node, entity, kind, code)`` of the findings the agents cleared.
+        changed: How many records changed something.
+    """
+
+    held: list[tuple[Finding, float]]
+    cleared: list[tuple[str, str, str, str]]
+    changed: int
+
+
+def finding_updates(records: Sequence[StoredFleetRecord], *, now: float,
+                    window_seconds: float) -> FindingUpdates:
+    """Read the ``finding`` and ``finding_cleared`` records among ``records``.
+
+    A finding older than the event window is not opened again (it would be forgotten at
+    once); one a newer version accepted but this one cannot read is skipped with a
+    warning naming its key. Other kinds (heartbeats, inventory) are the registry's.
+
+    Args:
+        records: Accepted records, in ``seq`` order.
+        now: Epoch seconds.
+        window_seconds: The event window (``[analytics] event_window_seconds``), seconds.
+    """
+    last: dict[tuple[str, str, str, str], tuple[Finding, float] | None] = {}
+    changed = 0
+    for record in records:
+        if record.kind == "finding":
+            hold = record.at + window_seconds - now
+            if hold <= 0:
+                continue
+            try:
+                finding = finding_from_json(record.body)
+            except CodecError as exc:  # accepted by an older or newer version: say so
+                logger.warning("fleet record %s skipped: %s", record.key, exc)
+                continue
+            last.pop(finding.key, None)  # the latest record of a finding decides
+            last[finding.key] = (finding, hold)
+            changed += 1
+        elif record.kind == "finding_cleared":
+            b = record.body
+            key = (str(b.get("node")), str(b.get("entity")), str(b.get("kind")),
+                   str(b.get("code")))
+            last.pop(key, None)
+            last[key] = None
+            changed += 1
+    return FindingUpdates(held=[v for v in last.values() if v is not None],
+                          cleared=[k for k, v in last.items() if v is None], changed=changed)

@@ -114,3 +114,59 @@ def test_link_facts_are_checked() -> None:
     (problem,) = check_facts({"link:mlx5_0/1": "gpu-02"})
     assert "link:mlx5_0/1" in problem
     assert "<peer node>:<peer port>" in problem
+
+
+# --- silent agents -----------------------------------------------------------------
+
+
+def test_a_silent_agent_gets_one_warning_and_is_cleared_by_a_heartbeat() -> None:
+    from analytics.fleet import AgentSilence
+
+    s = AgentSilence(after_seconds=60)
+    assert s.update({"n1": 100.0, "n2": 100.0}, now=150.0).gone == []
+    change = s.update({"n1": 100.0, "n2": 150.0}, now=200.0)
+    (finding,) = change.gone
+    assert (finding.node, finding.kind, finding.code) == ("n1", "agent", "silent")
+    assert (finding.severity, finding.action) == (Severity.WARNING, Action.NONE)  # no drain
+    assert s.update({"n1": 100.0, "n2": 200.0}, now=230.0).gone == []  # once
+    back = s.update({"n1": 229.0, "n2": 229.0}, now=230.0)
+    assert back.back == [("n1", "node", "agent", "silent")]
+    assert back.silent == frozenset()
+
+
+def test_no_agent_is_called_silent_while_the_store_was_just_away() -> None:
+    from analytics.fleet import AgentSilence
+
+    s = AgentSilence(after_seconds=60)
+    assert s.update({"n1": 0.0}, now=100.0, store_back_since=10.0).gone == []
+    assert [f.node for f in s.update({"n1": 0.0}, now=200.0, store_back_since=70.0).gone] == [
+        "n1"]
+
+
+def test_the_latest_record_of_a_finding_decides() -> None:
+    from core.codec import finding_to_json
+    from storage.fleet import StoredFleetRecord, finding_updates
+
+    f = _f("n1")
+    body = finding_to_json(f)
+    cleared = {"node": "n1", "entity": "mlx5_0/1", "kind": "ib_port", "code": "down"}
+
+    def rec(seq: int, kind: str, b: dict, at: float = 100.0) -> StoredFleetRecord:
+        return StoredFleetRecord(seq=seq, key=f"n1:{seq}", node="n1", kind=kind, at=at,
+                                 body=b, accepted_at=at)
+
+    seen_then_cleared = finding_updates([rec(1, "finding", body), rec(2, "finding_cleared",
+                                                                      cleared)],
+                                        now=110.0, window_seconds=60.0)
+    assert seen_then_cleared.held == []
+    assert seen_then_cleared.cleared == [f.key]
+    cleared_then_seen = finding_updates([rec(1, "finding_cleared", cleared),
+                                         rec(2, "finding", body)], now=110.0,
+                                        window_seconds=60.0)
+    assert [(x.key, hold) for x, hold in cleared_then_seen.held] == [(f.key, 50.0)]
+    assert cleared_then_seen.cleared == []
+    old = finding_updates([rec(1, "finding", body, at=0.0)], now=110.0, window_seconds=60.0)
+    assert old.held == []
+    assert old.changed == 0
+    bad = finding_updates([rec(1, "finding", {"node": "n1"})], now=110.0, window_seconds=60.0)
+    assert bad.held == []  # unreadable: skipped with a warning, never a finding
