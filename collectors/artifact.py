@@ -98,6 +98,18 @@ class ParserSession(Protocol):
 
 
 @runtime_checkable
+class UnreadLines(Protocol):
+    """A session that finds, once closed, that lines it was fed could not be read at all.
+
+    ``unread_lines`` of them do not count as parsed: an ``nvidia-smi -q -x`` document cut
+    before its first complete element is unreadable (``diagnose`` exit 4), not a document
+    without findings.
+    """
+
+    unread_lines: int
+
+
+@runtime_checkable
 class ArtifactParser(Protocol):
     """Parses one artifact kind (a kernel log, ``nvidia-smi -q``, ``ibstat``...)."""
 
@@ -385,6 +397,8 @@ def parse_lines(
         nonlocal session
         if session is not None:
             yield from session.close()
+            if isinstance(session, UnreadLines):
+                result.parsed_lines -= session.unread_lines
             result.add_issues(session.issues)
             session.issues.clear()
             session = None

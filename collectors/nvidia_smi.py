@@ -1034,6 +1034,8 @@ class _XmlSession(Session):
     def __init__(self, ctx: ParseContext) -> None:
         super().__init__(ctx)
         self.lines: list[Line] = []
+        self.unread_lines = 0  # collectors.artifact.UnreadLines
+        self._complete = 0  # elements read to their end tag
 
     def feed(self, lines: Sequence[Line]) -> list[Record]:
         self.lines.extend(lines)
@@ -1048,7 +1050,15 @@ class _XmlSession(Session):
             records, error = self._parse(body, offset=0)
         else:
             records, error = self._parse("<fragment>" + body + "</fragment>", offset=0)
-        if error is not None:
+        if error is not None and not self._complete:
+            # cut (or broken) before its first complete element: nothing in it was read,
+            # which is not a document without findings
+            line_index, reason = error
+            self.unread_lines = len(self.lines)
+            self.issue(self._line_number(line_index),
+                       "nvidia-smi XML unreadable: it ends or breaks before its first "
+                       f"complete element ({reason})")
+        elif error is not None:
             line_index, reason = error
             number = self._line_number(line_index)
             if line_index >= len(self.lines):
@@ -1080,7 +1090,8 @@ class _XmlSession(Session):
             texts.append([])
 
         def end(name: str) -> None:
-            del name
+            if name != "fragment":
+                self._complete += 1
             content = "".join(texts.pop()) if texts else ""
             path = [p for p in stack if p not in {"fragment", "nvidia_smi_log", "gpu"}]
             leaf_name = stack[-1] if stack else ""

@@ -19,7 +19,6 @@ from core import logs
 from core.errors import ConfigError, GpuHealthError
 from core.plugins import GROUPS, available
 from core.protocols import Closeable
-from gpuhealth.diagnose import EXIT_UNPARSEABLE
 from gpuhealth.diagnose import diagnose as run_diagnose
 
 logger = logging.getLogger(__name__)
@@ -226,6 +225,9 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     Remediation is dry-run unless --live. Line-protocol files (.lp, a recorded fleet) also
     go through the online detectors and the failure predictor in record time, with the
     [analytics] settings of --config; their predictions are listed.
+
+    Exit status, as diagnose: 0 worst finding at the end is info, 1 warning, 2 major,
+    3 critical, 4 nothing could be read, 64 usage error.
     """
     from gpuhealth.replay import load_node_facts, render_errors, render_text, to_json
     from gpuhealth.replay import replay as run_replay
@@ -255,7 +257,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
             click.echo(line, err=True)
     if not report.parsed_lines:
         click.echo("error: nothing in the input could be replayed", err=True)
-        sys.exit(EXIT_UNPARSEABLE)
+    sys.exit(report.exit_status)
 
 
 def _analytics_settings(config_path: str | None) -> Any:

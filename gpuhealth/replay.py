@@ -62,7 +62,12 @@ from core.records import (
 )
 from gpuhealth.compose import Guards, replay_guards, replay_pipeline
 from gpuhealth.config import AnalyticsSettings
-from gpuhealth.diagnose import LINE_PROTOCOL_SUFFIXES, expand_paths
+from gpuhealth.diagnose import (
+    EXIT_FOR_SEVERITY,
+    EXIT_UNPARSEABLE,
+    LINE_PROTOCOL_SUFFIXES,
+    expand_paths,
+)
 from remediation.policy import DECISION_HELD, describe, describe_request
 from storage import read_records
 from storage.lineprotocol import CONVERSIONS, DecodeReport
@@ -165,6 +170,22 @@ class ReplayReport:
     def node(self, name: str) -> NodeReplay | None:
         """Return the result for node ``name``, or ``None``."""
         return next((n for n in self.nodes if n.node == name), None)
+
+    @property
+    def worst_severity(self) -> Severity:
+        """The worst severity among every node's findings at the end (``info`` when none)."""
+        return worst([f for n in self.nodes for f in n.findings])[0]
+
+    @property
+    def exit_status(self) -> int:
+        """The exit status of ``gpuhealth replay``, as ``diagnose`` has it (fault-model.md).
+
+        0 worst is info, 1 warning, 2 major, 3 critical (over the findings left at the end
+        of the replay), 4 nothing in the input could be read.
+        """
+        if not self.parsed_lines:
+            return EXIT_UNPARSEABLE
+        return EXIT_FOR_SEVERITY[self.worst_severity]
 
 
 

@@ -244,7 +244,8 @@ def test_replay_runs_the_detectors_and_the_predictor_in_record_time(tmp_path: Pa
     result = CliRunner().invoke(
         main, ["replay", str(path), "--json", "--config", str(settings)], catch_exceptions=False
     )
-    assert result.exit_code == 0, result.output[-2000:]
+    # GPUs of the stream fell off the bus: critical findings, exit 3 as diagnose has it
+    assert result.exit_code == 3, result.output[-2000:]
     doc = json.loads(result.output)
     analysis = doc["analytics"]
     samples = sum(1 for tick in synthetic.samples(plan) for r in tick if isinstance(r, Sample))

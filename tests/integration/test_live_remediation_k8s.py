@@ -72,7 +72,7 @@ def test_replay_live_xid79_cordons_drains_and_requests_a_reboot(tmp_path):
         config = _config(tmp_path, api.url)
         out = CliRunner().invoke(main, ["replay", str(log), "--context", "node=gpu-node-1",
                                         "--live", "--config", str(config), "--wait", "20"])
-        assert out.exit_code == 0, out.output
+        assert out.exit_code == 3, out.output  # the Xid 79 stays critical: exit as diagnose
         node = api.node("gpu-node-1")
         assert node["spec"]["unschedulable"] is True
         assert node["metadata"]["annotations"]["gpuhealth.io/reason"].startswith("gpuhealth:")
@@ -83,7 +83,7 @@ def test_replay_live_xid79_cordons_drains_and_requests_a_reboot(tmp_path):
         # replaying the same incident again does nothing twice
         out = CliRunner().invoke(main, ["replay", str(log), "--context", "node=gpu-node-1",
                                         "--live", "--config", str(config), "--wait", "5"])
-        assert out.exit_code == 0, out.output
+        assert out.exit_code == 3, out.output  # the Xid 79 stays critical: exit as diagnose
         assert api.evictions["default/train-0"] == 1
         assert api.requests["POST eviction"] >= 1
 
