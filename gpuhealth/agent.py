@@ -56,6 +56,8 @@ class AgentLink:
         self.heartbeat_seconds = heartbeat_seconds
         self.wake = threading.Event()
         self.up: bool | None = None
+        self.unreachable_since: float | None = None
+        """Since when no controller took a batch (epoch seconds); ``None`` while one does."""
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="gpuhealth-agent-link",
                                         daemon=True)
@@ -133,6 +135,7 @@ class AgentLink:
                                        "delivered, %d still queued", result.controller,
                                        result.sent, len(self.outbox))
                     self.up = True
+                    self.unreachable_since = None
                     if len(self.outbox):
                         continue  # more queued: the next batch at once
                 elif result.refused and not any(c in (401, 403)
@@ -143,6 +146,8 @@ class AgentLink:
                         logger.error("agent: no controller took the batch (%s); collecting "
                                      "and queueing until one does", result.error)
                     self.up = False
+                    if self.unreachable_since is None:
+                        self.unreachable_since = time.time()
                     # A controller that answers (503: its database is away) is retried
                     # sooner than one that does not answer at all.
                     cap = ANSWERED_BACKOFF_SECONDS if result.statuses else MAX_BACKOFF_SECONDS

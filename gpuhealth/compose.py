@@ -37,6 +37,9 @@ from gpuhealth.config import (
     webhook_secret,
 )
 from gpuhealth.pipeline import Pipeline
+from remediation.audit import AuditLog
+from remediation.dry_run import DryRunScheduler
+from remediation.protective import ProtectiveCordon
 
 logger = logging.getLogger(__name__)
 
@@ -434,6 +437,26 @@ def agent_pipeline(settings: Settings) -> Pipeline:
         is_leader=lambda: False,  # the agent never decides remediation
         event_window_seconds=settings.analytics.event_window_seconds,
     )
+
+
+def build_protective(settings: Settings) -> ProtectiveCordon | None:
+    """The agent's opt-in protective cordon (``[agent] protective_cordon``), or ``None``.
+
+    Its adapter is ``[remediation] scheduler`` (the dry-run one while ``dry_run``), its
+    audit log the agent's own ``audit.jsonl``.
+
+    Raises:
+        ConfigError: The scheduler adapter cannot be built (names the key).
+    """
+    a, r = settings.agent, settings.remediation
+    if not a.protective_cordon:
+        return None
+    scheduler, _ = build_schedulers(settings)
+    return ProtectiveCordon(
+        adapter=scheduler if scheduler is not None else DryRunScheduler(),
+        node=settings.node.name, after_seconds=a.protective_cordon_after_seconds,
+        audit=AuditLog(path=str(settings.audit_log_path)), dry_run=r.dry_run,
+        opted_out=settings.node.name in r.opt_out_nodes)
 
 
 def build_online(settings: Settings) -> OnlineAnalytics | None:

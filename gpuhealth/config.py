@@ -639,6 +639,13 @@ class AgentSettings(BaseModel):
     """Longest time between two batches when nothing is queued, seconds."""
     timeout_seconds: Duration = Field(default=10.0, gt=0)
     """Connect and read timeout of one request, seconds."""
+    protective_cordon: bool = False
+    """Opt-in: while no controller has answered for ``protective_cordon_after_seconds``, a
+    ``critical`` finding on this node cordons it through ``[remediation] scheduler`` (as
+    NHC drains its own node); dry-run unless ``[remediation] dry_run = false``; never
+    returned to service by the agent (docs/fleet.md)."""
+    protective_cordon_after_seconds: Duration = Field(default=300.0, gt=0)
+    """How long no controller must have answered before the protective cordon, seconds."""
 
     @model_validator(mode="after")
     def _one_token_source(self) -> AgentSettings:

@@ -50,10 +50,16 @@ from core.protocols import (
     Store,
     StreamingCollector,
 )
-from core.records import AlertState, Event, Record, Sample, Severity
+from core.records import AlertState, Event, Finding, Record, Sample, Severity
 from gpuhealth.agent import AgentLink
 from gpuhealth.api import ApiServer, start_api
-from gpuhealth.compose import agent_pipeline, build_online, build_prediction, service_pipeline
+from gpuhealth.compose import (
+    agent_pipeline,
+    build_online,
+    build_prediction,
+    build_protective,
+    service_pipeline,
+)
 from gpuhealth.config import (
     Settings,
     collector_options,
@@ -65,6 +71,7 @@ from gpuhealth.pipeline import Pipeline
 from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
 from remediation.metrics import RemediationCollector
 from remediation.policy import RemediationPolicy
+from remediation.protective import ProtectiveCordon
 from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
 from storage.factory import READ_ONLY_STORES
@@ -185,6 +192,7 @@ class Service:
         self.settings = settings
         self.role = role
         self.link: AgentLink | None = None
+        self.protective: ProtectiveCordon | None = None
         self.stop = stop or threading.Event()
         self._given = dict(collectors) if collectors is not None else None
         self.exporter = MetricsExporter()
@@ -260,6 +268,7 @@ class Service:
         if self.role == "agent":
             self.link = AgentLink.start(s, exporter=self.exporter, stop=self.stop,
                                         inventory=self._inventory)
+            self.protective = build_protective(s)
         else:
             try:
                 self.recorder = HistoryRecorder(IncidentHistory(s.history_path))
@@ -599,6 +608,8 @@ class Service:
             return
         if self.link is not None:
             self.link.forward(output.findings)
+            if self.protective is not None and self.link.unreachable_since is not None:
+                self._protect(self.protective, output.findings, self.link.unreachable_since)
         self.exporter.set("gpuhealth_pipeline_lag_seconds", time.monotonic() - started,
                           {"stage": "evaluate"})
         for name, depth in self.pipeline.outbox_depths(every_notifier=True).items():
@@ -714,6 +725,20 @@ class Service:
         finally:
             self.loop = None
             loop.close()
+
+    def _protect(self, protective: ProtectiveCordon, findings: Sequence[Finding],
+                 since: float) -> None:
+        """The agent's protective cordon (no controller answers), on the service's loop."""
+        work = protective.update(findings, unreachable_since=since)
+        loop = self.loop
+        try:
+            if loop is not None and loop.is_running():
+                asyncio.run_coroutine_threadsafe(work, loop).result(
+                    timeout=EVALUATE_TIMEOUT_SECONDS)
+            else:
+                asyncio.run(work)
+        except Exception as exc:
+            logger.error("protective cordon: %s", exc)  # noqa: TRY400
 
     def _run_on_loop(self, pipeline: Pipeline) -> Any:
         """One evaluation on the service's loop (or a loop of its own before it runs)."""
