@@ -125,6 +125,8 @@ class Outbox:
             ``send_many`` (Alertmanager takes a list).
         jitter: Returns a factor in [0.8, 1.2] applied to each delay (tests pass
             ``lambda: 1.0``).
+        db_timeout_seconds: PostgreSQL: connect timeout and the longest wait of one call
+            for a connection, seconds (a call on a server that is down fails after it).
 
     Raises:
         ValueError: A bound or delay out of range.
@@ -144,6 +146,7 @@ class Outbox:
         backoff_max_seconds: float = 300.0,
         batch_size: int = 500,
         jitter: Callable[[], float] | None = None,
+        db_timeout_seconds: float = 10.0,
     ) -> None:
         if max_per_notifier < 1:
             raise ValueError(f"max_per_notifier must be >= 1, got {max_per_notifier!r}")
@@ -158,9 +161,11 @@ class Outbox:
         self.backoff_max_seconds = backoff_max_seconds
         self.batch_size = batch_size
         self.jitter = jitter
+        self.db_timeout_seconds = db_timeout_seconds
         self.dropped: dict[str, int] = {}
         """Notifications dropped per notifier since start (bound or permanent error)."""
         self.db: Database = open_database(path, pool_size=_POOL_SIZE,
+                                          timeout_seconds=db_timeout_seconds,
                                           sqlite_synchronous="NORMAL")
         try:
             self.db.migrate("outbox")
@@ -174,10 +179,16 @@ class Outbox:
         self._lock = threading.RLock()
         self._delivering: set[str] = set()
         self._unavailable = False
+        self._unsaved: list[tuple[str, list[Alert], float]] = []
 
     def close(self) -> None:
         """Release this outbox's claims (best effort) and close the database."""
         with self._lock:
+            self._flush()
+            if self._unsaved:
+                logger.error("outbox %s unavailable at close: %d notification(s) not kept "
+                             "(a new leader sends the active alerts again)", self.where,
+                             self.unsaved())
             try:
                 with self._transaction() as db:
                     db.execute("DELETE FROM outbox_claims WHERE owner = ?", (self.owner,))
@@ -202,14 +213,54 @@ class Outbox:
         """Queue ``alerts`` for notifier ``name``; return how many were dropped by the bound.
 
         A notification about an alert whose last queued entry has the same state
-        replaces that entry in place (same position, newest content).
-
-        Raises:
-            TemporaryError: PostgreSQL cannot be reached (nothing was queued).
+        replaces that entry in place (same position, newest content). While the
+        database cannot be reached (PostgreSQL away), the notifications wait in memory,
+        in order and within the same bound, and are written by the next call that can
+        (an :meth:`enqueue` or a :meth:`deliver`); the outage is logged once.
         """
         if not alerts:
             return 0
-        now = self.clock()
+        with self._lock:
+            self._unsaved.append((name, list(alerts), self.clock()))
+            dropped = self._trim_unsaved(name)
+            return dropped + self._flush()
+
+    def _trim_unsaved(self, name: str) -> int:
+        """Keep at most ``max_per_notifier`` of ``name``'s notifications in memory."""
+        over = sum(len(a) for n, a, _ in self._unsaved if n == name) - self.max_per_notifier
+        dropped = max(0, over)
+        for _, batch, _ in (u for u in self._unsaved if u[0] == name):
+            if over <= 0:
+                break
+            cut = min(over, len(batch))
+            del batch[:cut]
+            over -= cut
+        self._unsaved = [u for u in self._unsaved if u[1]]
+        if dropped:
+            self._count_dropped(name, dropped)
+        return dropped
+
+    def _flush(self) -> int:
+        """Write what waits in memory, oldest first; return how many the bound dropped."""
+        dropped = 0
+        with self._lock:
+            while self._unsaved:
+                name, alerts, at = self._unsaved[0]
+                try:
+                    dropped += self._write(name, alerts, at)
+                except TemporaryError as exc:
+                    if not self._unavailable:
+                        self._unavailable = True
+                        logger.warning("outbox %s unavailable: notifications wait in memory "
+                                       "until it is back: %s", self.where, exc)
+                    return dropped
+                self._unsaved.pop(0)
+                if self._unavailable:
+                    self._unavailable = False
+                    logger.warning("outbox %s reachable again", self.where)
+        return dropped
+
+    def _write(self, name: str, alerts: Sequence[Alert], now: float) -> int:
         with self._transaction() as db:
             for alert in alerts:
                 body = json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":"))
@@ -230,11 +281,19 @@ class Outbox:
                 db.execute("DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE "
                            "notifier = ? ORDER BY seq LIMIT ?)", (name, over))
         if over > 0:
-            self.dropped[name] = self.dropped.get(name, 0) + over
-            logger.error("outbox of notifier %s full (%d): dropped the %d oldest notification(s)",
-                         name, self.max_per_notifier, over)
+            self._count_dropped(name, over)
             return over
         return 0
+
+    def _count_dropped(self, name: str, count: int) -> None:
+        self.dropped[name] = self.dropped.get(name, 0) + count
+        logger.error("outbox of notifier %s full (%d): dropped the %d oldest notification(s)",
+                     name, self.max_per_notifier, count)
+
+    def unsaved(self) -> int:
+        """Return the notifications waiting in memory for the database to come back."""
+        with self._lock:
+            return sum(len(a) for _, a, _ in self._unsaved)
 
     def depths(self) -> dict[str, int]:
         """Return the queued notifications per notifier name.
@@ -325,9 +384,10 @@ class Outbox:
     ) -> DeliveryStats:
         """Deliver what is due to every notifier, concurrently, in order per notifier.
 
-        A queue that another process (or another call on this outbox) is delivering is
-        left to it. An unreachable PostgreSQL is logged once and ends the round; what is
-        queued stays queued.
+        Notifications waiting in memory (:meth:`enqueue`) are written first. A queue that
+        another process (or another call on this outbox) is delivering is left to it. An
+        unreachable PostgreSQL is logged once and ends the round; what is queued stays
+        queued.
 
         Args:
             notifiers: Notifiers by name.
@@ -338,6 +398,7 @@ class Outbox:
             What was sent, failed and dropped, per notifier name.
         """
         stats = DeliveryStats()
+        self._flush()
         await asyncio.gather(*(
             self._deliver_one(name, notifier, stats, timeout_seconds, force)
             for name, notifier in notifiers.items()

@@ -162,3 +162,35 @@ def test_a_refused_batch_is_retried_one_by_one_and_only_the_bad_alert_dropped():
     assert picky.got == ["GPU-0", "GPU-2", "GPU-3"]
     assert stats.dropped == {"picky": 1}
     assert box.depths() == {}
+
+
+def test_while_the_database_is_away_notifications_wait_in_memory_in_order(monkeypatch, caplog):
+    from contextlib import contextmanager
+
+    from core.errors import TemporaryError
+
+    box = Outbox(clock=FakeClock(), max_per_notifier=4)
+    real = box.db.transaction
+    down = [True]
+
+    @contextmanager
+    def flaky(**kw):
+        if down[0]:
+            raise TemporaryError("PostgreSQL db:5432/fleet: connection refused")
+        with real(**kw) as db:
+            yield db
+
+    monkeypatch.setattr(box.db, "transaction", flaky)
+    batch = alerts(6)
+    assert box.enqueue("n", batch[:3]) == 0
+    assert box.enqueue("n", batch[3:]) == 2  # the bound holds in memory too
+    assert box.unsaved() == 4
+    assert caplog.text.count("wait in memory") == 1  # logged once
+    rec = RecordingNotifier(name="n")
+    assert deliver(box, rec).sent == {}
+    down[0] = False
+    assert deliver(box, rec).sent == {"n": 4}
+    assert [a.labels["entity"] for a in rec.sent] == ["GPU-2", "GPU-3", "GPU-4", "GPU-5"]
+    assert box.unsaved() == 0
+    assert "reachable again" in caplog.text
+    box.close()

@@ -770,3 +770,25 @@ def test_the_report_reads_the_history_of_either_engine(target: str,
     assert body["inputs"]["history"] == history.where  # never a password
     assert body["inputs"]["incidents_in_window"] == 2
     assert body["inputs"]["inventory_residencies"] == 2
+
+
+def test_the_outbox_keeps_notifications_through_a_postgres_restart(pg: Postgres) -> None:
+    box = Outbox(path=_new_database(pg), clock=FakeClock(), db_timeout_seconds=1.0)
+    rec = RecordingNotifier(name="n")
+    try:
+        box.enqueue("n", _alerts(1))
+        pg.stop()
+        assert box.enqueue("n", _alerts(2, start=1)) == 0  # waits in memory
+        assert asyncio.run(box.deliver({"n": rec})).sent == {}
+        assert box.unsaved() == 2
+        pg.start()
+        deadline = time.monotonic() + 15.0
+        while len(rec.sent) < 3 and time.monotonic() < deadline:
+            asyncio.run(box.deliver({"n": rec}))  # the pool reconnects in the background
+            time.sleep(0.05)
+        assert _entities(rec.sent) == ["GPU-0", "GPU-1", "GPU-2"]
+        assert (box.unsaved(), box.depths()) == (0, {})
+    finally:
+        if pg.pid() is None:
+            pg.start()
+        box.close()
