@@ -128,7 +128,8 @@ class Pipeline:
         extra_labels: Labels on every alert (``cluster``).
         group_by: Labels that group alerts into pages.
         page_severity: Lowest severity that pages.
-        outbox_path: SQLite file of the durable outbox, or ``None`` for memory.
+        outbox_path: SQLite file of the durable outbox, a PostgreSQL DSN (a controller
+            pair's shared outbox), or ``None`` for memory.
         max_outbox: Notifications kept per notifier while it is down.
         runbook_base_url: Prefix of the ``runbook_url`` annotation.
         action_store_path: SQLite file of the action store (shared with a standby
