@@ -1,10 +1,10 @@
 """One small SQL layer over SQLite and PostgreSQL for gpuhealth's state stores.
 
 The action store, the audit trail, the fleet store, the notification outbox and the
-incident history are written once, in a portable
-subset of SQL with ``?`` placeholders (``INSERT ... ON CONFLICT ... DO NOTHING`` or
-``DO UPDATE SET ... = excluded. ...``, ``RETURNING``), and run on either engine. Write
-no other ``?`` than placeholders (no JSONB ``?`` operators); a literal ``%`` is fine.
+incident history are written once, in a portable subset of SQL with ``?`` placeholders
+(``INSERT ... ON CONFLICT ... DO NOTHING`` or ``DO UPDATE SET ... = excluded. ...``,
+``RETURNING``), and run on either engine. Write no other ``?`` than placeholders (no
+JSONB ``?`` operators); a literal ``%`` is fine.
 
 - :class:`SqliteDatabase`: one file (WAL) or memory, one connection, one writer at a
   time (``BEGIN IMMEDIATE``): the embedded ``run``, tests.
