@@ -31,6 +31,7 @@ from prometheus_client.utils import floatToGoString
 from core.catalog import BY_NAME, MetricSpec, MetricType
 from core.records import Event, Sample
 from gpuhealth._serving import ServingThread
+from gpuhealth.health import Health
 
 logger = logging.getLogger(__name__)
 
@@ -277,6 +278,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._reply(200, self.server.exporter.body(), CONTENT_TYPE)
+        elif path == "/healthz" and self.server.health is not None:
+            status, body = self.server.health.answer()  # 503 with reasons when failing
+            self._reply(status, body, "text/plain; charset=utf-8")
         elif path in ("/", "/healthz"):
             self._reply(200, b"gpuhealth: ok; metrics at /metrics\n", "text/plain; charset=utf-8")
         else:
@@ -297,6 +301,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     exporter: MetricsExporter
+    health: Health | None = None
 
 
 class MetricsServer:
@@ -306,11 +311,14 @@ class MetricsServer:
         exporter: Where the body comes from.
         listen_address: Address to bind (``127.0.0.1`` by default in the settings).
         port: TCP port; 0 picks a free one (see :attr:`port` after :meth:`start`).
+        health: What ``/healthz`` answers (200, or 503 naming the failing stages); without
+            it ``/healthz`` answers 200 while the server runs.
     """
 
     def __init__(self, *, exporter: MetricsExporter, listen_address: str = "127.0.0.1",
-                 port: int = 9835) -> None:
+                 port: int = 9835, health: Health | None = None) -> None:
         self.exporter = exporter
+        self.health = health
         self.listen_address = listen_address
         self.port = port
         self._serving = ServingThread()
@@ -323,6 +331,7 @@ class MetricsServer:
         """
         server = _Server((self.listen_address, self.port), _Handler)
         server.exporter = self.exporter
+        server.health = self.health
         self.port = self._serving.start(server, name="gpuhealth-metrics", poll_interval=0.2)
 
     @property

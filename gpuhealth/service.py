@@ -64,6 +64,7 @@ from gpuhealth.config import (
     Settings,
     collector_options,
 )
+from gpuhealth.health import Health
 from gpuhealth.history_sync import HistoryRecorder
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
@@ -196,6 +197,10 @@ class Service:
         self.stop = stop or threading.Event()
         self._given = dict(collectors) if collectors is not None else None
         self.exporter = MetricsExporter()
+        # /healthz: stages' failures as _log_once reports them, and the store's state
+        self.health = Health()
+        self.health.check("store", lambda: store_stats(self.store).failing
+                          if self.store is not None else None)
         storage = settings.storage
         self.buffer = RecordBuffer(max_records=storage.queue_max_records)
         self.store: Store | None = None
@@ -280,7 +285,7 @@ class Service:
         if s.metrics.enabled:
             self.server = MetricsServer(exporter=self.exporter,
                                         listen_address=s.metrics.listen_address,
-                                        port=s.metrics.port)
+                                        port=s.metrics.port, health=self.health)
             try:
                 self.server.start()
             except OSError as exc:
@@ -784,6 +789,7 @@ class Service:
         self._dirty = True
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:
+        self.health.fail(key, msg % args)  # every time: /healthz fails while it repeats
         if key not in self._logged:
             self._logged.add(key)
             logger.error(msg, *args)

@@ -3,7 +3,8 @@
 The service calls :func:`open_store` instead of building the plugin itself, so that
 ``gpuhealth run`` writes to whichever backend ``[storage] type`` names with no other
 change, and every remote backend gets the :class:`~storage.spool.SpoolingStore`.
-:func:`store_stats` reads the counters the service exports on ``/metrics``.
+:func:`store_stats` reads the counters the service exports on ``/metrics``, and whether
+the store takes writes (``/healthz``).
 """
 
 from __future__ import annotations
@@ -58,11 +59,14 @@ class StoreStats:
         spool_dropped: Samples the full spool dropped (``gpuhealth_spool_dropped_total``).
         rejected: Reason → records rejected or converted
             (``gpuhealth_store_rejected_total{reason}``), spool and store together.
+        failing: Why the store takes no writes now (the spool is holding batches for it),
+            or ``None`` (``/healthz``).
     """
 
     spool_depth: int = 0
     spool_dropped: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    failing: str | None = None
 
 
 def store_stats(store: Store) -> StoreStats:
@@ -72,6 +76,7 @@ def store_stats(store: Store) -> StoreStats:
     if isinstance(store, SpoolingStore):
         stats.spool_depth = store.depth
         stats.spool_dropped = store.dropped_samples
+        stats.failing = store.failing
         stats.rejected.update(store.rejected)
         inner = store.store
     rejected = getattr(inner, "rejected", None)

@@ -195,6 +195,7 @@ class SpoolingStore:
         self._retry_at: float | None = None
         self._wait = retry_seconds
         self._failed: set[tuple[int, int]] = set()
+        self._outage: tuple[str, float] | None = None  # the last failure, when it began
         self._warned_events_only = False
         self.path.mkdir(parents=True, exist_ok=True)
         self._segments: list[int] = sorted(
@@ -242,6 +243,19 @@ class SpoolingStore:
         if self._segments and self._segments[0] == self._cursor[0]:
             total -= self._cursor[1]
         return total
+
+    @property
+    def failing(self) -> str | None:
+        """Why the store takes no writes now (its last error, how long, what is spooled).
+
+        ``None`` once a spooled batch was delivered again (``/healthz`` reads it).
+        """
+        outage = self._outage
+        if outage is None:
+            return None
+        error, since = outage
+        return (f"{error}; {self._depth} record(s) spooled to {self.path} since "
+                f"{self.clock() - since:.0f} s")
 
     @property
     def depth(self) -> int:
@@ -429,6 +443,7 @@ class SpoolingStore:
                          "with backoff (up to every %.0f s); nothing is dropped unless the "
                          "spool passes %d bytes", self.store, exc, self.path,
                          self.max_retry_seconds, self.max_bytes)
+        self._outage = (str(exc), self._outage[1] if self._outage else now)
         wait = max(self._wait, exc.retry_after_seconds or 0.0)
         self._retry_at = now + min(wait, max(self.max_retry_seconds, self._wait))
         self._wait = min(self._wait * 2.0, self.max_retry_seconds)
@@ -597,6 +612,7 @@ class SpoolingStore:
             self.retried_batches += 1
         self._retry_at = None
         self._wait = self.retry_seconds
+        self._outage = None
         self._depth -= record.count
         self._cursor = (record.seq, record.end)
         self._save_cursor()
