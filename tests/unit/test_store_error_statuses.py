@@ -98,8 +98,15 @@ def test_an_error_status_is_temporary_and_names_the_url_and_status(url: str,
         store.close()
 
 
-def test_a_400_without_a_complaint_about_the_content_is_temporary(url: str) -> None:
-    _StandIn.answers[:] = [(400, b"<html>Bad Request</html>")]  # a proxy in the way
+@pytest.mark.parametrize("body", [
+    b"<html>Bad Request</html>",  # a proxy in the way
+    # VictoriaMetrics 1.x under a wrong URL prefix (its body, checked against the server)
+    b'remoteAddr: "127.0.0.1:34796"; requestURI: /nope/api/v2/write; unsupported path '
+    b'requested: "/nope/api/v2/write"',
+])
+def test_a_400_without_a_complaint_about_the_content_is_temporary(url: str,
+                                                                  body: bytes) -> None:
+    _StandIn.answers[:] = [(400, body)]
     store = _store(url)
     try:
         with pytest.raises(TemporaryError):
