@@ -184,17 +184,19 @@ class Outbox:
     def close(self) -> None:
         """Release this outbox's claims (best effort) and close the database."""
         with self._lock:
-            self._flush()
             if self._unsaved:
+                self._flush()
+            if self._unsaved:  # the database is still away: do not wait for it twice
                 logger.error("outbox %s unavailable at close: %d notification(s) not kept "
                              "(a new leader sends the active alerts again)", self.where,
                              self.unsaved())
-            try:
-                with self._transaction() as db:
-                    db.execute("DELETE FROM outbox_claims WHERE owner = ?", (self.owner,))
-            except TemporaryError as exc:
-                logger.info("outbox %s: claims not released at close (they expire): %s",
-                            self.where, exc)
+            else:
+                try:
+                    with self._transaction() as db:
+                        db.execute("DELETE FROM outbox_claims WHERE owner = ?", (self.owner,))
+                except TemporaryError as exc:
+                    logger.info("outbox %s: claims not released at close (they expire): %s",
+                                self.where, exc)
             self.db.close()
 
     @contextmanager
