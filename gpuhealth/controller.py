@@ -386,8 +386,9 @@ class Controller:
                 self.recorder.history.close()
             if self._report_scheduler is not None:
                 self._report_scheduler.shutdown(wait=False)
-            self.elector.stop()
+            # still the leader: deliver what is due before handing the shared outbox over
             await self.pipeline.deliver(force=True)
+            self.elector.stop()
             self.pipeline.close()
             self._db.shutdown(wait=True)
             self.store.close()
