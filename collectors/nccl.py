@@ -157,6 +157,39 @@ _NCCL = re.compile(
     r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>[^\]\s]+)\]\s+"
     r"(?:(?P<src>[\w./-]+:\d+)\s+)?NCCL (?P<level>WARN|INFO|ERROR|ABORT|TRACE)\b\s*(?P<msg>.*)$"
 )
+# NCCL lines whose "host:pid:tid" was cut by the paste ("[3] include/shm.h:28 NCCL WARN ...").
+_NCCL_BARE = re.compile(
+    r"^\[(?P<dev>\d+)\]\s+(?:[\w./-]+:\d+\s+)?NCCL (?:WARN|INFO|ERROR|ABORT|TRACE)\b"
+)
+# Shared-memory failures (NCCL include/shm.h before 2.12, misc/shmutils.cc after; NCCL
+# troubleshooting guide, "Shared memory"): the cause NCCL prints before ncclSystemError.
+_SHM_CALL = re.compile(
+    r"Call to (?P<call>shm_open|shm_unlink|posix_fallocate|fallocate|ftruncate|mmap|open)"
+    r" failed\s*:\s*(?P<err>[^(\n]*?)\s*(?:\(\d+\))?\s*$"
+)
+_SHM_EXTEND = re.compile(
+    r"failed to extend (?P<seg>/dev/shm/\S+) to (?P<size>\d+) bytes(?:, error: (?P<err>[^(]*))?"
+)
+_SHM_SEGMENT = re.compile(
+    r"Error while (?P<op>creating|attaching to|mapping|opening) shared memory segment "
+    r"(?P<seg>\S*)\s*\(size (?P<size>\d+)\)(?:, error: (?P<err>[^(]*))?"
+)
+SHM_ERRORS: tuple[tuple[str, str], ...] = (
+    ("permission denied", "permission_denied"),
+    ("operation not permitted", "permission_denied"),
+    ("no space left", "no_space"),
+    ("cannot allocate memory", "no_space"),
+    ("no such file", "segment_missing"),
+)
+"""``strerror`` texts of a shared-memory failure to the ``shm`` event code; others are
+``failed``."""
+_GDR_ON = re.compile(
+    r"/GDRDMA\b|\bGDR 1\b|GPU Direct RDMA Enabled|GPUDirect RDMA (?:is )?enabled", re.IGNORECASE
+)
+_GDR_OFF = re.compile(
+    r"GPU Direct RDMA Disabled|\bGDR 0\b|NCCL_NET_GDR_LEVEL set by environment to (?:0|LOC)\b",
+    re.IGNORECASE,
+)
 _UNWIND = re.compile(r"^(?P<src>[\w./-]+\.(?:cc|c|cu|h|cpp):\d+) -> (?P<code>\d+)\b")
 _COMPLETION = re.compile(
     r"Got completion(?: from peer(?:\s+(?P<peer>(?!with\b)\S+?))?)?,?\s+with\s+"
@@ -429,6 +462,7 @@ class CollectiveLogSession(Session):
         self._run = _TestRun()
         self._op = self._op_from_command(ctx.command)
         self._openib: tuple[Line, str, int] | None = None
+        self._gdr_seen: set[tuple[str, str]] = set()
 
     @staticmethod
     def _op_from_command(command: str | None) -> str:
@@ -473,6 +507,8 @@ class CollectiveLogSession(Session):
         if self._openib is not None or _OPENIB_START.search(body):
             self._openib_line(line, body, out)
             return
+        if body.startswith("[") and _NCCL_BARE.match(body):
+            body = f"{self.ctx.node}:0:0 {body}"
         nccl = _NCCL.match(body)
         if nccl:
             self._nccl_line(line, nccl, at, out)
@@ -536,6 +572,14 @@ class CollectiveLogSession(Session):
             self._run.nodes.setdefault(m["host"], set()).add(init["rank"])
             self._keep_node_evidence(line)
             return
+        if "GDR" in msg or "GPU Direct" in msg or "GPUDirect" in msg:
+            self._gdr_line(node, msg, line, at, out)
+        src = m["src"] or ""
+        if level != "INFO" and ("shm" in msg or "shared memory" in msg or "shm" in src):
+            shm = self._shm_event(node, msg, src, line, at)
+            if shm is not None:
+                out.append(shm)
+                return
         completion = _COMPLETION.search(msg)
         if completion is None and "Got completion" in msg:
             self.issue(line.number, "NCCL completion line without a status")
@@ -620,6 +664,66 @@ class CollectiveLogSession(Session):
         result = _RESULT_NAME.search(msg)
         if result and level != "INFO":
             out.append(self._result_event(node, result["name"], line, at, m["pid"]))
+
+    def _shm_event(
+        self, node: NodeName, msg: str, src: str, line: Line, at: float | None
+    ) -> Event | None:
+        """A shared-memory failure NCCL prints before its ``ncclSystemError`` (see ``_SHM_*``)."""
+        attrs: dict[str, str] = {"src": src} if src else {}
+        err = ""
+        call = _SHM_CALL.search(msg)
+        extend = _SHM_EXTEND.search(msg)
+        segment = _SHM_SEGMENT.search(msg)
+        if call and ("shm" in src.lower() or call["call"].startswith("shm")):
+            attrs["call"] = call["call"]
+            err = call["err"]
+        elif extend:
+            attrs.update(segment=extend["seg"], size_bytes=extend["size"], operation="extend")
+            err = extend["err"] or "No space left on device"
+        elif segment:
+            attrs.update(segment=segment["seg"], size_bytes=segment["size"],
+                         operation=segment["op"].split()[0])
+            err = segment["err"] or ""
+        else:
+            return None
+        err = err.strip().rstrip(",.")
+        if err:
+            attrs["error"] = err
+        low = err.lower()
+        code = next((c for text, c in SHM_ERRORS if text in low), "failed")
+        return Event(
+            kind="shm",
+            code=code,
+            node=node,
+            entity=NODE_ENTITY,
+            observed_at=at,
+            message=msg.strip(),
+            attrs=attrs,
+            evidence=(line_evidence(self.ctx, line),),
+            source=self._source,
+        )
+
+    def _gdr_line(
+        self, node: NodeName, msg: str, line: Line, at: float | None, out: list[Record]
+    ) -> None:
+        """Note once per node whether NCCL uses GPUDirect RDMA (``via NET/IB/0/GDRDMA``)."""
+        state = "enabled" if _GDR_ON.search(msg) else "disabled" if _GDR_OFF.search(msg) else ""
+        if not state or (node, state) in self._gdr_seen:
+            return
+        self._gdr_seen.add((node, state))
+        out.append(
+            Event(
+                kind="nccl_gdr",
+                code=state,
+                node=node,
+                entity=NODE_ENTITY,
+                observed_at=at,
+                message=msg.strip(),
+                attrs={},
+                evidence=(line_evidence(self.ctx, line),),
+                source=self._source,
+            )
+        )
 
     def _completion_event(
         self,
@@ -1203,6 +1307,7 @@ class NcclLogParser(_CollectiveParser):
             stripped = body.strip()
             if (
                 _NCCL.match(body)
+                or _NCCL_BARE.match(body)
                 or "ProcessGroupNCCL" in body
                 or "WorkNCCL(" in body
                 or any(p.match(stripped) for p in _TESTS_STRONG)

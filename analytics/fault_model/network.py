@@ -98,6 +98,21 @@ WC_STATUS_VERDICTS: dict[str, WcVerdict] = {
 }
 """``ibv_wc_status`` (as a string) to verdict; unknown codes are warnings with action none."""
 
+LOC_PROT_STATUS = "4"
+"""``IBV_WC_LOC_PROT_ERR``: the HCA could not access the registered (GPU) memory."""
+
+LOC_PROT_MULTI_NODE = WcVerdict(
+    Severity.MAJOR,
+    Action.FIX_CONFIG,
+    "local protection error on several nodes of the job: with GPUDirect RDMA this is the "
+    "classic sign of PCIe ACS or the IOMMU redirecting peer-to-peer traffic from the NIC to "
+    "the GPU (disable ACS on the PCIe switches / set the IOMMU to passthrough, per the NCCL "
+    "troubleshooting guide; NCCL_NET_GDR_LEVEL=0 confirms it)",
+)
+"""Status 4 seen by NCCL on two or more nodes, unless the log shows GPUDirect RDMA off: a
+platform setting, not the application (NCCL troubleshooting guide, "PCI Access Control
+Services (ACS)"; NVIDIA/nccl #928, #214, #1052; openucx/ucx #3564)."""
+
 _OTHER_WC = WcVerdict(Severity.WARNING, Action.NONE, "work completion error")
 
 PHYSICAL_ERROR_METRICS: tuple[str, ...] = (
@@ -238,6 +253,8 @@ def _network_root_nodes(obs: Observations, ctx: Context) -> set[str]:
             nodes.add(group.node)
     for group in obs.events("collective", "wrong_results"):
         nodes.add(group.node)
+    for group in obs.events("shm"):
+        nodes.add(group.node)
     return nodes
 
 
@@ -265,12 +282,16 @@ def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         | {g.node for g in obs.events("rdma_verbs")}
         | {g.node for g in obs.events("nccl_socket")}
     )
+    prot_nodes = {g.node for g in obs.events("rdma_transport", LOC_PROT_STATUS)}
+    gdr_possible = bool(obs.events("nccl_gdr", "enabled")) or not obs.events("nccl_gdr")
     for node in sorted(nodes):
         groups = by_node.get(node, [])
         roots = [g for g in groups if g.code != FLUSH_STATUS]
         symptoms = [g for g in groups if g.code == FLUSH_STATUS]
         results = obs.events("nccl_result", node=node)
         sockets = obs.events("nccl_socket", node=node)
+        if not roots and obs.events("shm"):
+            continue  # the shared-memory failure is the cause (shm_rule folds these)
         if not roots:
             verbs = obs.events("rdma_verbs", node=node)
             if verbs and _fatal_async(obs, node):
@@ -291,6 +312,8 @@ def rdma_transport_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         )
         for index, group in enumerate(ranked):
             verdict = WC_STATUS_VERDICTS.get(group.code, _OTHER_WC)
+            if group.code == LOC_PROT_STATUS and len(prot_nodes) >= 2 and gdr_possible:
+                verdict = LOC_PROT_MULTI_NODE
             folded = (symptoms + results + timeouts) if index == 0 else []
             name = next(iter(group.attr_values.get("status_name", {""})), "") or group.code
             peer = ", ".join(sorted(group.attr_values.get("peer", set()))) or "unknown peer"
@@ -891,6 +914,78 @@ def ibdiagnet_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 # --- collectives -----------------------------------------------------------------------
 
 
+# --- shared memory ---------------------------------------------------------------------
+
+SHM_MEANING: dict[str, str] = {
+    "permission_denied": "NCCL may not create files in /dev/shm (permissions of /dev/shm or "
+    "the container's IPC namespace): fix the mode of /dev/shm (1777) or the runtime's IPC "
+    "settings",
+    "no_space": "/dev/shm is full or too small for NCCL's segments (a container's default "
+    "64 MB shm): raise the container's shm size (--shm-size, --ipc=host, a memory-backed "
+    "emptyDir on /dev/shm) or remove stale segments",
+    "segment_missing": "a peer's NCCL segment in /dev/shm is not visible to this process "
+    "(ranks in different IPC namespaces or containers, systemd RemoveIPC, or an NCCL version "
+    "issue): share the IPC namespace (--ipc=host) or change the NCCL version",
+    "failed": "NCCL could not set up its shared-memory transport: check /dev/shm (size, mode, "
+    "mount) and the container's IPC settings",
+}
+"""``shm`` event code to what it means and the configuration to change."""
+
+
+def shm_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """NCCL shared-memory set-up failures: a node or container configuration fault.
+
+    NCCL prints the cause on the lines before its error (``Call to shm_open failed :
+    Permission denied``, ``failed to extend /dev/shm/nccl-X to N bytes``, ``Call to
+    posix_fallocate failed : No space left on device``, ``Error while creating|attaching
+    to shared memory segment``); the ``ncclSystemError`` ("unhandled system error"),
+    nccl-tests ``Test NCCL failure`` and PyTorch summary lines that follow are symptoms and
+    are folded in. Verdict: major ``fix_config`` (NCCL troubleshooting guide, "Shared
+    memory": Docker's default 64 MB ``/dev/shm`` is too small, use ``--shm-size`` or
+    ``--ipc=host``; NVIDIA/nccl #328, #525, nccl-tests #166).
+    """
+    del ctx
+    groups = obs.events("shm")
+    if not groups:
+        return
+    results = [*obs.events("nccl_result"), *obs.events("nccl_socket")]
+    by_node: dict[str, list[EventGroup]] = defaultdict(list)
+    for group in groups:
+        by_node[group.node].append(group)
+    for index, (_node, node_groups) in enumerate(sorted(by_node.items())):
+        code = next(
+            (c for c in SHM_MEANING if any(g.code == c for g in node_groups)), "failed"
+        )
+        segments = sorted({v for g in node_groups for v in g.attr_values.get("segment", set())})
+        sizes = sorted({v for g in node_groups for v in g.attr_values.get("size_bytes", set())})
+        errors = sorted({v for g in node_groups for v in g.attr_values.get("error", set())})
+        what = (
+            f"NCCL shared-memory failure ({'; '.join(errors) or code}"
+            + (f"; segment {segments[0]}" if segments else "")
+            + (f", {max(int(x) for x in sizes)} bytes" if sizes else "")
+            + ")"
+        )
+        folded = results if index == 0 else []
+        extra = f"; {sum(g.count for g in folded)} NCCL error line(s) folded in" if folded else ""
+        yield group_finding(
+            node_groups,
+            folded=folded,
+            entity=NODE_ENTITY,
+            kind="shm",
+            code=code,
+            severity=Severity.MAJOR,
+            action=Action.FIX_CONFIG,
+            summary=(
+                f"{what}: a node or container configuration fault, not a GPU or network "
+                f"fault: {SHM_MEANING[code]}{extra}"
+            ),
+            source=(
+                "network.shm_rule: NCCL troubleshooting guide (Shared memory); "
+                "NVIDIA/nccl #328, #525; " + _DOC
+            ),
+        )
+
+
 def collective_timeout_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """Report collective timeouts alone as a warning with action ``none``.
 
@@ -1029,6 +1124,7 @@ RULES: tuple[Rule, ...] = (
     ib_counter_rule,
     roce_qos_rule,
     ibdiagnet_rule,
+    shm_rule,
     collective_timeout_rule,
     collective_results_rule,
     nvls_rule,
