@@ -60,11 +60,14 @@ from collectors.artifact import (
     read_artifact,
 )
 from collectors.parsers import artifact_parsers
+from core.errors import TemporaryError
 from core.records import ActionPhase, ActionStatus, NodeName, Record
 from gpuhealth._serving import ServingThread
 from gpuhealth.config import Settings, alerting_path, api_token
 from gpuhealth.pipeline import Pipeline
 from remediation.gpu_reset import RESET_PATH, GpuResetEndpoint
+from remediation.stage import WRITE_ERRORS
+from storage.journal import JournalIngest
 from storage.lineprotocol import head_is_line_protocol
 
 logger = logging.getLogger(__name__)
@@ -168,8 +171,13 @@ def ingest(
     file: str = "ingest",
     facts: dict[str, str] | None = None,
     parsers: Sequence[ArtifactParser] | None = None,
+    accepted_at: float | None = None,
 ) -> dict[str, Any]:
     """Parse one recorded artifact and give it to the pipeline as a snapshot of ``node``.
+
+    An artifact that was read is written to the pipeline's journal before it is applied
+    (:class:`~storage.journal.InputJournal`), so it comes back after a restart
+    (:func:`recover_ingests`).
 
     The body is read as ``gpuhealth diagnose`` reads a file (gzip, byte-order marks, NUL
     padding, cut long lines), with the same checks: an empty body, binary data and a body
@@ -182,12 +190,18 @@ def ingest(
         file: Its name, for evidence and errors.
         facts: Facts about the node (``nvlink=expected``), kept for later evaluations.
         parsers: Artifact parsers; the registered ones by default.
+        accepted_at: When it was accepted (recovery from the journal: it is not journaled
+            again and its events keep their time); ``None``: now.
 
     Returns:
         ``{"node", "records", "healthy", "errors"}``: how many records were read,
         whether the snapshot showed the node healthy (and cleared its earlier state),
         and the parse errors. A refused body also has ``"error"`` (the first reason)
         and ``"errors"`` names why.
+
+    Raises:
+        IngestNotRecorded: The journal cannot be written (a full disk, PostgreSQL away):
+            nothing was applied; the sender should retry.
     """
     data = text.encode() if isinstance(text, str) else text
     result = ArtifactResult()
@@ -216,10 +230,54 @@ def ingest(
         first = result.issues[0].reason
         logger.info("ingest for node %s refused: %s (%s, %s)", node, first, file, _short(data))
         return {"node": node, "records": 0, "healthy": False, "errors": errors, "error": first}
+    if pipeline.journal is not None and accepted_at is None:
+        try:
+            pipeline.journal.add_ingest(JournalIngest(
+                accepted_at=pipeline.clock(), node=node, file=file, facts=dict(facts or {}),
+                body=data))
+        except WRITE_ERRORS as exc:
+            logger.error("ingest for node %s not accepted: the journal cannot be written: %s",  # noqa: TRY400
+                         node, exc)
+            raise IngestNotRecorded(f"cannot record the artifact now ({exc}); retry") from exc
     if facts:
         pipeline.set_node_facts(node, facts)
-    healthy = pipeline.observe_snapshot(node, records)
+    healthy = pipeline.observe_snapshot(node, records, received_at=accepted_at)
     return {"node": node, "records": len(records), "healthy": healthy, "errors": errors}
+
+
+class IngestNotRecorded(TemporaryError):
+    """The artifact was read but cannot be recorded now (the API answers 503)."""
+
+
+def recover_ingests(pipeline: Pipeline, *, window_seconds: float) -> int:
+    """Apply again the artifacts the journal accepted within the event window, in order.
+
+    Older ones are pruned first (their events would be forgotten at once). Returns how
+    many came back; one that no longer parses is logged and skipped.
+
+    Raises:
+        TemporaryError: The shared journal cannot be read now.
+    """
+    journal = pipeline.journal
+    if journal is None:
+        return 0
+    now = pipeline.clock()
+    try:
+        journal.prune(before=now - window_seconds)
+    except WRITE_ERRORS as exc:
+        logger.warning("cannot prune the ingest journal: %s", exc)
+    back = 0
+    for item in journal.ingests(since=now - window_seconds):
+        answer = ingest(pipeline, node=item.node, text=item.body, file=item.file,
+                        facts=dict(item.facts), accepted_at=item.accepted_at)
+        if "error" in answer:
+            logger.warning("journaled ingest %s for %s no longer reads: %s", item.file,
+                           item.node, answer["error"])
+        else:
+            back += 1
+    if back:
+        logger.info("%d ingested artifact(s) back from the journal", back)
+    return back
 
 
 def _moved(record: Record, node: str) -> Record:
@@ -341,7 +399,10 @@ class AlertingApi:
                     raise ApiError(400, f"context must be key=value, got {pair!r}")
                 facts[key] = value
             name = (query.get("file") or ["ingest"])[0]
-            answer = ingest(self.pipeline, node=node, text=body, file=name, facts=facts)
+            try:
+                answer = ingest(self.pipeline, node=node, text=body, file=name, facts=facts)
+            except IngestNotRecorded as exc:
+                raise ApiError(503, str(exc)) from None
             return (400 if "error" in answer else 200), answer
         raise ApiError(404, f"no such endpoint {path}")
 

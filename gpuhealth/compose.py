@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,6 +41,7 @@ from gpuhealth.pipeline import Pipeline
 from remediation.audit import AuditLog
 from remediation.dry_run import DryRunScheduler
 from remediation.protective import ProtectiveCordon
+from storage.journal import InputJournal
 
 logger = logging.getLogger(__name__)
 
@@ -388,7 +390,7 @@ def service_pipeline(settings: Settings, *, identity: str,
                      is_leader: Callable[[], bool], shared_state: str | None = None,
                      notify_as_standby: bool = True,
                      fleet_facts: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
-                     ) -> Pipeline:
+                     journal_held: bool = True) -> Pipeline:
     """The pipeline of a long-running service (``run``, ``controller``).
 
     Args:
@@ -402,6 +404,8 @@ def service_pipeline(settings: Settings, *, identity: str,
         notify_as_standby: Notify while not leader (``run``); ``False`` for a controller.
         fleet_facts: The agents' facts per node (a controller's registry): findings on the
             two ends of one link become one (:func:`~analytics.fleet.join_link_ends`).
+        journal_held: Journal held findings as well as ingested artifacts (``run``); a
+            controller's come back from the accepted agent records.
 
     Raises:
         ConfigError: A notifier, adapter or guard setting is wrong.
@@ -419,6 +423,13 @@ def service_pipeline(settings: Settings, *, identity: str,
         event_window_seconds=settings.analytics.event_window_seconds,
     )
     pipeline.notify_as_standby = notify_as_standby
+    try:
+        pipeline.journal = InputJournal(shared_state or settings.node.data_dir / "journal.sqlite")
+    except (OSError, sqlite3.Error) as exc:
+        pipeline.close()
+        raise ConfigError(f"{settings.source}: cannot open the input journal in "
+                          f"{settings.node.data_dir}: {exc}") from exc
+    pipeline.journal_held = journal_held
     if fleet_facts is not None:
         pipeline.join = lambda found: join_link_ends(found, fleet_facts())
     return pipeline

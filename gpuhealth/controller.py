@@ -45,7 +45,7 @@ from aiohttp import web
 from alerting.silences import SilenceStore
 from analytics.fleet import AgentSilence, FleetCorrelator
 from core.errors import ConfigError, TemporaryError
-from gpuhealth.api import AlertingApi
+from gpuhealth.api import AlertingApi, recover_ingests
 from gpuhealth.compose import service_pipeline
 from gpuhealth.config import Settings, api_token
 from gpuhealth.history_sync import HistoryRecorder
@@ -103,7 +103,8 @@ class Controller:
         self.pipeline: Pipeline = service_pipeline(
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None,
-            notify_as_standby=False, fleet_facts=lambda: self.facts)
+            notify_as_standby=False, fleet_facts=lambda: self.facts, journal_held=False)
+        recover_ingests(self.pipeline, window_seconds=settings.analytics.event_window_seconds)
         token = api_token(settings)
         if c.listen_address not in ("127.0.0.1", "::1", "localhost") and not token:
             raise ConfigError(f"{settings.source}: [alerting] api_token_env: the controller "

@@ -57,7 +57,8 @@ from remediation.audit import open_audit
 from remediation.dry_run import DryRunScheduler
 from remediation.engine import RemediationEngine
 from remediation.policy import RemediationPolicy
-from remediation.stage import RemediationStage
+from remediation.stage import WRITE_ERRORS, RemediationStage
+from storage.journal import InputJournal
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -256,6 +257,10 @@ class Pipeline:
         self.tick_inline = tick_inline
         self.notify_as_standby = notify_as_standby
         self.join = join
+        self.journal: InputJournal | None = None
+        """Accepted inputs (ingested artifacts, held findings), written before they apply."""
+        self.journal_held = True
+        """Journal held findings too (a controller's come back from the fleet records)."""
         self.wake = threading.Event()
         """Set when the engine has new work (the service's remediation thread waits on it)."""
         engine = RemediationEngine(
@@ -364,11 +369,20 @@ class Pipeline:
         extra = self._node_facts.get(node)
         return Context(facts={**self.facts, **extra} if extra else self.facts, now=now)
 
-    def observe(self, records: Iterable[Record]) -> None:
-        """Account for samples and events; they are judged at the next :meth:`evaluate`."""
+    def observe(self, records: Iterable[Record], *, received_at: float | None = None) -> None:
+        """Account for samples and events; they are judged at the next :meth:`evaluate`.
+
+        Args:
+            records: Samples and events.
+            received_at: When they were received, epoch seconds (default now; an input
+                recovered from the journal keeps its time, so it expires as it would have).
+        """
         with self._lock:
             nodes = self._nodes
-            received_at = self.clock() if self.event_window_seconds is not None else None
+            if self.event_window_seconds is None:
+                received_at = None
+            elif received_at is None:
+                received_at = self.clock()
             for record in records:
                 obs = nodes.get(record.node)
                 if obs is None:
@@ -395,14 +409,17 @@ class Pipeline:
                      if n == prediction.node), default=0.0)
 
     def observe_findings(self, findings: Iterable[Finding], *,
-                         hold_seconds: float = 3600.0, replace_held: bool = False) -> None:
+                         hold_seconds: float = 3600.0, replace_held: bool = False,
+                         source: str = "") -> None:
         """Account for findings made outside the fault model (online detectors, gaps).
 
         Each finding stays open, and alerts like any other, until ``hold_seconds`` after
         it was last observed or until :meth:`clear_findings`; a newer finding with the
         same key replaces it, adding its occurrences to the held one's unless
         ``replace_held`` (a finding forwarded by an agent carries its whole count: a
-        record delivered twice must not count twice).
+        record delivered twice must not count twice). With :attr:`journal` set and
+        :attr:`journal_held` on, they are journaled too (with ``source``, such as
+        ``alertmanager:<fingerprint>``) and come back after a restart (:meth:`recover`).
 
         Raises:
             ValueError: ``hold_seconds`` is not > 0.
@@ -410,7 +427,9 @@ class Pipeline:
         if hold_seconds <= 0:
             raise ValueError(f"hold_seconds must be > 0, got {hold_seconds!r}")
         with self._lock:
-            until = self.clock() + hold_seconds
+            now = self.clock()
+            until = now + hold_seconds
+            kept: list[tuple[Finding, float]] = []
             for finding in findings:
                 held = self._held.get(finding.key)
                 if held is not None and not replace_held:
@@ -420,6 +439,33 @@ class Pipeline:
                         first_seen_at=first if first is not None else finding.first_seen_at,
                         occurrences=held[0].occurrences + finding.occurrences)
                 self._held[finding.key] = (finding, until)
+                kept.append((finding, until))
+            if self.journal is not None and self.journal_held:
+                try:
+                    self.journal.hold(kept, at=now, source=source)
+                except WRITE_ERRORS as exc:
+                    logger.error("cannot journal %d held finding(s): %s (they hold until "  # noqa: TRY400
+                                 "a restart)", len(kept), exc)
+
+    def recover(self) -> list[tuple[Finding, str]]:
+        """Open again the held findings the journal has (after a restart or a take-over).
+
+        Returns:
+            ``(finding, source)`` of each, so the caller can map its own sources again
+            (the service's Alertmanager fingerprints).
+
+        Raises:
+            TemporaryError: The shared journal cannot be read now.
+        """
+        if self.journal is None or not self.journal_held:
+            return []
+        with self._lock:
+            back = self.journal.held(now=self.clock())
+            for finding, until, _ in back:
+                self._held[finding.key] = (finding, until)
+        if back:
+            logger.info("%d held finding(s) back from the journal", len(back))
+        return [(f, source) for f, _, source in back]
 
     def held_findings(self) -> list[Finding]:
         """Return the findings given to :meth:`observe_findings` that are still open."""
@@ -437,11 +483,18 @@ class Pipeline:
 
     def clear_findings(self, keys: Iterable[tuple[str, str, str, str]]) -> None:
         """Close findings given to :meth:`observe_findings` by ``(node, entity, kind, code)``."""
+        keys = list(keys)
         with self._lock:
             for key in keys:
                 self._held.pop(key, None)
+            if self.journal is not None and self.journal_held:
+                try:
+                    self.journal.clear(keys)
+                except WRITE_ERRORS as exc:
+                    logger.error("cannot journal %d cleared finding(s): %s", len(keys), exc)  # noqa: TRY400
 
-    def observe_snapshot(self, node: str, records: Iterable[Record]) -> bool:
+    def observe_snapshot(self, node: str, records: Iterable[Record], *,
+                         received_at: float | None = None) -> bool:
         """Account for one complete observation of ``node`` (a file, an ingested document).
 
         When the snapshot on its own has at least one record and no finding at or
@@ -452,6 +505,7 @@ class Pipeline:
         Args:
             node: The node the snapshot is about; every record is put on it.
             records: The snapshot's samples and events.
+            received_at: When it was received (default now; see :meth:`observe`).
 
         Returns:
             Whether the snapshot replaced the node's state (it showed it healthy).
@@ -476,7 +530,7 @@ class Pipeline:
                     self._nodes[other] = obs
                 logger.info("node %s observed healthy: earlier findings cleared", node)
                 return True
-        self.observe(kept)
+        self.observe(kept, received_at=received_at)
         return False
 
     def evaluate(self) -> PipelineOutput:
@@ -572,6 +626,8 @@ class Pipeline:
         """Close the outbox and the action store (both keep their files for the next start)."""
         self._router.close()
         self._stage.close()
+        if self.journal is not None:
+            self.journal.close()
 
     def flush(self) -> int:
         """Try every undelivered notification once now, from synchronous code.

@@ -52,7 +52,7 @@ from core.protocols import (
 )
 from core.records import AlertState, Event, Finding, Record, Sample, Severity
 from gpuhealth.agent import AgentLink
-from gpuhealth.api import ApiServer, start_api
+from gpuhealth.api import ApiServer, recover_ingests, start_api
 from gpuhealth.compose import (
     agent_pipeline,
     build_online,
@@ -79,6 +79,9 @@ from storage.factory import READ_ONLY_STORES
 from storage.history import IncidentHistory
 
 logger = logging.getLogger(__name__)
+
+INBOUND_SOURCE = "alertmanager:"
+"""Journal source of a finding from an inbound Alertmanager alert (``alertmanager:<fp>``)."""
 
 UNAVAILABLE_RETRY_SECONDS = 60.0
 """How long to wait before retrying a collector whose source is gone (unless it says)."""
@@ -365,8 +368,18 @@ class Service:
     def _build_pipeline(self) -> Pipeline:
         if self.role == "agent":
             return agent_pipeline(self.settings)
-        return service_pipeline(self.settings, identity=self.elector.identity,
-                                is_leader=self.elector.is_leader_now)
+        pipeline = service_pipeline(self.settings, identity=self.elector.identity,
+                                    is_leader=self.elector.is_leader_now)
+        # What was accepted before a restart (ingested artifacts, detector and
+        # Alertmanager findings) comes back from the journal.
+        try:
+            recover_ingests(pipeline, window_seconds=self.settings.analytics.event_window_seconds)
+            for finding, source in pipeline.recover():
+                if source.startswith(INBOUND_SOURCE):
+                    self._inbound[source[len(INBOUND_SOURCE):]] = finding.key
+        except TemporaryError as exc:
+            logger.error("cannot read the input journal: %s", exc)  # noqa: TRY400
+        return pipeline
 
     # --- collector threads ---------------------------------------------------------------
 
@@ -700,9 +713,9 @@ class Service:
             return
         for alert in batch.firing:
             self._inbound[alert.fingerprint] = alert.finding.key
-        if batch.firing:
-            pipeline.observe_findings([a.finding for a in batch.firing],
-                                      hold_seconds=self.settings.analytics.event_window_seconds)
+            pipeline.observe_findings([alert.finding],
+                                      hold_seconds=self.settings.analytics.event_window_seconds,
+                                      source=f"{INBOUND_SOURCE}{alert.fingerprint}")
         keys = [self._inbound.pop(fp) for fp in batch.resolved if fp in self._inbound]
         if keys:
             pipeline.clear_findings(keys)

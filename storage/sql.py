@@ -322,10 +322,14 @@ class SqliteDatabase:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield _SqliteConnection(self._db)
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # SQLite rolls back by itself on some errors (SQLITE_FULL, SQLITE_IOERR):
+                # a ROLLBACK then fails with "no transaction is active" and would hide
+                # the real error; one left open (a failed COMMIT) is rolled back here.
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         """See :meth:`Database.execute`."""
