@@ -457,28 +457,37 @@ def fold_symptoms(findings: Sequence[Finding], folds: Sequence[Fold] = FOLDS) ->
     The root keeps its severity and action and gains the symptom's evidence
     (capped); a folded state (no time window) also widens the root's time span.
     """
-    result = list(findings)
+    result: list[Finding | None] = list(findings)
+    # Roots are looked for among the findings of the symptom's own node and entity only:
+    # linear in the findings (an index per (node, entity)), not quadratic.
+    groups: dict[tuple[str, str], list[int]] = {}
+    for index, finding in enumerate(findings):
+        groups.setdefault((finding.node, finding.entity), []).append(index)
     for fold in folds:
-        for symptom in [f for f in result if _matches(f, *fold.symptom)]:
-            root = next(
+        for i, symptom in enumerate(result):
+            if symptom is None or not _matches(symptom, *fold.symptom):
+                continue
+            members = groups[(symptom.node, symptom.entity)]
+            found = next(
                 (
-                    r
+                    (j, r)
                     for kind, code in fold.roots
-                    for r in result
-                    if r is not symptom
+                    for j in members
+                    if j != i
+                    and (r := result[j]) is not None
                     and _matches(r, kind, code)
-                    and (r.node, r.entity) == (symptom.node, symptom.entity)
                     and _close_in_time(r, symptom, fold.window_seconds)
                     and _covers(r, symptom)
                 ),
                 None,
             )
-            if root is None:
+            if found is None:
                 continue
+            j, root = found
             evidence = list(root.evidence)
             keep_evidence(evidence, symptom.evidence)
             spans = fold.window_seconds is None  # a state folds whole; an event keeps its time
-            merged = replace(
+            result[j] = replace(
                 root,
                 evidence=tuple(evidence),
                 first_seen_at=(
@@ -491,8 +500,8 @@ def fold_symptoms(findings: Sequence[Finding], folds: Sequence[Fold] = FOLDS) ->
                 ),
                 source=f"{root.source}; folded {symptom.kind} {symptom.code}: {fold.note}",
             )
-            result = [merged if f is root else f for f in result if f is not symptom]
-    return result
+            result[i] = None
+    return [f for f in result if f is not None]
 
 
 def evaluate(
