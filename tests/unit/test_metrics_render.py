@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable
 
 from prometheus_client import generate_latest
@@ -68,3 +69,23 @@ def test_render_matches_generate_latest() -> None:
 def test_empty_exporter_renders_nothing() -> None:
     exporter = MetricsExporter()
     assert exporter.render() == b"" == _reference(exporter)
+
+
+def test_render_after_random_changes_matches_generate_latest() -> None:
+    """Values that repeat, flip between 0.0 and -0.0, go NaN, and new series, in any order."""
+    rng = random.Random(7)
+    exporter = MetricsExporter()
+    exporter.register(_Stage())
+    choices = [0.0, -0.0, 1.0, 2.5, math.nan, math.inf, 1e22, 300.0]
+    metrics = ["gpu_power_watts", "gpu_temperature_celsius", "gpu_energy_joules_total"]
+    for _ in range(300):
+        for _ in range(rng.randrange(1, 6)):
+            exporter.update([_s(rng.choice(metrics), rng.choice(choices),
+                                f"GPU-{rng.randrange(4)}")])
+        if rng.random() < 0.3:
+            exporter.set("gpuhealth_spool_depth", rng.choice(choices))
+        if rng.random() < 0.2:
+            exporter.inc("gpuhealth_findings_total", {"severity": "warning"},
+                         amount=rng.choice([0.0, 1.0]))
+        if rng.random() < 0.5:
+            assert exporter.render() == _reference(exporter)
