@@ -34,6 +34,7 @@ from collectors.infiniband import (
     parse_rate_bits,
     port_entity,
 )
+from collectors.netdev import RISE_COUNTERS
 from core.clock import system_clock
 from core.records import EntityId, Event, Evidence, NodeName, Record, Sample
 
@@ -50,6 +51,9 @@ PROC_NET_DEV_FIELDS: dict[int, str] = {
     11: "net_tx_dropped_total",
 }
 """Column (0-based, after the interface name) of ``/proc/net/dev`` to catalog metric."""
+
+_NETDEV_COUNTER: dict[str, str] = {metric: name for name, metric in NETDEV_STATS.items()}
+"""Catalog metric to its ``statistics/`` file name (``net_rx_errors_total`` -> ``rx_errors``)."""
 
 OPERSTATE_UP: dict[str, float] = {
     "up": 1.0,
@@ -99,6 +103,7 @@ class NetworkCollector:
         self._port_states: dict[str, str] = {}
         self._saturated: set[tuple[str, str]] = set()
         self._logged: set[str] = set()
+        self._netdev_last: dict[tuple[str, str], tuple[float, float]] = {}
 
     # --- helpers -----------------------------------------------------------
 
@@ -170,11 +175,12 @@ class NetworkCollector:
             labels = {"interface": iface}
             base = os.path.join(class_net, iface)
             from_sys = self._netdev_sysfs(iface, base, at) if iface in sys_ifaces else []
-            if from_sys:
-                out.extend(from_sys)
-            elif iface in proc:
+            counters: list[Record] = list(from_sys)
+            if not from_sys and iface in proc:
                 for metric, value in proc[iface].items():
-                    out.append(self._sample(metric, float(value), iface, labels, at))
+                    counters.append(self._sample(metric, float(value), iface, labels, at))
+            out.extend(counters)
+            out.extend(self._netdev_rises(iface, counters, at))
             if iface not in sys_ifaces:
                 continue
             oper = self._read_optional(os.path.join(base, "operstate"))
@@ -185,6 +191,44 @@ class NetworkCollector:
                 out.append(
                     self._sample("net_carrier_changes_total", float(changes), iface, labels, at)
                 )
+        return out
+
+    def _netdev_rises(self, iface: str, records: list[Record], at: float) -> list[Record]:
+        """Return a ``netdev_counter_rise`` event per error or drop counter that went up.
+
+        Compared with the last collection, as :mod:`collectors.netdev` compares two readings
+        of a pasted file, so that one rule judges both.
+        """
+        out: list[Record] = []
+        for record in records:
+            if not isinstance(record, Sample) or record.entity != iface:
+                continue
+            counter = _NETDEV_COUNTER.get(record.metric) or record.labels.get("counter", "")
+            if counter not in RISE_COUNTERS:
+                continue
+            key = (iface, counter)
+            previous = self._netdev_last.get(key)
+            self._netdev_last[key] = (record.value, at)
+            if previous is None or record.value <= previous[0]:
+                continue  # first reading, unchanged, or a reset (driver reload)
+            out.append(
+                Event(
+                    kind="netdev_counter_rise",
+                    code=counter,
+                    node=NodeName(self.node),
+                    entity=EntityId(iface),
+                    observed_at=at,
+                    message=f"{iface} {counter} rose from {previous[0]:.0f} to {record.value:.0f}",
+                    attrs={
+                        "interface": iface,
+                        "before": f"{previous[0]:.0f}",
+                        "after": f"{record.value:.0f}",
+                        "delta": f"{record.value - previous[0]:.0f}",
+                        "interval_seconds": f"{at - previous[1]:g}",
+                    },
+                    source=self.name,
+                )
+            )
         return out
 
     def _read_optional(self, path: str) -> str | None:

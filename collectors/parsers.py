@@ -13,6 +13,7 @@ PARSER_MODULES = (
     "collectors.dcgm_exporter",
     "collectors.nccl",
     "collectors.infiniband",
+    "collectors.netdev",
 )
 """Modules whose ``PARSERS`` tuples are tried on every section."""
 

@@ -914,6 +914,127 @@ def ibdiagnet_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 # --- collectives -----------------------------------------------------------------------
 
 
+# --- netdev counters --------------------------------------------------------------------
+
+NETDEV_ERROR_COUNTERS = frozenset(
+    {
+        "rx_errors",
+        "tx_errors",
+        "rx_crc_errors",
+        "rx_frame_errors",
+        "rx_length_errors",
+        "tx_carrier_errors",
+        "tx_aborted_errors",
+        "tx_heartbeat_errors",
+        "tx_window_errors",
+    }
+)
+"""``statistics/`` counters of frames lost to errors on the wire or the port."""
+
+NETDEV_DROP_COUNTERS = frozenset(
+    {"rx_dropped", "tx_dropped", "rx_missed_errors", "rx_fifo_errors", "tx_fifo_errors",
+     "rx_over_errors"}
+)
+"""``statistics/`` counters of packets dropped by the host or the NIC's rings (no wire fault)."""
+
+_NETDEV_SOURCE = (
+    "network.netdev_counter_rule: Documentation/ABI/testing/sysfs-class-net-statistics, "
+    "rtnl_link_stats64 (include/uapi/linux/if_link.h); "
+)
+
+
+def netdev_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge Linux netdev counters the same way in ``diagnose`` and in ``run``.
+
+    ``rtnl_link_stats64`` (``include/uapi/linux/if_link.h``) and
+    ``sysfs-class-net-statistics``: ``rx_errors``/``tx_errors`` and the detailed error
+    counters count frames lost to the wire or the port; ``rx_dropped``, ``rx_missed_errors``,
+    ``rx_fifo_errors`` count packets the host or the NIC ring had no room for (or, for
+    ``rx_dropped``, did not want: unknown protocols), not a link fault.
+
+    * An error counter that rose between two readings (``netdev_counter_rise``: two readings
+      in one file, or two collections in ``run``): major ``check_network``, the link is losing
+      frames now (cable, optic, switch port).
+    * Only drops rose: warning ``check_network`` (host or ring buffers cannot keep up).
+    * One pasted snapshot (no time, no earlier reading) with ``rx_errors``/``tx_errors`` > 0:
+      warning ``check_network``, clear and re-read to get a rate, as the single-snapshot
+      counters of fault-model.md; drops alone in a snapshot are no finding. In ``run`` samples
+      carry their time and only rises are judged, so old errors do not alert forever.
+    """
+    del ctx
+    rises: dict[tuple[str, str], list[EventGroup]] = defaultdict(list)
+    for group in obs.events("netdev_counter_rise"):
+        rises[(group.node, group.entity)].append(group)
+    for (_node, entity), groups in sorted(rises.items()):
+        errors = [g for g in groups if g.code in NETDEV_ERROR_COUNTERS]
+        drops = [g for g in groups if g.code not in NETDEV_ERROR_COUNTERS]
+        used = errors or drops
+        signals = ", ".join(
+            f"{g.code} +{max(int(v) for v in g.attr_values.get('delta', {'0'}))}"
+            for g in [*errors, *drops]
+        )
+        if errors:
+            severity = Severity.MAJOR
+            summary = (
+                f"{entity}: error counters rose between readings ({signals}): the link is "
+                "losing frames now; check cable, optic and switch port"
+            )
+        else:
+            severity = Severity.WARNING
+            summary = (
+                f"{entity}: drop counters rose between readings ({signals}) without errors: "
+                "the host or the NIC rings cannot keep up (ring sizes, IRQ affinity), or "
+                "unwanted packets; no wire fault seen"
+            )
+        yield group_finding(
+            used,
+            folded=drops if errors else [],
+            entity=EntityId(entity),
+            kind="nic_port",
+            code=f"{used[0].code}_rising",
+            severity=severity,
+            action=Action.CHECK_NETWORK,
+            summary=summary,
+            source=_NETDEV_SOURCE + _DOC,
+        )
+    judged = set(rises)
+    for (node, entity, _metric, _labels), sample in obs.samples.items():
+        if (node, entity) in judged or sample.observed_at is not None:
+            continue
+        if sample.metric == "net_nic_counter_total" and (
+            _nic_counter(sample) in NIC_PHY_ERROR_COUNTERS and sample.value > 0
+        ):
+            judged.add((node, entity))  # the physical-error rule speaks for this port
+    snapshot: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    for (node, entity, metric, _labels), sample in sorted(obs.samples.items()):
+        if (
+            metric in {"net_rx_errors_total", "net_tx_errors_total"}
+            and sample.observed_at is None
+            and sample.value > 0
+            and (node, entity) not in judged
+        ):
+            snapshot[(node, entity)].append(sample)
+    for (node, entity), samples in sorted(snapshot.items()):
+        signals = ", ".join(
+            f"{s.metric.removeprefix('net_').removesuffix('_total')}={s.value:.0f}"
+            for s in samples
+        )
+        yield Finding(
+            node=NodeName(node),
+            entity=EntityId(entity),
+            kind="nic_port",
+            code="errors",
+            severity=Severity.WARNING,
+            action=Action.CHECK_NETWORK,
+            summary=(
+                f"{entity}: error counters above zero in one snapshot ({signals}); check "
+                "cable and optic, clear and re-read to get a rate"
+            ),
+            evidence=tuple(_sample_evidence(samples)),
+            source=_NETDEV_SOURCE + _DOC,
+        )
+
+
 # --- shared memory ---------------------------------------------------------------------
 
 SHM_MEANING: dict[str, str] = {
@@ -1124,6 +1245,7 @@ RULES: tuple[Rule, ...] = (
     ib_counter_rule,
     roce_qos_rule,
     ibdiagnet_rule,
+    netdev_counter_rule,
     shm_rule,
     collective_timeout_rule,
     collective_results_rule,

@@ -69,3 +69,94 @@ def test_local_protection_error_without_gdr_stays_a_warning(tmp_path: Path) -> N
     )
     out = _diagnose(off)
     assert out["worst_severity"] == "warning"
+
+
+# --- netdev counters: ifconfig, /proc/net/dev, sysfs statistics ---------------------------
+
+
+def _second_reading(path: Path, tmp_path: Path, old: str, new: str) -> Path:
+    """Two readings of one real artifact, the second with ``old`` replaced by ``new``."""
+    text = path.read_text()
+    assert old in text
+    both = tmp_path / path.name
+    both.write_text(text + "\n$ ifconfig eth0\n" + text.replace(old, new))
+    return both
+
+
+def test_ifconfig_errors_rising_between_readings_are_major(tmp_path: Path) -> None:
+    both = _second_reading(
+        FIXTURES / "ifconfig-1.60-eth0-rx-dropped-7183-no-errors.txt",
+        tmp_path,
+        "errors:0 dropped:7183",
+        "errors:41 dropped:7190",
+    )
+    out = _diagnose(both)
+    assert (out["worst_severity"], out["worst_actions"]) == ("major", ["check_network"])
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    assert "rx_errors +41" in findings[0]["summary"]
+    # the same file read again is a new read, not a third reading
+    assert _diagnose(both)["worst_severity"] == "major"
+
+
+def test_ifconfig_drops_rising_alone_are_a_warning(tmp_path: Path) -> None:
+    both = _second_reading(
+        FIXTURES / "ifconfig-2.x-rx-dropped-3310-no-errors.txt",
+        tmp_path,
+        "dropped 3310",
+        "dropped 3999",
+    )
+    out = _diagnose(both)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
+
+
+def test_ifconfig_errors_in_one_snapshot_are_a_warning(tmp_path: Path) -> None:
+    one = tmp_path / "one.txt"
+    text = (FIXTURES / "ifconfig-2.x-rx-dropped-3310-no-errors.txt").read_text()
+    one.write_text(text.replace("RX errors 0", "RX errors 17"))
+    out = _diagnose(one)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
+
+
+def test_sysfs_statistics_loop_is_read(tmp_path: Path) -> None:
+    dump = tmp_path / "sysfs.txt"
+    names = ["rx_bytes", "rx_crc_errors", "rx_dropped", "rx_errors", "tx_errors", "tx_dropped"]
+    lines = [f"{n}: {7183 if n == 'rx_dropped' else 0}" for n in names]
+    dump.write_text(
+        "$ for t in /sys/class/net/eth0/statistics/{rx,tx}_*; do "
+        'echo "$(basename $t): $(<$t)"; done\n'
+        + "\n".join(lines)
+        + "\n"
+    )
+    assert _diagnose(dump)["worst_severity"] == "info"
+    dump.write_text(dump.read_text().replace("rx_crc_errors: 0", "rx_crc_errors: 9"))
+    out = _diagnose(dump)
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    assert (out["worst_severity"], findings[0]["entity"]) == ("warning", "eth0")
+
+
+def test_network_collector_reports_rises_that_the_same_rule_judges(tmp_path: Path) -> None:
+    from analytics.fault_model import Context, Observations, evaluate
+    from collectors.network import NetworkCollector
+    from core.clock import FakeClock
+
+    stats = tmp_path / "sys" / "class" / "net" / "eth0" / "statistics"
+    stats.mkdir(parents=True)
+    (tmp_path / "proc").mkdir()
+    for name, value in (("rx_errors", 5), ("rx_dropped", 10), ("rx_bytes", 100)):
+        (stats / name).write_text(f"{value}\n")
+    clock = FakeClock(now=100.0)
+    coll = NetworkCollector(
+        node="n1", proc_root=str(tmp_path / "proc"), sys_root=str(tmp_path / "sys"), clock=clock
+    )
+    obs = Observations()
+    obs.extend(coll.collect())
+    assert evaluate(obs, Context()) == []  # old errors alone do not alert in run
+    clock.now = 130.0
+    (stats / "rx_errors").write_text("9\n")
+    obs.extend(coll.collect())
+    findings = evaluate(obs, Context())
+    assert [(f.kind, f.code, f.severity.value) for f in findings] == [
+        ("nic_port", "rx_errors_rising", "major")
+    ]
