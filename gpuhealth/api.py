@@ -387,6 +387,8 @@ class AlertingApi:
             except ValueError:
                 raise ApiError(400, "body is not JSON") from None
             return 200, {"silenceID": create_silence(self.silences, data).id}
+        if method == "POST" and path == "/api/v1/mark-healthy":
+            return self._mark_healthy(body)
         if method == "POST" and path == "/api/v1/ingest":
             query = urllib.parse.parse_qs(url.query)
             node = (query.get("node") or [""])[0]
@@ -405,6 +407,32 @@ class AlertingApi:
                 raise ApiError(503, str(exc)) from None
             return (400 if "error" in answer else 200), answer
         raise ApiError(404, f"no such endpoint {path}")
+
+    def _mark_healthy(self, body: bytes) -> tuple[int, Any]:
+        """``POST /api/v1/mark-healthy`` ``{"node", "entity"?, "reason", "by"?}``."""
+        try:
+            data = json.loads(body or b"null")
+        except ValueError:
+            raise ApiError(400, "body is not JSON") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "body must be a JSON object")
+        node, entity = data.get("node"), data.get("entity")
+        reason, by = data.get("reason"), data.get("by") or "api"
+        if not isinstance(node, str) or not node:
+            raise ApiError(400, "node: a node name is required")
+        if entity is not None and (not isinstance(entity, str) or not entity):
+            raise ApiError(400, "entity: a GPU, port or link name, or absent for the node")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ApiError(400, "reason: required (it goes into the audit trail)")
+        if not isinstance(by, str):
+            raise ApiError(400, "by: a name")
+        try:
+            cleared = self.pipeline.mark_healthy(node, entity, reason=reason, by=by)
+        except OSError as exc:
+            raise ApiError(503, str(exc)) from None
+        return 200, {"node": node, "entity": entity,
+                     "cleared": [{"kind": f.kind, "code": f.code, "entity": f.entity,
+                                  "severity": f.severity.value} for f in cleared]}
 
     def _alertmanager(self, body: bytes) -> tuple[int, Any]:
         if self.on_alertmanager is None:

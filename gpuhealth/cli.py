@@ -784,9 +784,11 @@ def dashboards_provision(url: str, token_env: str, folder: str,
 def _register() -> None:
     """Add the command groups defined in their own modules."""
     from gpuhealth.actions_cli import actions
+    from gpuhealth.mark_healthy_cli import mark_healthy
     from gpuhealth.report_cli import report
 
     main.add_command(actions)
+    main.add_command(mark_healthy)
     main.add_command(report)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from alerting.silences import SilenceStore
+from analytics.fault_model.site_rules import SiteRule, SiteRules
 from analytics.fleet import join_link_ends
 from analytics.online import OnlineAnalytics
 from analytics.prediction_stage import PredictionStage
@@ -315,7 +316,7 @@ def build_pipeline(
     """
     a = settings.alerting
     try:
-        return Pipeline(
+        pipeline = Pipeline(
             scheduler=scheduler, node_agent=node_agent,
             gpu_level_drain=_gpu_level_drain(scheduler),
             action_store_path=action_store_path,
@@ -346,6 +347,17 @@ def build_pipeline(
     except (ValueError, OSError) as exc:
         raise ConfigError(f"{settings.source}: cannot start the analysis pipeline: {exc}"
                           ) from exc
+    pipeline.site_rules = site_rules(settings)
+    return pipeline
+
+
+def site_rules(settings: Settings) -> SiteRules:
+    """The site's ``[[policy.rule]]`` tables as the pipeline applies them."""
+    return SiteRules([
+        SiteRule(name=r.name, kind=r.kind, code=r.code, entity=r.entity, nodes=r.nodes,
+                 count=r.count, window_seconds=r.window, severity=r.severity, action=r.action,
+                 sticky=r.sticky, ignore=r.ignore)
+        for r in settings.policy.rule])
 
 
 def replay_pipeline(
@@ -442,12 +454,14 @@ def agent_pipeline(settings: Settings) -> Pipeline:
     notified, no step is requested here and nothing is audited: the findings go to the
     controllers, whose pipeline alerts and remediates under the fleet's one budget.
     """
-    return build_pipeline(
+    pipeline = build_pipeline(
         settings, guard=guards(settings, dry_run=True), identity=f"agent:{settings.node.name}",
         facts={"node": settings.node.name, **settings.inventory},
         is_leader=lambda: False,  # the agent never decides remediation
         event_window_seconds=settings.analytics.event_window_seconds,
     )
+    pipeline.site_rules = SiteRules(())  # the controller applies [[policy.rule]], once
+    return pipeline
 
 
 def build_protective(settings: Settings) -> ProtectiveCordon | None:

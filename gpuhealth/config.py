@@ -43,7 +43,7 @@ from analytics.online import DEFAULT_DETECTOR_BY_METRIC, check_detector_by_metri
 from core.errors import ConfigError, PluginError
 from core.plugins import available
 from core.protocols import Closeable
-from core.records import RemediationStep, Severity
+from core.records import Action, RemediationStep, Severity
 
 logger = logging.getLogger(__name__)
 
@@ -706,6 +706,86 @@ class ControllerSettings(BaseModel):
         return self
 
 
+class PolicyRuleSettings(BaseModel):
+    """One ``[[policy.rule]]``: what the site does about matching findings (docs/remediation.md)."""
+
+    model_config = _FROZEN
+
+    name: str = Field(min_length=1)
+    """Unique name, shown in findings and in the audit record of every decision it changes."""
+    kind: str | None = None
+    """Finding kind to match (``xid``, ``ecc``, ``ib_port``); any when unset."""
+    code: str | None = None
+    """Code to match (``43``); any when unset."""
+    entity: str = "*"
+    """``fnmatch`` pattern of the entity (``GPU-*``, ``mlx5_*``)."""
+    nodes: str = "*"
+    """``fnmatch`` pattern of the node (``gpu-a*``)."""
+    count: int = Field(default=1, ge=1)
+    """Occurrences needed within ``window`` before the finding alerts or remediates."""
+    window: Duration | None = Field(default=None, gt=0)
+    """Window of ``count`` (``"10m"``); unset: ever."""
+    severity: Severity | None = None
+    """Severity override."""
+    action: Action | None = None
+    """Recommended-action override (``reset_gpu``, ``reboot_node``, ``service_hardware``...)."""
+    sticky: bool = False
+    """Keep the finding open until a person clears it (``gpuhealth mark-healthy``)."""
+    ignore: bool = False
+    """Drop matching findings (never alerted or remediated; ``diagnose`` still shows them)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PolicyRuleSettings:
+        if self.kind is None and self.code is None and self.entity == "*" and self.nodes == "*":
+            raise ValueError("matches every finding: set kind, code, entity or nodes")
+        if self.ignore and (self.severity or self.action or self.sticky or self.count > 1):
+            raise ValueError("ignore drops the finding: it takes no count, severity, action "
+                             "or sticky")
+        if self.window is not None and self.count < 2:
+            raise ValueError("window needs count >= 2")
+        if not (self.ignore or self.severity or self.action or self.sticky or self.count > 1):
+            raise ValueError("changes nothing: set ignore, count, severity, action or sticky")
+        return self
+
+
+class PolicySettings(BaseModel):
+    """``[policy]``: the site's ``[[policy.rule]]`` tables, applied in file order."""
+
+    model_config = _FROZEN
+
+    rule: tuple[PolicyRuleSettings, ...] = ()
+    """The rules; the first that matches a finding applies."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_the_rule(cls, data: Any) -> Any:
+        """Validate each rule on its own, so an error names the rule and its key."""
+        if not isinstance(data, Mapping):
+            return data
+        rules = data.get("rule", ())
+        if not isinstance(rules, list | tuple):
+            raise ValueError("rule must be an array of tables ([[policy.rule]])")  # noqa: TRY004 - pydantic reports ValueError
+        seen: set[str] = set()
+        checked: list[PolicyRuleSettings] = []
+        for number, raw in enumerate(rules, start=1):
+            name = raw.get("name") if isinstance(raw, Mapping) else None
+            label = f"rule {name!r}" if isinstance(name, str) and name else f"rule #{number}"
+            try:
+                rule = PolicyRuleSettings.model_validate(raw)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                key = ".".join(str(p) for p in first["loc"]) or "(table)"
+                msg = first["msg"].removeprefix("Value error, ")
+                if first["type"] == "extra_forbidden":
+                    msg = "unknown key"
+                raise ValueError(f"{label}: {key}: {msg}") from None
+            if rule.name in seen:
+                raise ValueError(f"{label}: name: used by an earlier rule")
+            seen.add(rule.name)
+            checked.append(rule)
+        return {**data, "rule": tuple(checked)}
+
+
 class TimeSettings(BaseModel):
     """``[time]``: how time stamps that lack a time zone or a year are read."""
 
@@ -755,6 +835,8 @@ class Settings(BaseModel):
     """Free-form machine facts for the rules (``nvlink = "absent"``, ``ib_unused = "mlx5_1:1"``)."""
     time: TimeSettings = TimeSettings()
     """``[time]``: reading stamps without a zone or a year."""
+    policy: PolicySettings = PolicySettings()
+    """``[policy]``: the site's per-rule policy (``[[policy.rule]]``)."""
     agent: AgentSettings = AgentSettings()
     """``[agent]``: the controllers an agent reports to."""
     controller: ControllerSettings = ControllerSettings()

@@ -41,13 +41,16 @@ from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule
 from alerting.routing import MAX_BACKLOG, AlertRouter
 from alerting.silences import SilenceStore
 from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
+from analytics.fault_model.site_rules import SiteRules
 from core.clock import Clock, system_clock
 from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionRequest,
     Alert,
     AuditRecord,
+    EntityId,
     Finding,
+    NodeName,
     Prediction,
     Record,
     Severity,
@@ -260,6 +263,8 @@ class Pipeline:
         self.journal: InputJournal | None = None
         """Accepted inputs (ingested artifacts, held findings), written before they apply."""
         self.journal_held = True
+        self.site_rules = SiteRules(())
+        """The site's ``[[policy.rule]]`` tables, applied to the findings before they alert."""
         """Journal held findings too (a controller's come back from the fleet records)."""
         self.wake = threading.Event()
         """Set when the engine has new work (the service's remediation thread waits on it)."""
@@ -493,6 +498,52 @@ class Pipeline:
                 except WRITE_ERRORS as exc:
                     logger.error("cannot journal %d cleared finding(s): %s", len(keys), exc)  # noqa: TRY400
 
+    def mark_healthy(self, node: str, entity: str | None, *, reason: str, by: str
+                     ) -> list[Finding]:
+        """A person says ``node`` (or one ``entity`` of it) is healthy: clear its findings.
+
+        Forgets the node's events (of that entity), its held findings (detectors,
+        Alertmanager, agents) and its sticky site-rule findings, and writes one
+        ``marked_healthy`` audit record naming the person, the reason and the findings
+        cleared (before they clear). At the next evaluation the alerts resolve and
+        remediation returns the node to service as for any resolved fault; a state the
+        collectors still see (an NVML reading) comes back at once, which is the point.
+
+        Returns:
+            The findings that were open and are cleared.
+
+        Raises:
+            ValueError: ``reason`` is empty.
+        """
+        if not reason.strip():
+            raise ValueError("a reason is required (it goes into the audit trail)")
+        with self._lock:
+            now = self.clock()
+            cleared = [f for f in self._judge(now) if f.node == node
+                       and (entity is None or f.entity == entity)]
+            record = AuditRecord(
+                at=now, actor=by, decision="marked_healthy", step=None, node=NodeName(node),
+                entity=EntityId(entity or "node"), reason=reason,
+                idempotency_key=f"mark-healthy/{node}/{entity or 'node'}/{now:.3f}",
+                dry_run=False,
+                details={"findings": "; ".join(f"{f.kind} {f.code} on {f.entity}"
+                                               for f in cleared)})
+            if not self._stage.write([record]):
+                raise OSError("the audit trail cannot be written: nothing was cleared")
+            obs = self._nodes.get(node)
+            if obs is not None:
+                obs.forget(node, entity)
+            keys = [k for k in self._held if k[0] == node and (entity is None or k[1] == entity)]
+            keys += [f.key for f in self.site_rules.sticky
+                     if f.node == node and (entity is None or f.entity == entity)]
+            self.site_rules.clear(keys)
+            self.clear_findings(keys)
+            self._predicted = {k: v for k, v in self._predicted.items()
+                               if not (k[0] == node and (entity is None or k[1] == entity))}
+        logger.warning("%s marked %s%s healthy (%s): %d finding(s) cleared", by, node,
+                       f" {entity}" if entity else "", reason, len(cleared))
+        return cleared
+
     def observe_snapshot(self, node: str, records: Iterable[Record], *,
                          received_at: float | None = None) -> bool:
         """Account for one complete observation of ``node`` (a file, an ingested document).
@@ -553,6 +604,8 @@ class Pipeline:
             found = merge_findings(found)
         elif len(self._nodes) > 1:
             found = merge_findings(found)
+        if self.site_rules:
+            found = self.site_rules.apply(found, now=now)
         return self.join(found) if self.join is not None else found
 
     async def aevaluate(self) -> PipelineOutput:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from alerting.alerts import NETWORK_KINDS, PREDICTION_KIND, alert_name
+from analytics.fault_model.site_rules import rule_notes
 from core.clock import Clock, system_clock
 from core.records import (
     NODE_ENTITY,
@@ -258,6 +259,8 @@ class Decision:
         escalated_from: The incident this one escalates (a recurrence on probation), or ``""``.
         why: Why it escalated or was released, or ``""``.
         released: A resolution because a human took over, not because the fault went away.
+        rules: The site rules (``[[policy.rule]]``) that changed the finding, as their notes
+            (``policy rule 'xid43-repeat': severity major -> critical``), or ``""``.
         request: The request to submit (``requested`` decisions only).
     """
 
@@ -280,6 +283,7 @@ class Decision:
     escalated_from: str = ""
     why: str = ""
     released: bool = False
+    rules: str = ""
     request: ActionRequest | None = None
 
     @property
@@ -305,6 +309,8 @@ class Decision:
             details["why"] = self.why
         if self.released:
             details["released"] = "true"
+        if self.rules:
+            details["policy_rules"] = self.rules
         if self.planned is not None:
             details.update(self.planned.attrs())
             details["disrupts_node"] = "true" if self.disrupts_node else "false"
@@ -352,7 +358,8 @@ class Decision:
             action=d.get("action", ""), kind=d.get("kind", ""), code=d.get("code", ""),
             finding_entity=d.get("finding_entity", ""),
             escalated_from=d.get("escalated_from", ""), why=d.get("why", ""),
-            released=d.get("released") == "true", request=request)
+            released=d.get("released") == "true", rules=d.get("policy_rules", ""),
+            request=request)
 
 
 _DECISIONS = frozenset({DECISION_REQUESTED, DECISION_HELD, DECISION_DUPLICATE,
@@ -647,6 +654,7 @@ class RemediationPolicy:
             f"on {finding.entity}: {finding.summary}"
         )
         escalated_from, why_escalated = escalation or ("", "")
+        rules = "; ".join(rule_notes(finding))
 
         def decision(kind: str, planned: PlannedStep, key: str, why: str,
                      request: ActionRequest | None = None) -> Decision:
@@ -656,7 +664,7 @@ class RemediationPolicy:
                 incident=incident, alertname=name, severity=finding.severity.value,
                 action=finding.action.value, kind=finding.kind, code=finding.code,
                 finding_entity=finding.entity, escalated_from=escalated_from,
-                why=why_escalated, request=request)
+                why=why_escalated, rules=rules, request=request)
 
         result = PolicyResult()
         self._active[fp] = node

@@ -249,6 +249,19 @@ class Observations:
             del self.groups[key]
         return len(stale)
 
+    def forget(self, node: str, entity: str | None = None) -> int:
+        """Forget the event groups of ``node`` (of one ``entity`` only, if given).
+
+        What a person marking the node healthy asks for (``gpuhealth mark-healthy``): the
+        events are history; states (samples) are read again by the collectors and stay.
+        Returns how many groups were forgotten.
+        """
+        gone = [k for k, g in self.groups.items()
+                if g.node == node and (entity is None or g.entity == entity)]
+        for key in gone:
+            del self.groups[key]
+        return len(gone)
+
     def extend(self, records: Iterable[Record]) -> None:
         """Account for many records."""
         for record in records:
