@@ -7,6 +7,10 @@ Sources (ecosystem-reference §10):
   ``/sys/class/net/<if>/statistics/`` cannot be read;
 * ``/sys/class/net/<if>/statistics/*``, ``operstate`` and ``carrier_changes``
   (``Documentation/ABI/testing/sysfs-class-net``);
+* ``/proc/net/bonding/<bond>`` (kernel ``Documentation/networking/bonding.rst``), read by
+  :mod:`collectors.bonding` into the ``net_bond_*`` samples that ``diagnose`` gives for a
+  pasted copy; a member's ``Link Failure Count`` rising between collections is a
+  ``bond_member_flap`` event;
 * ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,counters/*,hw_counters/*}``
   (``Documentation/ABI/stable/sysfs-class-infiniband``). ``port_xmit_data`` and
   ``port_rcv_data`` count 4-octet words and are multiplied by 4; legacy
@@ -25,6 +29,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 
+from collectors.bonding import read_bond
 from collectors.infiniband import (
     NETDEV_STATS,
     SYSFS_COUNTERS,
@@ -104,6 +109,7 @@ class NetworkCollector:
         self._saturated: set[tuple[str, str]] = set()
         self._logged: set[str] = set()
         self._netdev_last: dict[tuple[str, str], tuple[float, float]] = {}
+        self._bond_failures: dict[tuple[str, str], float] = {}
 
     # --- helpers -----------------------------------------------------------
 
@@ -159,6 +165,54 @@ class NetworkCollector:
         out: list[Record] = []
         out.extend(self._collect_netdev(at))
         out.extend(self._collect_infiniband(at))
+        out.extend(self._collect_bonding(at))
+        return out
+
+    def _collect_bonding(self, at: float) -> list[Record]:
+        """Read ``/proc/net/bonding/*`` when present (:mod:`collectors.bonding`).
+
+        A member whose ``Link Failure Count`` rose since the last collection gives a
+        ``bond_member_flap`` event: it went down and came back in between.
+        """
+        root = os.path.join(self.proc_root, "net", "bonding")
+        out: list[Record] = []
+        for bond in self._listdir(root):
+            text = self._read(os.path.join(root, bond))
+            if text is None:
+                continue
+            samples = read_bond(text, bond, node=NodeName(self.node), observed_at=at)
+            if not samples:
+                self.errors_total["malformed"] += 1
+                self._log_once(f"bond:{bond}", "no bond status in /proc/net/bonding/%s", bond)
+                continue
+            out.extend(samples)
+            for sample in samples:
+                if sample.metric != "net_bond_member_link_failures_total":
+                    continue
+                key = (bond, sample.labels["interface"])
+                previous = self._bond_failures.get(key)
+                self._bond_failures[key] = sample.value
+                if previous is None or sample.value <= previous:
+                    continue
+                out.append(
+                    Event(
+                        kind="bond_member_flap",
+                        code=sample.labels["interface"],
+                        node=NodeName(self.node),
+                        entity=EntityId(bond),
+                        observed_at=at,
+                        message=(
+                            f"{bond} member {sample.labels['interface']} link failures "
+                            f"{previous:.0f} -> {sample.value:.0f}"
+                        ),
+                        attrs={
+                            "bond": bond,
+                            "interface": sample.labels["interface"],
+                            "delta": f"{sample.value - previous:.0f}",
+                        },
+                        source=self.name,
+                    )
+                )
         return out
 
     def _collect_netdev(self, at: float) -> list[Record]:

@@ -14,6 +14,7 @@ PARSER_MODULES = (
     "collectors.nccl",
     "collectors.infiniband",
     "collectors.netdev",
+    "collectors.bonding",
 )
 """Modules whose ``PARSERS`` tuples are tried on every section."""
 

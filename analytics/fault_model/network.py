@@ -1035,6 +1035,100 @@ def netdev_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         )
 
 
+# --- NIC bonds ---------------------------------------------------------------------------
+
+_BOND_SOURCE = (
+    "network.bond_rule: kernel Documentation/networking/bonding.rst, "
+    "drivers/net/bonding/bond_procfs.c; "
+)
+
+
+def bond_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge NIC bonds from the ``net_bond_*`` samples (``/proc/net/bonding``, diagnose and run).
+
+    Kernel ``bonding.rst`` ("Querying Bonding Configuration", "802.3ad"): a member carries
+    traffic when its MII status is up and, in 802.3ad, it is in the active aggregator.
+
+    * The bond's MII status down: major ``check_network`` (the node is off that network).
+    * Fewer members active than enslaved (a member down, or outside the active 802.3ad
+      aggregator): major ``check_network``: the bond runs without redundancy and with part
+      of its bandwidth; name the members.
+    * A member whose ``Link Failure Count`` rose between two collections (``run``:
+      ``bond_member_flap``) while every member is active now: major ``check_network``, the
+      member is flapping.
+    * Every member active, but a pasted snapshot shows link failures > 0: warning
+      ``check_network``: the count is history of unknown age (since the bond came up),
+      clear it by re-reading later; in ``run`` only rises count.
+    * A bond with every member active and no failures: no finding.
+    """
+    del ctx
+    bonds = sorted({(s.node, s.entity) for s in obs.samples_of("net_bond_members")})
+    for node, entity in bonds:
+        def value(metric: str, n: str = node, e: str = entity) -> Sample | None:
+            return next((s for s in obs.samples_of(metric, node=n) if s.entity == e), None)
+
+        members = value("net_bond_members")
+        active = value("net_bond_members_active")
+        up = value("net_bond_up")
+        member_up = [s for s in obs.samples_of("net_bond_member_up", node=node)
+                     if s.entity == entity]
+        failures = [s for s in obs.samples_of("net_bond_member_link_failures_total", node=node)
+                    if s.entity == entity and s.value > 0]
+        flaps = obs.events("bond_member_flap", node=node, entity=entity)
+        down = sorted(s.labels.get("interface", "?") for s in member_up if s.value < 1)
+        history = ", ".join(
+            f"{s.labels.get('interface', '?')} {s.value:.0f}" for s in failures
+        )
+        evidence = _sample_evidence([x for x in (up, members, active) if x is not None])
+        evidence += _sample_evidence([s for s in member_up if s.value < 1] + failures)
+        n_members = int(members.value) if members is not None else 0
+        n_active = int(active.value) if active is not None else n_members
+        if up is not None and up.value < 1:
+            severity, code = Severity.MAJOR, "bond_down"
+            summary = (
+                f"bond {entity} is down (MII status down, {n_active} of {n_members} members "
+                "active): the node is off that network; check the members' links and switch "
+                "ports"
+            )
+        elif n_active < n_members:
+            severity, code = Severity.MAJOR, "members_down"
+            summary = (
+                f"bond {entity} runs on {n_active} of {n_members} members (not carrying "
+                f"traffic: {', '.join(down) or '?'}; compared: members enslaved against "
+                "members with MII up in the active aggregator): no redundancy and part of "
+                "the bandwidth lost; check the member's link, cable and switch port (LACP)"
+                + (f"; link failure counts: {history}" if history else "")
+            )
+        elif flaps:
+            severity, code = Severity.MAJOR, "member_flapping"
+            names = ", ".join(sorted(g.code for g in flaps))
+            summary = (
+                f"bond {entity}: member(s) {names} went down and came back between readings "
+                f"(link failure count rose): a flapping link; check cable, optic and switch port"
+            )
+            evidence += group_evidence(flaps, 4)
+        elif failures and all(s.observed_at is None for s in failures):
+            severity, code = Severity.WARNING, "member_link_failures"
+            summary = (
+                f"bond {entity}: all {n_members} members active, but link failures were "
+                f"counted ({history}) since the bond came up: history of unknown age; "
+                "re-read later to see whether it still rises"
+            )
+        else:
+            continue
+        yield Finding(
+            node=NodeName(node),
+            entity=EntityId(entity),
+            kind="bond",
+            code=code,
+            severity=severity,
+            action=Action.CHECK_NETWORK,
+            summary=summary,
+            evidence=tuple(evidence[:MAX_EVIDENCE]),
+            source=_BOND_SOURCE + _DOC,
+        )
+
+
 # --- shared memory ---------------------------------------------------------------------
 
 SHM_MEANING: dict[str, str] = {
@@ -1246,6 +1340,7 @@ RULES: tuple[Rule, ...] = (
     roce_qos_rule,
     ibdiagnet_rule,
     netdev_counter_rule,
+    bond_rule,
     shm_rule,
     collective_timeout_rule,
     collective_results_rule,

@@ -160,3 +160,62 @@ def test_network_collector_reports_rises_that_the_same_rule_judges(tmp_path: Pat
     assert [(f.kind, f.code, f.severity.value) for f in findings] == [
         ("nic_port", "rx_errors_rising", "major")
     ]
+
+
+# --- NIC bonds ----------------------------------------------------------------------------
+
+
+def test_bond_with_link_failures_in_a_snapshot_is_a_warning(tmp_path: Path) -> None:
+    text = (FIXTURES / "proc-net-bonding-active-backup-two-members-healthy.txt").read_text()
+    one = tmp_path / "bond.txt"
+    one.write_text(text.replace("Link Failure Count: 0", "Link Failure Count: 3", 1))
+    out = _diagnose(one)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    assert findings[0]["entity"] == "bond0"
+
+
+def test_network_collector_reads_bonds_that_the_same_rule_judges(tmp_path: Path) -> None:
+    from analytics.fault_model import Context, Observations, evaluate
+    from collectors.network import NetworkCollector
+    from core.catalog import BY_NAME
+    from core.clock import FakeClock
+    from core.records import Sample
+
+    healthy = "\n".join(
+        (FIXTURES / "proc-net-bonding-active-backup-two-members-healthy.txt")
+        .read_text()
+        .splitlines()[1:]
+    )
+    bonding = tmp_path / "proc" / "net" / "bonding"
+    bonding.mkdir(parents=True)
+    (bonding / "bond0").write_text(healthy)
+    clock = FakeClock(now=100.0)
+    coll = NetworkCollector(
+        node="n1", proc_root=str(tmp_path / "proc"), sys_root=str(tmp_path / "sys"), clock=clock
+    )
+    first = coll.collect()
+    metrics = {r.metric for r in first if isinstance(r, Sample)}
+    assert {"net_bond_members", "net_bond_members_active", "net_bond_member_up"} <= metrics
+    assert metrics <= set(BY_NAME)
+    obs = Observations()
+    obs.extend(first)
+    assert evaluate(obs, Context()) == []
+    # eth1 went down and came back between two collections: flapping
+    eth1 = "Link Failure Count: 0\nPermanent HW addr: 02:00:5e:10:00:56"
+    (bonding / "bond0").write_text(healthy.replace(eth1, eth1.replace(": 0", ": 1")))
+    clock.now = 130.0
+    obs.extend(coll.collect())
+    found = evaluate(obs, Context())
+    assert [(f.kind, f.code, f.severity.value) for f in found] == [
+        ("bond", "member_flapping", "major")
+    ]
+    # eth1 is down now: the bond runs on one member
+    (bonding / "bond0").write_text(
+        healthy.replace("eth1\nMII Status: up", "eth1\nMII Status: down")
+    )
+    clock.now = 160.0
+    obs.extend(coll.collect())
+    found = evaluate(obs, Context())
+    assert ("bond", "members_down", "major") in [(f.kind, f.code, f.severity.value) for f in found]
