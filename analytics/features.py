@@ -20,7 +20,8 @@ GPU features (names are stable; units per hour unless said):
 * ``throttle_ratio``: thermal plus power violation seconds per second;
 * ``pcie_replay_rate``, ``nvlink_error_rate``.
 
-InfiniBand port features (entity ``<device>/<port>``): ``ib_symbol_rate``,
+InfiniBand port features (entity ``<device>:<port>``, as
+:func:`analytics.identity.port_identity` names it): ``ib_symbol_rate``,
 ``ib_link_recovery_rate``, ``ib_link_downed_rate``, ``ib_rcv_error_rate``, per hour.
 
 Counters are turned into increases with resets handled as Prometheus ``increase()``
@@ -36,6 +37,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from analytics.identity import port_identity
 from core.records import EntityId, FeatureVector, NodeName, Sample
 
 HOUR = 3600.0
@@ -122,7 +124,7 @@ class FeatureBuilder:
             if link:
                 if metric not in _IB_COUNTERS:
                     continue
-                entity = EntityId(f"{s.labels.get('device', '')}/{s.labels.get('port', '')}")
+                entity = port_identity(s.entity, s.labels)
             elif metric.startswith("gpu_"):
                 entity = s.entity
             else:

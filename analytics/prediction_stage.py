@@ -26,9 +26,10 @@ from pathlib import Path
 
 from analytics.features import FeatureBuilder
 from analytics.hst import HalfSpaceTreesDetector
+from analytics.identity import EntityResolver
 from analytics.predictor import OnlineFailurePredictor
 from analytics.refit import BatchModel, RefitDecision, refit
-from core.records import Anomaly, Finding, Prediction, Sample
+from core.records import Anomaly, Event, Finding, Prediction, Record, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class PredictionStage:
         self.min_positives = min_positives
         self.checkpoint_seconds = checkpoint_seconds
         self.features = FeatureBuilder(interval_seconds=interval_seconds)
+        self.identity = EntityResolver()
+        """One entity per GPU (UUID, PCI bus id, index, serial), learned from the inventory."""
         self.predictor = OnlineFailurePredictor(horizon_seconds=horizon_seconds, seed=seed)
         if checkpoint_path is not None and checkpoint_path.exists():
             try:
@@ -101,13 +104,40 @@ class PredictionStage:
         """Whether predictions are published (enough failures learned)."""
         return self.predictor.learned_positive >= self.min_positives
 
-    def observe(self, samples: Iterable[Sample]) -> None:
-        """Take samples."""
-        self.features.observe(samples)
+    def observe(self, records: Iterable[Record]) -> None:
+        """Take records (samples, and the inventory).
+
+        Samples feed the features under their GPU's one entity; the inventory
+        (``gpu_info`` samples, ``gpu_identity`` events) teaches :attr:`identity` which
+        aliases are one GPU.
+        """
+        identity = self.identity
+        resolved: list[Sample] = []
+        for r in records:
+            if not isinstance(r, Sample):
+                if isinstance(r, Event):
+                    identity.learn(r)
+                continue
+            if r.metric.startswith("gpu_"):
+                if r.metric == "gpu_info":
+                    identity.learn(r)
+                    continue
+                entity = identity.gpu(r.node, r.entity)
+                if entity != r.entity:
+                    r = dataclasses.replace(r, entity=entity)
+            resolved.append(r)
+        self.features.observe(resolved)
 
     def observe_findings(self, findings: Iterable[Finding]) -> None:
-        """Take findings; critical ones label the entity's recent vectors as failures."""
+        """Take findings; failures label the entity's recent vectors.
+
+        Which findings are failures: :func:`analytics.identity.failure_kind`; the entity is
+        resolved to its one identity first.
+        """
         for finding in findings:
+            entity = self.identity.finding(finding)
+            if entity != finding.entity:
+                finding = dataclasses.replace(finding, entity=entity)
             self.predictor.observe_finding(finding)
 
     def step(self, now: float) -> list[Prediction]:

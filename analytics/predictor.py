@@ -6,8 +6,10 @@ each feature vector the predictor first **predicts** (a ``Prediction`` with the 
 the features that drove it: the largest ``weight * standardised value`` terms), then keeps the
 vector until its label is known:
 
-* a **critical finding** about the entity (``fault-model.md`` severities) within
-  ``horizon_seconds`` after the vector labels it positive;
+* a **failure** about the entity within ``horizon_seconds`` after the vector labels it
+  positive: a critical finding, a port taken out of service, a thermal fault
+  (:func:`analytics.identity.failure_kind`); failures without numeric precursor (a GPU
+  fallen off the bus) label nothing and are counted in ``unpredictable``;
 * a vector that reaches ``horizon_seconds`` of age with no such finding is labelled negative.
 
 Labels therefore arrive late, as they do in production, and the model learns each vector once,
@@ -43,7 +45,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.records import EntityId, FeatureVector, Finding, NodeName, Prediction, Severity
+from analytics.identity import UNPREDICTABLE, failure_kind
+from core.records import EntityId, FeatureVector, Finding, NodeName, Prediction
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +224,9 @@ class OnlineFailurePredictor:
         self.learned_positive = 0
         self.learned_negative = 0
         self._scored: dict[tuple[NodeName, EntityId, float], float] = {}
+        self.unpredictable: dict[str, int] = {}
+        """Failures without numeric precursor seen, by ``kind/code`` (never labels)."""
+        self._unpredictable_seen: dict[tuple[NodeName, EntityId], set[float]] = {}
         self.history: deque[tuple[dict[str, float], bool, float, float]] = deque(
             maxlen=history_size)
         """Labelled vectors in the order learned: ``(features, label, probability the online
@@ -249,13 +255,29 @@ class OnlineFailurePredictor:
         )
 
     def observe_finding(self, finding: Finding) -> None:
-        """Record a finding; a critical one labels the entity's recent vectors positive."""
-        if finding.severity is not Severity.CRITICAL:
+        """Record a finding; a failure labels the entity's recent vectors positive.
+
+        Failures are :func:`analytics.identity.failure_kind`'s.
+        A failure without numeric precursor (a GPU fallen off the bus) labels nothing: it
+        is counted in :attr:`unpredictable` by finding code instead.
+        """
+        kind = failure_kind(finding)
+        if kind is None:
             return
         at = finding.first_seen_at if finding.first_seen_at is not None else finding.last_seen_at
         if at is None:
             return
-        self._failed_at.setdefault((finding.node, finding.entity), []).append(at)
+        key = (finding.node, finding.entity)
+        if kind == UNPREDICTABLE:
+            seen = self._unpredictable_seen.setdefault(key, set())
+            if at not in seen:
+                seen.add(at)
+                code = f"{finding.kind}/{finding.code}"
+                self.unpredictable[code] = self.unpredictable.get(code, 0) + 1
+            return
+        times = self._failed_at.setdefault(key, [])
+        if at not in times:
+            times.append(at)
 
     def _label(self, x: FeatureVector) -> bool | None:
         failures = self._failed_at.get((x.node, x.entity), ())
@@ -317,6 +339,7 @@ class OnlineFailurePredictor:
             "failed_at": self._failed_at,
             "rng": self._rng.getstate(),
             "counts": (self.learned_positive, self.learned_negative),
+            "unpredictable": dict(self.unpredictable),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -355,6 +378,7 @@ class OnlineFailurePredictor:
         predictor._failed_at = state["failed_at"]
         predictor._rng.setstate(state["rng"])
         predictor.learned_positive, predictor.learned_negative = state["counts"]
+        predictor.unpredictable = dict(state.get("unpredictable", {}))
         logger.info(
             "restored failure predictor from %s (%d positive, %d negative learned, %d pending)",
             path,

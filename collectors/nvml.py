@@ -1050,6 +1050,7 @@ class NvmlCollector:
             "serial": text("serial", "nvmlDeviceGetSerial"),
             "model": text("name", "nvmlDeviceGetName"),
             "pci_bus_id": gpu.pci if gpu.pci != gpu_index_entity(gpu.index) else "",
+            "index": str(gpu.index),
             "driver_version": self._driver_version,
             "vbios_version": text("vbios_version", "nvmlDeviceGetVbiosVersion"),
         }

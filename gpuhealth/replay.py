@@ -39,6 +39,7 @@ from typing import Any
 from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
+from analytics.identity import failure_kind
 from analytics.online import OnlineAnalytics, OnlineResult
 from collectors.archive import archive_kind, read_archive, strip_archive_suffix
 from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
@@ -319,7 +320,7 @@ class _Analyst:
             for result in self.online.observe(samples):
                 self._note(result)
         if self.stage is not None:
-            self.stage.observe(samples)
+            self.stage.observe(step)  # samples, and the inventory's identities
             if self._stepped_at is None or self.now - self._stepped_at >= self.interval:
                 self._stepped_at = self.now
                 made = self.stage.step(self.now)
@@ -351,12 +352,12 @@ class _Analyst:
             )
 
     def label(self, findings: Iterable[Finding]) -> None:
-        """Give the predictor the critical findings it has not seen (its labels)."""
+        """Give the predictor the failures it has not seen (its labels: failure_kind)."""
         if self.stage is None:
             return
         fresh = []
         for f in findings:
-            if f.severity is not Severity.CRITICAL:
+            if failure_kind(f) is None:
                 continue
             key = (f.node, f.entity, f.kind, f.code, f.first_seen_at)
             if key not in self._labels:

@@ -143,6 +143,11 @@ class RecordBuffer:
                 self.dropped += over
             self._cond.notify_all()
 
+    def wake(self) -> None:
+        """Wake a :meth:`take` that waits (its ``stop`` was set)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def take(self, *, max_records: int, wait_seconds: float,
              stop: threading.Event | None = None) -> list[Record]:
         """Wait until ``max_records`` are buffered, ``wait_seconds`` pass or ``stop`` is set.
@@ -158,7 +163,7 @@ class RecordBuffer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cond.wait(min(left, 0.2))
+                self._cond.wait(left)  # put() and wake() notify: no polling while idle
             self._urgent = False
             count = min(max_records, len(self._items))
             return [self._items.popleft() for _ in range(count)]
@@ -548,7 +553,7 @@ class Service:
         if stage is None or pipeline is None:
             return
         try:
-            stage.observe(r for r in batch if isinstance(r, Sample))
+            stage.observe(batch)  # samples, and the inventory's identities
             interval = self.settings.analytics.predictor_interval_seconds
             if time.monotonic() - self._predicted_at < min(interval, 10.0):
                 return
@@ -658,8 +663,7 @@ class Service:
                               {"step": record.step.value if record.step else "none",
                                "decision": record.decision})
         if self.prediction is not None:
-            self.prediction.observe_findings(
-                f for f in output.findings if f.severity is Severity.CRITICAL)
+            self.prediction.observe_findings(output.findings)  # the stage picks the failures
         resolved = sum(1 for a in output.alerts if a.state is AlertState.RESOLVED)
         if resolved:
             self.exporter.inc("gpuhealth_incidents_resolved_total", amount=resolved)
@@ -812,6 +816,7 @@ class Service:
     def shutdown(self) -> None:
         """Stop the threads, write everything buffered, close the store and the server."""
         self.stop.set()
+        self.buffer.wake()
         for collector in self.collectors.values():
             if isinstance(collector, Closeable):
                 try:

@@ -43,7 +43,7 @@ def test_ib_port_features_and_interval():
     fb.observe([s("ib_symbol_errors_total", v, t, entity="node", device="mlx5_0", port="1")
                 for t, v in [(0, 0), (600, 100)]])
     [vec] = fb.vectors(600)
-    assert vec.entity == "mlx5_0/1"
+    assert vec.entity == "mlx5_0:1"  # the port rules' and collectors' identity
     assert vec.values["ib_symbol_rate"] == pytest.approx(600)
     assert fb.vectors(630) == []  # within the interval
     assert fb.vectors(600 + 4000) == []  # silent for longer than the window: skipped

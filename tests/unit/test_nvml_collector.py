@@ -131,6 +131,7 @@ def test_every_signal_in_base_units(fake: FakeNvml) -> None:
         "pci_bus_id": PCI2,
         "driver_version": "535.183.01",
         "vbios_version": "96.00.74.00.01",
+        "index": "2",
     }
     # not supported on this board (N/A in the dump): omitted, never filled
     assert "gpu_fan_speed_ratio" not in metrics(records)

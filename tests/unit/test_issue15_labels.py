@@ -1,0 +1,162 @@
+"""Issue #15: one identity per GPU and port, and which findings label the predictor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from analytics.fault_model import Context, Observations, evaluate
+from analytics.identity import EntityResolver, port_identity
+from analytics.prediction_stage import PredictionStage
+from collectors.artifact import ParseContext
+from collectors.kernel_log import parse_kernel_lines
+from core.records import EntityId, Event, Finding, NodeName, Prediction, Record, Sample, Severity
+
+NODE = NodeName("gpu-a")
+UUIDS = [f"GPU-1111111{i}-2222-3333-4444-555555555555" for i in range(4)]
+BUSES = ["0000:17:00.0", "0000:b1:00.0", "0000:ca:00.0", "0000:db:00.0"]
+FAILING = 1  # the GPU at PCI 0000:b1:00 (Xid lines: PCI:0000:b1:00)
+XID48 = ("Dec  2 11:38:47 gpu-a kernel: [  219.470994] NVRM: Xid (PCI:0000:b1:00): 48, "
+         "pid=1482211, name=python, An uncorrectable double bit error (DBE) has been detected "
+         "on GPU in the framebuffer at physAddr 0x1f3a6c2480 partition 3, subpartition 0.")
+
+
+def _xid_event(line: str) -> Event:
+    [event] = [e for e in parse_kernel_lines([line], ParseContext(file="kern.log", node=NODE,
+                                                                  default_year=2026))
+               if e.kind == "xid"]
+    return event
+
+
+def _critical_findings(records: list[Record], at: float) -> list[Finding]:
+    obs = Observations()
+    for r in records:
+        obs.add(r)
+    return [f for f in evaluate(obs, Context(now=at)) if f.severity is Severity.CRITICAL]
+
+
+def _nvml_minute(at: float, start: float) -> Iterator[Sample]:
+    """NVML's samples of one minute, keyed by UUID; the failing GPU's corrected errors rise."""
+    for i, uuid in enumerate(UUIDS):
+        entity = EntityId(uuid)
+        if at == start:  # the inventory: what NVML's slow group sends
+            yield Sample(metric="gpu_info", value=1.0, observed_at=at, node=NODE, entity=entity,
+                         labels={"uuid": uuid, "pci_bus_id": BUSES[i], "index": str(i),
+                                 "serial": f"16549000000{i}", "model": "NVIDIA H100"})
+        minutes = (at - start) / 60.0
+        ce = minutes * (5.0 if i == FAILING else 0.1)
+        yield Sample(metric="gpu_ecc_errors_total", value=float(int(ce)), observed_at=at,
+                     node=NODE, entity=entity,
+                     labels={"type": "corrected", "scope": "volatile", "location": "dram"})
+        yield Sample(metric="gpu_temperature_celsius", value=60.0 + i, observed_at=at, node=NODE,
+                     entity=entity)
+
+
+def test_nvml_samples_and_kernel_log_xids_meet_on_one_gpu_identity() -> None:
+    """NVML keys samples by UUID, the kernel log keys the Xid by PCI bus id: one GPU."""
+    event = _xid_event(XID48)
+    assert event.entity == "0000:b1:00.0"
+    failed_at = event.observed_at
+    assert failed_at is not None
+    [finding] = _critical_findings([event], failed_at)
+    assert finding.entity == "0000:b1:00.0"  # the fault model keys the Xid by PCI bus id
+    stage = PredictionStage(checkpoint_path=None, horizon_seconds=3600.0, min_positives=0,
+                            interval_seconds=60.0)
+    start = failed_at - 2 * 3600.0
+    predictions: list[Prediction] = []
+    at = start
+    while at <= failed_at + 3700.0:
+        stage.observe(list(_nvml_minute(at, start)))
+        if at >= failed_at and finding is not None:
+            stage.observe_findings([finding])
+            finding_seen, finding = finding, None
+        predictions += stage.step(at)
+        at += 60.0
+    uuid = UUIDS[FAILING]
+    assert stage.predictor.learned_positive > 0  # the label met the GPU's vectors
+    assert {p.entity for p in predictions} == set(UUIDS)  # features and predictions ...
+    assert stage.identity.finding(finding_seen) == uuid  # ... and findings: one entity
+    assert stage.identity.gpu(NODE, "gpu:1") == uuid
+    assert stage.identity.gpu(NODE, "PCI:0000:b1:00") == uuid
+    assert stage.identity.gpu(NODE, "serial:165490000001") == uuid
+
+
+def test_resolver_learns_from_gpu_identity_events_too() -> None:
+    resolver = EntityResolver()
+    resolver.learn(Event(kind="gpu_identity", code="uuid", node=NODE,
+                         entity=EntityId("0000:b1:00.0"), observed_at=1.0,
+                         attrs={"uuid": UUIDS[1], "index": "1"}))
+    assert resolver.gpu(NODE, "0000:B1:00.0") == UUIDS[1]
+    assert resolver.gpu(NodeName("other"), "0000:b1:00.0") == "0000:b1:00.0"  # per node
+
+
+def _port_minute(at: float, start: float, down: bool) -> list[Sample]:
+    minutes = (at - start) / 60.0
+    labels = {"device": "mlx5_0", "port": "1"}
+    out = []
+    for port in ("1", "2"):
+        entity = EntityId(f"mlx5_0:{port}")
+        rate = 40.0 if port == "1" else 0.5
+        out.append(Sample(metric="ib_symbol_errors_total", value=float(int(minutes * rate)),
+                          observed_at=at, node=NODE, entity=entity,
+                          labels={**labels, "port": port}))
+        out.append(Sample(metric="ib_link_downed_total", value=1.0 if down and port == "1"
+                          else 0.0, observed_at=at, node=NODE, entity=entity,
+                          labels={**labels, "port": port}))
+    return out
+
+
+def test_a_port_that_goes_down_labels_its_own_vectors() -> None:
+    """Port-down is major (not critical) and the rule names ``mlx5_0:1``: it still labels."""
+    down_at = 1_800_000_000.0
+    event = Event(kind="ib_port_state", code="down", node=NODE, entity=EntityId("mlx5_0:1"),
+                  observed_at=down_at, message="mlx5_0 port 1 state Down",
+                  attrs={"device": "mlx5_0", "port": "1", "phys_state": "polling"})
+    obs = Observations()
+    obs.add(event)
+    [finding] = [f for f in evaluate(obs, Context(now=down_at)) if f.kind == "ib_port"]
+    assert finding.severity is Severity.MAJOR
+    assert finding.entity == "mlx5_0:1"
+    stage = PredictionStage(checkpoint_path=None, horizon_seconds=3600.0, min_positives=0)
+    start = down_at - 2 * 3600.0
+    entities: set[str] = set()
+    at = start
+    while at <= down_at + 3700.0:
+        stage.observe(_port_minute(at, start, at >= down_at))
+        if at == down_at:
+            stage.observe_findings([finding])
+        entities |= {p.entity for p in stage.step(at)}
+        at += 60.0
+    assert entities == {"mlx5_0:1", "mlx5_0:2"}
+    assert stage.predictor.learned_positive > 0
+
+
+def test_port_identity_is_one_spelling() -> None:
+    assert port_identity("mlx5_0/1") == port_identity("node", {"device": "mlx5_0", "port": "1"})
+    assert port_identity("mlx5_0/1") == "mlx5_0:1"
+
+
+def test_gpu_off_the_bus_is_no_positive_window_and_is_counted_apart() -> None:
+    """An Xid 79 has no numeric precursor: the day before it is not labelled positive."""
+    line = XID48.replace("): 48, pid=1482211, name=python, An uncorrectable double bit error "
+                         "(DBE) has been detected on GPU in the framebuffer at physAddr "
+                         "0x1f3a6c2480 partition 3, subpartition 0.",
+                         "): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    event = _xid_event(line)
+    assert event.code == "79"
+    assert event.observed_at is not None
+    failed_at = event.observed_at
+    findings = _critical_findings([event], failed_at)
+    assert findings, "Xid 79 is a critical finding"
+    stage = PredictionStage(checkpoint_path=None, horizon_seconds=3600.0, min_positives=0)
+    start = failed_at - 2 * 3600.0
+    at = start
+    while at <= failed_at + 3700.0:
+        stage.observe(list(_nvml_minute(at, start)))
+        if at >= failed_at and findings:
+            stage.observe_findings(findings)
+            stage.observe_findings(findings)  # seen again at the next evaluation
+            findings = []
+        stage.step(at)
+        at += 60.0
+    assert stage.predictor.learned_positive == 0
+    assert stage.predictor.unpredictable == {"xid/79": 1}
