@@ -530,8 +530,12 @@ class KernelLogSession:
             and stamp.uptime is None
             and stamp.bsd is None
         )
-        if body.startswith("Linux version") and self._seen_stamp:
-            if not self._bumped:
+        if body.startswith("Linux version") and (self._seen_stamp
+                                                 or stamp.observed_at is not None):
+            # After earlier stamped lines it is a reboot (the next boot's lines count
+            # apart); the first line of a log that starts at a stamped boot is that boot,
+            # whose time the boot window needs.
+            if self._seen_stamp and not self._bumped:
                 self._boot += 1
             self._emit(out, "kernel_boot", "boot", NODE_ENTITY, stamp, body, [ev], {})
             return

@@ -348,6 +348,8 @@ def build_pipeline(
         raise ConfigError(f"{settings.source}: cannot start the analysis pipeline: {exc}"
                           ) from exc
     pipeline.site_rules = site_rules(settings)
+    pipeline.boot_window_seconds = settings.analytics.boot_window_seconds
+    pipeline.boot_kinds = frozenset(settings.analytics.boot_window_kinds)
     return pipeline
 
 

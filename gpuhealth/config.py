@@ -278,6 +278,13 @@ class AnalyticsSettings(BaseModel):
     """How long an event (an Xid, an AER error) keeps its finding open without recurring
     (default ``24h``: a day covers a drain and a repair; states such as a lost GPU or a
     pending remap are re-read by the collectors and stay open while they hold)."""
+    boot_window_seconds: Duration = Field(default=600.0, ge=0)
+    """After a node boots (its kernel log's ``Linux version`` line), findings of
+    ``boot_window_kinds`` last seen within this long are held back: links train and
+    services start on every reboot (NVSentinel #1701); 0 holds nothing back."""
+    boot_window_kinds: tuple[str, ...] = ("nvlink", "ib_port", "nic_port", "bond", "fabric",
+                                          "fabric_manager", "nvls")
+    """Finding kinds a boot raises for a while (docs/remediation.md, "Boot windows")."""
 
     detectors: bool = True
     """Run the online detectors (``analytics.online``) on every sample the service handles:

@@ -41,6 +41,12 @@ from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule
 from alerting.routing import MAX_BACKLOG, AlertRouter
 from alerting.silences import SilenceStore
 from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
+from analytics.fault_model.boot import (
+    BOOT_KINDS,
+    DEFAULT_BOOT_WINDOW_SECONDS,
+    boot_times,
+    hold_boot_transients,
+)
 from analytics.fault_model.site_rules import SiteRules
 from core.clock import Clock, system_clock
 from core.protocols import Notifier, SchedulerAdapter
@@ -264,6 +270,10 @@ class Pipeline:
         """Accepted inputs (ingested artifacts, held findings), written before they apply."""
         self.journal_held = True
         self.site_rules = SiteRules(())
+        self.boot_window_seconds = DEFAULT_BOOT_WINDOW_SECONDS
+        """Findings of :attr:`boot_kinds` last seen this soon after a node's boot are held
+        back (:mod:`analytics.fault_model.boot`); 0 holds nothing back."""
+        self.boot_kinds = BOOT_KINDS
         """The site's ``[[policy.rule]]`` tables, applied to the findings before they alert."""
         """Journal held findings too (a controller's come back from the fleet records)."""
         self.wake = threading.Event()
@@ -604,6 +614,10 @@ class Pipeline:
             found = merge_findings(found)
         elif len(self._nodes) > 1:
             found = merge_findings(found)
+        if self.boot_window_seconds > 0:
+            found, _ = hold_boot_transients(found, boot_times(self._nodes), now=now,
+                                            window_seconds=self.boot_window_seconds,
+                                            kinds=self.boot_kinds)
         if self.site_rules:
             found = self.site_rules.apply(found, now=now)
         return self.join(found) if self.join is not None else found

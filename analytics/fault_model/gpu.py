@@ -684,6 +684,11 @@ def nvlink_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             summary=f"{_gpu_name(entity)}: {what} ({why})",
             evidence=_ev(down),
             source=f"gpu.nvlink_rule ({NVML} nvmlDeviceGetNvLinkState; {DCGM}; {FM})",
+            # when it was seen down (a boot window, a recurrence after a fix need it)
+            first=min((t for t in (x.observed_at for x in down) if t is not None),
+                      default=None),
+            last=max((t for t in (x.observed_at for x in down) if t is not None),
+                     default=None),
         )
 
 
