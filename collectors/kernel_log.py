@@ -2174,3 +2174,24 @@ def kmsg_to_dmesg(record: str) -> str | None:
         return None
     usec = int(m["usec"])
     return f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {m['msg']}"
+
+
+def boot_event(node: str, proc_stat: str = "/proc/stat") -> Event | None:
+    """This machine's latest boot as a ``kernel_boot`` event (``btime`` of ``/proc/stat``).
+
+    The live service follows the kernel log from where it is now, so the ``Linux
+    version`` line of the current boot is usually behind it; the boot window
+    (:mod:`analytics.fault_model.boot`) needs the boot time all the same. ``None`` when
+    ``/proc/stat`` cannot be read (not Linux).
+    """
+    try:
+        with open(proc_stat, encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("btime "):
+                    at = float(line.split()[1])
+                    return Event(kind="kernel_boot", code="boot", node=NodeName(node),
+                                 entity=NODE_ENTITY, observed_at=at,
+                                 attrs={"source": proc_stat})
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from alerting.inbound import InboundBatch
 from analytics.online import OnlineAnalytics, OnlineResult, to_finding
 from analytics.prediction_stage import PredictionStage
+from collectors.kernel_log import boot_event
 from collectors.nvml_events import XidDedup
 from core import plugins
 from core.errors import (
@@ -371,6 +372,13 @@ class Service:
                 raise ConfigError(f"{self.settings.source}: [collectors.{name}] {exc}") from exc
 
     def _build_pipeline(self) -> Pipeline:
+        pipeline = self._pipeline_of_role()
+        boot = boot_event(self.settings.node.name)  # the boot window needs this boot's time
+        if boot is not None:
+            pipeline.observe([boot])
+        return pipeline
+
+    def _pipeline_of_role(self) -> Pipeline:
         if self.role == "agent":
             return agent_pipeline(self.settings)
         pipeline = service_pipeline(self.settings, identity=self.elector.identity,

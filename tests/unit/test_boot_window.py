@@ -87,3 +87,14 @@ def test_a_link_still_down_when_the_window_ends_is_a_finding() -> None:
     p.observe([boot])
     assert [f.kind for f in p.evaluate().findings] == ["nvlink"]
     p.close()
+
+
+def test_the_live_service_knows_its_own_boot_from_proc_stat(tmp_path: Path) -> None:
+    from collectors.kernel_log import boot_event
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4\nintr 5\nctxt 6\nbtime 1700000000\nprocesses 7\n")
+    event = boot_event("n1", str(stat))
+    assert event is not None
+    assert (event.kind, event.node, event.observed_at) == ("kernel_boot", "n1", 1_700_000_000.0)
+    assert boot_event("n1", str(tmp_path / "absent")) is None
