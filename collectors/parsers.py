@@ -15,6 +15,7 @@ PARSER_MODULES = (
     "collectors.infiniband",
     "collectors.netdev",
     "collectors.bonding",
+    "collectors.kube_node",
 )
 """Modules whose ``PARSERS`` tuples are tried on every section."""
 

@@ -8,6 +8,7 @@ GPU's link takes the GPU off the bus (Linux ``Documentation/PCI/pcieaer-howto.rs
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 
 from analytics.fault_model.common import attr, group_finding, uuid_map, year_note
@@ -190,4 +191,130 @@ def pcie_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         )
 
 
-RULES: tuple[Rule, ...] = (host_memory_rule, pcie_rule)
+# --- conditions and taints other tools set on the Kubernetes node ------------------------
+
+KUBE_RECOMMENDED_ACTIONS: dict[str, tuple[Severity, Action]] = {
+    "COMPONENT_RESET": (Severity.CRITICAL, Action.RESET_GPU),
+    "RESET_GPU": (Severity.CRITICAL, Action.RESET_GPU),
+    "GPU_RESET": (Severity.CRITICAL, Action.RESET_GPU),
+    "RESTART_VM": (Severity.CRITICAL, Action.REBOOT_NODE),
+    "RESTART_BM": (Severity.CRITICAL, Action.REBOOT_NODE),
+    "REBOOT_NODE": (Severity.CRITICAL, Action.REBOOT_NODE),
+    "CONTACT_SUPPORT": (Severity.CRITICAL, Action.SERVICE_HARDWARE),
+    "REPLACE_VM": (Severity.CRITICAL, Action.SERVICE_HARDWARE),
+    "NONE": (Severity.INFO, Action.NONE),
+}
+"""NVSentinel ``RecommendedAction`` names (its health-event protobuf, as printed in condition
+messages) to the fault model's severity and action: NVSentinel sets a condition only for a
+fatal health event (``docs/INTEGRATION.md``, "Condition vs Event Behavior")."""
+
+DCGM_FR_VERDICTS: dict[str, tuple[Severity, Action]] = {
+    "DCGM_FR_FAULTY_MEMORY": (Severity.CRITICAL, Action.SERVICE_HARDWARE),
+    "DCGM_FR_ROW_REMAP_FAILURE": (Severity.CRITICAL, Action.SERVICE_HARDWARE),
+    "DCGM_FR_SRAM_THRESHOLD": (Severity.CRITICAL, Action.SERVICE_HARDWARE),
+    "DCGM_FR_VOLATILE_DBE_DETECTED": (Severity.CRITICAL, Action.RESET_GPU),
+    "DCGM_FR_VOLATILE_SBE_DETECTED": (Severity.INFO, Action.NONE),
+    "DCGM_FR_PENDING_ROW_REMAP": (Severity.WARNING, Action.RESET_GPU),
+    "DCGM_FR_PENDING_PAGE_RETIREMENTS": (Severity.WARNING, Action.RESET_GPU),
+    "DCGM_FR_NVLINK_DOWN": (Severity.MAJOR, Action.RESET_GPU),
+    "DCGM_FR_CLOCK_THROTTLE_THERMAL": (Severity.WARNING, Action.SERVICE_HARDWARE),
+    "DCGM_FR_TEMP_VIOLATION": (Severity.WARNING, Action.SERVICE_HARDWARE),
+}
+"""DCGM failure codes (``dcgm_errors.h``) a condition message names, judged as the
+fault-model rows for the same state (row remap, DBE, NVLink, thermal); they take precedence
+over the tool's recommended action."""
+
+_DCGM_FR = re.compile(r"\bDCGM_FR_[A-Z_]+")
+
+MONITORING_CONDITIONS = frozenset({"DCGMError", "DcgmError", "GpuDcgmConnectivityFailure"})
+"""Conditions that say the monitoring agent lost its DCGM host engine: no GPU fault."""
+
+_KUBE_SOURCE = "host.kube_node_rule: NVSentinel docs/INTEGRATION.md; "
+
+
+def kube_node_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """Judge node conditions and taints set by other tools by what they name.
+
+    A condition naming an Xid, an SXid or a GPU fallen off the bus was already turned into
+    that event by ``collectors.kube_node``, so the Xid rules judge it as the Xid itself. The
+    rest (``kube_condition`` events):
+
+    * an NVSentinel ``RecommendedAction`` (:data:`KUBE_RECOMMENDED_ACTIONS`): its severity
+      and action (a condition is only set for a fatal health event);
+    * a DCGM connectivity condition (``DCGMError``): the monitoring agent lost its host
+      engine, warning ``fix_config`` (no GPU finding);
+    * anything else a tool reports as failing: warning ``none`` (correlate: the condition
+      names no cause this input shows).
+
+    A taint (``kube_taint``, e.g. ``nvidia.com/gpu-xid-error``) on a node whose conditions in
+    the same input name the cause adds nothing; alone it is a warning ``none``: another tool
+    quarantined the node, the cause is in its condition or the kernel log.
+    """
+    del ctx
+    explained: set[str] = set()
+    for group in obs.events("kube_condition"):
+        explained.add(group.node)
+        ctype = group.code
+        recommended = sorted(attr(group, "recommended_action"))
+        verdict = next(
+            (KUBE_RECOMMENDED_ACTIONS[a] for a in recommended if a in KUBE_RECOMMENDED_ACTIONS),
+            None,
+        )
+        reason = ", ".join(sorted(v for v in attr(group, "reason") if v))
+        message = next(iter(sorted(attr(group, "message"))), "")
+        codes = [c for c in _DCGM_FR.findall(message) if c in DCGM_FR_VERDICTS]
+        if ctype in MONITORING_CONDITIONS or "host engine" in message.lower():
+            severity, action = Severity.WARNING, Action.FIX_CONFIG
+            meaning = (
+                "the health agent cannot reach its DCGM host engine: a monitoring fault, "
+                "not a GPU fault; restart nv-hostengine / the DCGM pod, and meanwhile the "
+                "GPUs are not watched"
+            )
+        elif codes:
+            severity, action = max(
+                (DCGM_FR_VERDICTS[c] for c in codes), key=lambda v: v[0].rank
+            )
+            meaning = f"judged as the state {', '.join(codes)} names"
+        elif verdict is not None:
+            severity, action = verdict
+            meaning = f"the tool recommends {recommended[0]}"
+        else:
+            severity, action = Severity.WARNING, Action.NONE
+            meaning = "the condition names no cause this input shows; correlate"
+        yield group_finding(
+            [group],
+            entity=NODE_ENTITY,
+            kind="kube_condition",
+            code=ctype,
+            severity=severity,
+            action=action,
+            summary=(
+                f"node condition {ctype}={next(iter(attr(group, 'status')), '?')}"
+                + (f" ({reason})" if reason else "")
+                + (f": {message[:160]}" if message else "")
+                + f" — {meaning}"
+            ),
+            source=_KUBE_SOURCE + FAULT_MODEL,
+        )
+    named = {g.node for g in obs.events() if g.kind in _GPU_KINDS | {"sxid"}}
+    for group in obs.events("kube_taint"):
+        if group.node in explained or group.node in named:
+            continue
+        effect = ", ".join(sorted(attr(group, "effect")))
+        yield group_finding(
+            [group],
+            entity=NODE_ENTITY,
+            kind="kube_taint",
+            code=group.code,
+            severity=Severity.WARNING,
+            action=Action.NONE,
+            summary=(
+                f"node tainted {group.code} ({effect}) by another health tool: it names a "
+                "fault class but not the fault; read the tool's node condition or the kernel "
+                "log before acting"
+            ),
+            source=_KUBE_SOURCE + FAULT_MODEL,
+        )
+
+
+RULES: tuple[Rule, ...] = (host_memory_rule, pcie_rule, kube_node_rule)

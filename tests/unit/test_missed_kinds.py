@@ -219,3 +219,44 @@ def test_network_collector_reads_bonds_that_the_same_rule_judges(tmp_path: Path)
     obs.extend(coll.collect())
     found = evaluate(obs, Context())
     assert ("bond", "members_down", "major") in [(f.kind, f.code, f.severity.value) for f in found]
+
+
+# --- Kubernetes node conditions and taints -------------------------------------------------
+
+
+def test_nvsentinel_dcgm_condition_is_judged_by_the_state_it_names(tmp_path: Path) -> None:
+    # The condition example of NVSentinel docs/INTEGRATION.md ("Condition Message Format").
+    doc = tmp_path / "node.yaml"
+    doc.write_text(
+        "conditions:\n"
+        "  - type: GpuMemoryError\n"
+        '    status: "True"\n'
+        "    reason: HardwareFailure\n"
+        '    message: "[DCGM_FR_FAULTY_MEMORY] GPU memory failure detected on GPU 0 - '
+        'RecommendedAction: RESTART_VM"\n'
+        '    lastTransitionTime: "2025-11-06T10:00:00Z"\n'
+    )
+    out = _diagnose(doc)
+    assert (out["worst_severity"], out["worst_actions"]) == ("critical", ["service_hardware"])
+
+
+def test_taint_alone_names_no_fault(tmp_path: Path) -> None:
+    # The taint of NVSentinel docs/INTEGRATION.md ("Default Taint Examples").
+    doc = tmp_path / "describe.txt"
+    doc.write_text(
+        "$ kubectl describe node node-a\n"
+        "Taints:             nvidia.com/gpu-xid-error=true:NoSchedule\n"
+        "                    node.kubernetes.io/unschedulable:NoSchedule\n"
+        "Unschedulable:      true\n"
+    )
+    out = _diagnose(doc)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["none"])
+
+
+def test_condition_naming_a_fatal_xid_is_judged_as_that_xid(tmp_path: Path) -> None:
+    gke = FIXTURES / "kubectl-describe-node-gke-device-plugin-xidcriticalerror-31.txt"
+    text = gke.read_text()
+    doc = tmp_path / "describe.txt"
+    doc.write_text(text.replace('{"31":true}', '{"48":true}'))
+    out = _diagnose(doc)
+    assert (out["worst_severity"], out["worst_actions"]) == ("critical", ["reset_gpu"])
