@@ -16,6 +16,7 @@ PARSER_MODULES = (
     "collectors.netdev",
     "collectors.bonding",
     "collectors.kube_node",
+    "collectors.agent_log",
 )
 """Modules whose ``PARSERS`` tuples are tried on every section."""
 

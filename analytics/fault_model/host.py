@@ -317,4 +317,42 @@ def kube_node_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         )
 
 
-RULES: tuple[Rule, ...] = (host_memory_rule, pcie_rule, kube_node_rule)
+def monitoring_agent_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
+    """A monitoring agent that cannot reach its DCGM host engine: a monitoring fault.
+
+    DCGM returns ``DCGM_ST_CONNECTION_NOT_VALID`` ("Host engine connection
+    invalid/disconnected", ``dcgm_structs.h``) when ``nv-hostengine`` is down, not started or
+    not reachable from the agent (dcgm-exporter ``DCGM_REMOTE_HOSTENGINE_INFO``, NVIDIA/
+    gpu-operator #414, NVIDIA/DCGM #43): the GPUs are not being watched, which says nothing
+    about their health. Verdict: warning ``fix_config`` (start or restart nv-hostengine / the
+    DCGM pod, fix the agent's host-engine address or socket mount), a node finding, never a
+    GPU finding; faults the input shows elsewhere are judged on their own.
+    """
+    del ctx
+    groups = obs.events("monitoring_agent", "hostengine_unreachable")
+    by_node: dict[str, list[EventGroup]] = {}
+    for group in groups:
+        by_node.setdefault(group.node, []).append(group)
+    for _node, node_groups in sorted(by_node.items()):
+        agents = sorted({a for g in node_groups for a in attr(g, "agent") if a != "unknown"})
+        engines = sorted({h for g in node_groups for h in attr(g, "hostengine")})
+        yield group_finding(
+            node_groups,
+            entity=NODE_ENTITY,
+            kind="telemetry",
+            code="hostengine_unreachable",
+            severity=Severity.WARNING,
+            action=Action.FIX_CONFIG,
+            summary=(
+                f"monitoring agent{' ' + ', '.join(agents) if agents else ''} cannot reach its "
+                f"DCGM host engine{' at ' + ', '.join(engines) if engines else ''} "
+                f"({sum(g.count for g in node_groups)} line(s)): a monitoring fault, not a GPU "
+                "fault; start or restart nv-hostengine (or the DCGM pod) and check the agent's "
+                "host-engine address; until then the GPUs are not watched"
+            ),
+            source="host.monitoring_agent_rule: DCGM dcgm_structs.h DCGM_ST_CONNECTION_NOT_VALID; "
+            + FAULT_MODEL,
+        )
+
+
+RULES: tuple[Rule, ...] = (host_memory_rule, pcie_rule, kube_node_rule, monitoring_agent_rule)

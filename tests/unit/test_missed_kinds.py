@@ -260,3 +260,13 @@ def test_condition_naming_a_fatal_xid_is_judged_as_that_xid(tmp_path: Path) -> N
     doc.write_text(text.replace('{"31":true}', '{"48":true}'))
     out = _diagnose(doc)
     assert (out["worst_severity"], out["worst_actions"]) == ("critical", ["reset_gpu"])
+
+
+# --- monitoring agents without their DCGM host engine --------------------------------------
+
+
+def test_host_engine_unreachable_is_no_gpu_finding() -> None:
+    out = _diagnose(FIXTURES / "dcgm-exporter-2.1-stale-metrics-host-engine-connection-invalid.log")
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    assert [(f["kind"], f["entity"]) for f in findings] == [("telemetry", "node")]
