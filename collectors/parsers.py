@@ -8,6 +8,7 @@ from collectors.artifact import ArtifactParser
 
 PARSER_MODULES = (
     "collectors.kernel_log",
+    "collectors.lspci_tree",
     "collectors.nvidia_smi",
     "collectors.dcgm",
     "collectors.dcgm_exporter",

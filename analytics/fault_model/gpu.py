@@ -948,6 +948,8 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                 cur, cap = bounds.get("current"), bounds.get("max")
                 if cur is None or cap is None or cur.value >= cap.value:
                     continue
+                if _port_explains(obs, node, entity, what, cur.value):
+                    continue  # the GPU runs at its upstream port's lower capability
                 peers = [v for e, v in currents.items() if e != entity]
                 faster = bool(peers) and cur.value < statistics.median(peers)
                 busy = what == "width" or _busy(obs, node, entity)
@@ -987,6 +989,97 @@ def pcie_link_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
                     source=source,
                 )
     yield from _limited_notices(obs)
+
+
+_GTS_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
+"""PCIe transfer rate (GT/s) to generation."""
+
+
+def _port_explains(obs: Observations, node: str, entity: str, what: str, current: float) -> bool:
+    """True when ``lspci`` shows the GPU's link partner cannot do more than ``current``."""
+    for group in obs.events("pcie_link", "gpu", node=node, entity=entity):
+        if what == "width":
+            cap = min((int(v) for v in group.attr_values.get("cap_width", set())), default=None)
+            if cap is not None and cap <= current:
+                return True
+        else:
+            speeds = [float(v) for v in group.attr_values.get("cap_speed", set())]
+            gen = _GTS_GEN.get(min(speeds)) if speeds else None
+            if gen is not None and gen <= current:
+                return True
+    return False
+
+
+def pcie_path_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
+    """Judge the PCIe links between NVIDIA GPUs and their root ports (``lspci -vv``).
+
+    Each link is judged against the lesser capability of its two ends (PCI Express Base
+    Specification, Link Capabilities/Status; ``collectors.lspci_tree``), so a bridge that
+    runs at its downstream device's lower capability is normal and gives nothing:
+
+    * trained width below what both ends can do: the link lost lanes (links do not narrow
+      at idle), major ``service_hardware`` for the GPUs below it (reseat, riser, cable,
+      switch);
+    * trained speed below what both ends can do: GPUs and some bridges lower the link speed
+      at idle to save power, so info while the GPUs below are idle or their load is
+      unknown, major ``service_hardware`` when one of them is busy.
+
+    The finding says which ports and values were compared. (The GPU's own link is judged by
+    :func:`pcie_link_rule`, which uses its port's capability in the same way.)
+    """
+    del ctx
+    source = "gpu.pcie_path_rule (lspci -vv LnkCap/LnkSta of both ends; PCIe Base Spec)"
+    for group in obs.events("pcie_link", "path"):
+        node = group.node
+        port = _one(group, "port")
+        device = _one(group, "device")
+        gpus = _one(group, "gpus")
+        sta_w, cap_w = int(_one(group, "sta_width") or 0), int(_one(group, "cap_width") or 0)
+        sta_s, cap_s = float(_one(group, "sta_speed") or 0), float(_one(group, "cap_speed") or 0)
+        compared = (
+            f"link {port} ({_one(group, 'port_type') or 'port'}, capable of "
+            f"{_one(group, 'port_cap_speed')} GT/s x{_one(group, 'port_cap_width')}) -> {device} "
+            f"({_one(group, 'device_type') or 'device'}, capable of "
+            f"{_one(group, 'device_cap_speed')} GT/s x{_one(group, 'device_cap_width')}) "
+            f"trained at {sta_s:g} GT/s x{sta_w}; GPUs below: {gpus}"
+        )
+        if sta_w and cap_w and sta_w < cap_w:
+            severity, action = Severity.MAJOR, Action.SERVICE_HARDWARE
+            summary = (
+                f"PCIe {compared}: width x{sta_w} below the x{cap_w} both ends can do: the "
+                "link lost lanes (a link does not narrow at idle); reseat the GPU/riser/cable "
+                "or service the switch"
+            )
+            code = "path_link_width"
+        elif sta_s and cap_s and sta_s < cap_s:
+            busy = any(_busy(obs, node, g) for g in gpus.split(",") if g)
+            code = "path_link_speed"
+            if busy:
+                severity, action = Severity.MAJOR, Action.SERVICE_HARDWARE
+                summary = (
+                    f"PCIe {compared}: speed {sta_s:g} GT/s below the {cap_s:g} GT/s both ends "
+                    "can do while a GPU below is busy: downtrained link"
+                )
+            else:
+                severity, action = Severity.INFO, Action.NONE
+                summary = (
+                    f"PCIe {compared}: speed {sta_s:g} GT/s below the {cap_s:g} GT/s both ends "
+                    "can do; GPUs and bridges lower link speed at idle (load unknown or idle): "
+                    "check it under load"
+                )
+        else:
+            continue
+        yield _finding(
+            node=node,
+            entity=device,
+            kind="pcie",
+            code=code,
+            severity=severity,
+            action=action,
+            summary=summary,
+            evidence=group.evidence,
+            source=source,
+        )
 
 
 _LINK = re.compile(r"(?P<speed>\d+(?:\.\d+)?) GT/s PCIe x(?P<width>\d+)")
@@ -1170,6 +1263,7 @@ RULES: tuple[Rule, ...] = (
     dcgm_health_rule,
     fabric_rule,
     pcie_link_rule,
+    pcie_path_rule,
     err_field_rule,
 )
 """The GPU-state rules, in evaluation order."""

@@ -270,3 +270,71 @@ def test_host_engine_unreachable_is_no_gpu_finding() -> None:
     findings = out["findings"]
     assert isinstance(findings, list)
     assert [(f["kind"], f["entity"]) for f in findings] == [("telemetry", "node")]
+
+
+# --- lspci -vv: the links above a GPU -----------------------------------------------------
+# Built in lspci -vv's own layout (header, Bus:, Express, LnkCap/LnkSta lines) with the
+# values of a PLX PEX 8747 switch under a Sky Lake-E root port and a V100 PCIe below it.
+
+_ROOT = (
+    "15:00.0 PCI bridge: Intel Corporation Sky Lake-E PCI Express Root Port A (rev 04)\n"
+    "\tBus: primary=00, secondary=16, subordinate=19, sec-latency=0\n"
+    "\tCapabilities: [90] Express (v2) Root Port (Slot+), MSI 00\n"
+    "\t\tLnkCap:\tPort #5, Speed 8GT/s, Width x{root_cap}, ASPM L1, Exit Latency L1 <16us\n"
+    "\t\tLnkSta:\tSpeed 8GT/s, Width x{up_sta}\n\n"
+)
+_SWITCH = (
+    "16:00.0 PCI bridge: PLX Technology, Inc. PEX 8747 48-Lane, 5-Port PCI Express Gen 3 "
+    "(8.0 GT/s) Switch (rev ca)\n"
+    "\tBus: primary=15, secondary=17, subordinate=19, sec-latency=0\n"
+    "\tCapabilities: [68] Express (v2) Upstream Port, MSI 00\n"
+    "\t\tLnkCap:\tPort #0, Speed 8GT/s, Width x{up_cap}, ASPM L1, Exit Latency L1 <4us\n"
+    "\t\tLnkSta:\tSpeed 8GT/s, Width x{up_sta}\n\n"
+    "17:08.0 PCI bridge: PLX Technology, Inc. PEX 8747 48-Lane, 5-Port PCI Express Gen 3 "
+    "(8.0 GT/s) Switch (rev ca)\n"
+    "\tBus: primary=17, secondary=18, subordinate=18, sec-latency=0\n"
+    "\tCapabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00\n"
+    "\t\tLnkCap:\tPort #8, Speed 8GT/s, Width x{dp_cap}, ASPM L1, Exit Latency L1 <4us\n"
+    "\t\tLnkSta:\tSpeed 2.5GT/s (downgraded), Width x{gpu_sta}\n\n"
+    "18:00.0 3D controller: NVIDIA Corporation GV100GL [Tesla V100 PCIe 32GB] (rev a1)\n"
+    "\tCapabilities: [68] Express (v2) Endpoint, MSI 00\n"
+    "\t\tLnkCap:\tPort #0, Speed 8GT/s, Width x{gpu_cap}, ASPM not supported\n"
+    "\t\tLnkSta:\tSpeed 2.5GT/s (downgraded), Width x{gpu_sta}\n"
+)
+
+
+def _lspci(tmp_path: Path, **widths: int) -> dict[str, object]:
+    values = {"root_cap": 16, "up_cap": 16, "up_sta": 16, "dp_cap": 16, "gpu_cap": 16,
+              "gpu_sta": 16}
+    values.update(widths)
+    path = tmp_path / "lspci.txt"
+    path.write_text("$ sudo lspci -vv\n" + (_ROOT + _SWITCH).format(**values))
+    return _diagnose(path)
+
+
+def test_lspci_bridge_link_that_lost_lanes_is_major(tmp_path: Path) -> None:
+    out = _lspci(tmp_path, up_sta=8)
+    assert (out["worst_severity"], out["worst_actions"]) == ("major", ["service_hardware"])
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    summary = findings[0]["summary"]
+    assert "0000:15:00.0" in summary
+    assert "trained at 8 GT/s x8" in summary
+
+
+def test_lspci_bridge_at_its_devices_lower_capability_is_normal(tmp_path: Path) -> None:
+    # the root port can do x16, the switch's upstream port only x8: x8 is all the link can do
+    out = _lspci(tmp_path, up_cap=8, up_sta=8)
+    assert out["worst_severity"] == "info"
+    out = _lspci(tmp_path, gpu_cap=8, gpu_sta=8)  # the same for the GPU below its port
+    assert out["worst_severity"] == "info"
+
+
+def test_lspci_gpu_at_its_ports_lower_capability_is_normal(tmp_path: Path) -> None:
+    out = _lspci(tmp_path, dp_cap=8, gpu_sta=8)
+    assert out["worst_severity"] == "info"
+
+
+def test_lspci_speed_drop_at_idle_is_info(tmp_path: Path) -> None:
+    out = _lspci(tmp_path)
+    assert out["worst_severity"] == "info"
