@@ -724,6 +724,14 @@ CATALOG: tuple[MetricSpec, ...] = (
         labels=("store",),
     ),
     MetricSpec(
+        name="gpuhealth_remediation_failures_total",
+        type=C,
+        unit="1",
+        help="Failed attempts of remediation steps by classification (transient, "
+             "exhausted, permanent, timeout)",
+        labels=("step", "classification"),
+    ),
+    MetricSpec(
         name="gpuhealth_remediation_actions_total",
         type=C,
         unit="1",

@@ -74,6 +74,8 @@ class Guards:
         approval_steps: Steps that always wait for a human.
         probation_seconds: How long a fixed node is watched for a recurrence.
         step_timeout_seconds: Longest a step may run before it is failed.
+        step_attempts: Tries of a transiently failing step before it fails for good.
+        step_retry_max_seconds: Longest wait between two tries.
     """
 
     dry_run: bool
@@ -90,6 +92,8 @@ class Guards:
     approval_steps: frozenset[RemediationStep]
     probation_seconds: float
     step_timeout_seconds: float
+    step_attempts: int = 8
+    step_retry_max_seconds: float = 300.0
 
     def engine_options(self, identity: str) -> dict[str, Any]:
         """Keyword arguments of :class:`~remediation.engine.RemediationEngine` for these guards."""
@@ -102,6 +106,8 @@ class Guards:
             "approval_steps": self.approval_steps,
             "probation_seconds": self.probation_seconds,
             "step_timeout_seconds": self.step_timeout_seconds,
+            "step_attempts": self.step_attempts,
+            "retry_max_seconds": self.step_retry_max_seconds,
         }
 
 
@@ -144,6 +150,8 @@ def guards(settings: Settings, *, cluster_size: int | None = None,
         approval_steps=frozenset(r.approval_steps),
         probation_seconds=r.probation_seconds,
         step_timeout_seconds=r.step_timeout_seconds,
+        step_attempts=r.step_attempts,
+        step_retry_max_seconds=r.step_retry_max_seconds,
     )
 
 
@@ -174,7 +182,8 @@ def replay_guards(*, max_disrupted_fraction: float, cluster_size: int,
 
 _ENGINE_GUARDS = frozenset({"breaker_max_nodes", "breaker_window_seconds",
                             "max_actions_per_minute", "approval_min_severity",
-                            "approval_steps", "probation_seconds", "step_timeout_seconds"})
+                            "approval_steps", "probation_seconds", "step_timeout_seconds",
+                            "step_attempts", "step_retry_max_seconds"})
 
 
 def guards_of(pipeline: Pipeline) -> Guards:
@@ -195,6 +204,8 @@ def guards_of(pipeline: Pipeline) -> Guards:
         approval_steps=frozenset(engine.approval_steps),
         probation_seconds=engine.probation_seconds,
         step_timeout_seconds=engine.step_timeout_seconds,
+        step_attempts=engine.step_attempts,
+        step_retry_max_seconds=engine.retry_max_seconds,
     )
 
 

@@ -530,6 +530,14 @@ class RemediationSettings(BaseModel):
     step_timeout_seconds: Duration = Field(default=3600.0, gt=0)
     """A step still running after this long fails (and the incident stops there)."""
 
+    step_attempts: int = Field(default=8, ge=1)
+    """Tries of a step whose adapter fails transiently (HTTP 409 after the adapter's own
+    retries, 429, 5xx, slurmctld unreachable) before it fails for good and is escalated to
+    a person; between tries it waits 5 s doubling to ``step_retry_max_seconds``."""
+
+    step_retry_max_seconds: Duration = Field(default=300.0, ge=5.0)
+    """Longest wait between two tries of a transiently failing step."""
+
     tick_seconds: Duration = Field(default=0.5, gt=0)
     """How often running steps are polled."""
 

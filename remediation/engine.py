@@ -144,6 +144,9 @@ class EngineStats:
     """Seconds from an incident's first request to its node being out of service."""
     reliability: dict[str, float] = field(default_factory=dict)
     """Last reliability score per node (:mod:`remediation.placement`)."""
+    failures: dict[tuple[str, str], int] = field(default_factory=dict)
+    """``(step, classification)`` -> failed attempts: ``transient`` (retried),
+    ``exhausted`` (transient until the attempt budget ran out), ``permanent``."""
 
 
 class RemediationEngine:
@@ -174,6 +177,12 @@ class RemediationEngine:
         concurrency: Incidents advanced at the same time within one tick, >= 1.
         inspect_seconds: While a node drain runs, how often the node is read to notice a
             human returning it to service, seconds.
+        step_attempts: Tries of one step whose adapter fails transiently (HTTP 409 after
+            its own retries, 429, 5xx, slurmctld unreachable, a connection error) before
+            it fails for good, >= 1; between tries the step waits ``retry_base_seconds``
+            doubling to ``retry_max_seconds`` (or the adapter's ``Retry-After``).
+        retry_base_seconds: The first wait after a transient failure, seconds.
+        retry_max_seconds: The longest wait between two tries, seconds.
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -200,7 +209,20 @@ class RemediationEngine:
         placement_interval_seconds: float = 300.0,
         concurrency: int = 64,
         inspect_seconds: float = 1.0,
+        step_attempts: int = 8,
+        retry_base_seconds: float = 5.0,
+        retry_max_seconds: float = 300.0,
     ) -> None:
+        if step_attempts < 1:
+            raise ValueError(f"step_attempts must be >= 1, got {step_attempts}")
+        if not 0 < retry_base_seconds <= retry_max_seconds:
+            raise ValueError("need 0 < retry_base_seconds <= retry_max_seconds, got "
+                             f"{retry_base_seconds} and {retry_max_seconds}")
+        self.step_attempts = step_attempts
+        self.retry_base_seconds = retry_base_seconds
+        self.retry_max_seconds = retry_max_seconds
+        self._tries: dict[int, tuple[int, float]] = {}
+        """Per action id: transient failures so far and when the next try is due."""
         if breaker_window_seconds <= 0:
             raise ValueError(f"breaker_window_seconds must be > 0, got {breaker_window_seconds}")
         if breaker_max_nodes is not None and breaker_max_nodes < 1:
@@ -516,6 +538,9 @@ class RemediationEngine:
             if action.phase in TERMINAL:
                 continue
             # the first non-terminal action of the incident
+            tries = self._tries.get(action.id)
+            if tries is not None and now < tries[1]:
+                return out  # backing off after a transient failure
             if action.phase == ActionPhase.RUNNING:
                 out.extend(await self._poll(action, now))
             elif action.phase == ActionPhase.PENDING:
@@ -558,15 +583,14 @@ class RemediationEngine:
         try:
             ref = await adapter.submit(self._request(action))
         except TemporaryError as exc:
-            return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+            return self._transient(action, f"{adapter.name} unavailable: {exc}", exc, now,
+                                   expect=ActionPhase.PENDING)
         except ReturnedToService as exc:
             return self._returned(action, now, exc, expect=ActionPhase.PENDING)
         except GpuHealthError as exc:
-            self.store.update(
-                action.id, now=now, phase=ActionPhase.FAILED, expect=(ActionPhase.PENDING,),
-                message=f"{adapter.name} refused: {exc}", finished_at=now,
-            )
-            return [self._audit(action, FAILED, f"{adapter.name} refused: {exc}", now)]
+            return self._permanent(action, f"{adapter.name} refused: {exc}", now,
+                                   expect=ActionPhase.PENDING)
+        self._tries.pop(action.id, None)
         if not self.store.update(
             action.id, now=now, phase=ActionPhase.RUNNING, expect=(ActionPhase.PENDING,),
             ref=ref, adapter=adapter.name, started_at=now, epoch=self._epoch,
@@ -611,15 +635,12 @@ class RemediationEngine:
             try:
                 ref = await adapter.submit(self._request(action))
             except TemporaryError as exc:
-                return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+                return self._transient(action, f"{adapter.name} unavailable: {exc}", exc, now)
             except ReturnedToService as exc:
                 return self._returned(action, now, exc, expect=ActionPhase.RUNNING)
             except GpuHealthError as exc:
-                self.store.update(
-                    action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
-                    message=f"{adapter.name} refused on take-over: {exc}",
-                )
-                return [self._audit(action, FAILED, str(exc), now)]
+                return self._permanent(action, f"{adapter.name} refused on take-over: {exc}",
+                                       now)
             self.store.update(action.id, now=now, ref=ref, epoch=self._epoch,
                               message="taken over from another controller")
             action = self.store.get(action.id) or action
@@ -629,11 +650,10 @@ class RemediationEngine:
         try:
             status = await adapter.status(action.ref)
         except TemporaryError as exc:
-            return self._wait(action, f"{adapter.name} unavailable: {exc}", now)
+            return self._transient(action, f"{adapter.name} unavailable: {exc}", exc, now)
         except GpuHealthError as exc:
-            self.store.update(action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
-                              message=str(exc))
-            return [self._audit(action, FAILED, str(exc), now)]
+            return self._permanent(action, str(exc), now)
+        self._tries.pop(action.id, None)
         if status.phase == ActionPhase.SUCCEEDED:
             if not self.store.update(
                 action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.RUNNING,),
@@ -647,18 +667,17 @@ class RemediationEngine:
             returned = await self._returned_meanwhile(action, status.message, now)
             if returned is not None:
                 return returned
-        if status.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED):
+        if status.phase == ActionPhase.FAILED:
+            return self._permanent(action, status.message, now)
+        if status.phase == ActionPhase.CANCELLED:
             self.store.update(action.id, now=now, phase=status.phase, finished_at=now,
                               message=status.message)
             self._count(action.step, FAILED)
             return [self._audit(action, FAILED, status.message, now)]
         started = action.started_at if action.started_at is not None else now
         if now - started > self.step_timeout_seconds:
-            msg = f"timed out after {now - started:.0f} s ({status.message})"
-            self.store.update(action.id, now=now, phase=ActionPhase.FAILED, finished_at=now,
-                              message=msg)
-            self._count(action.step, FAILED)
-            return [self._audit(action, FAILED, msg, now)]
+            return self._permanent(action, f"timed out after {now - started:.0f} s "
+                                   f"({status.message})", now, classification="timeout")
         if status.message and status.message != action.message:
             self.store.update(action.id, now=now, message=status.message)
         return []
@@ -872,6 +891,60 @@ class RemediationEngine:
             self._count_held(held)
         self.store.update(action.id, now=now, message=why)
         return [self._audit(action, WAITING, why, now)]
+
+    def _transient(self, action: StoredAction, why: str, exc: TemporaryError, now: float,
+                   *, expect: ActionPhase | None = None) -> list[AuditRecord]:
+        """A transient failure: try again after a backoff, within the attempt budget.
+
+        The n-th failure waits ``retry_base_seconds x 2^(n-1)`` (at most
+        ``retry_max_seconds``; at least the adapter's ``Retry-After``); the
+        ``step_attempts``-th fails the step as ``exhausted``. Each is audited with its
+        classification and counted in ``gpuhealth_remediation_failures_total``.
+        """
+        tries = self._tries.get(action.id, (0, now))[0] + 1
+        if tries >= self.step_attempts:
+            self._tries.pop(action.id, None)
+            return self._permanent(action, f"{why} ({tries} transient failures in a row: the "
+                                   "attempt budget is spent)", now, expect=expect,
+                                   classification="exhausted")
+        wait = min(self.retry_max_seconds, self.retry_base_seconds * 2 ** (tries - 1))
+        if exc.retry_after_seconds is not None:
+            wait = max(wait, exc.retry_after_seconds)
+        self._tries[action.id] = (tries, now + wait)
+        self._fail_count(action.step, "transient")
+        message = (f"transient failure {tries} of {self.step_attempts}: {why}; "
+                   f"tried again in {wait:.0f} s")
+        self._said[action.id] = message
+        self.store.update(action.id, now=now, message=message)
+        record = self._audit(action, WAITING, message, now)
+        return [replace(record, details={**record.details, "classification": "transient",
+                                         "attempt": str(tries)})]
+
+    def _permanent(self, action: StoredAction, why: str, now: float, *,
+                   expect: ActionPhase | None = None,
+                   classification: str = "permanent") -> list[AuditRecord]:
+        """The step failed for good: no retry; its incident's later steps do not run.
+
+        The incident is escalated to a person (``escalated`` audit record naming the
+        classification); its alert keeps firing.
+        """
+        self._tries.pop(action.id, None)
+        if not self.store.update(action.id, now=now, phase=ActionPhase.FAILED,
+                                 expect=(expect,) if expect is not None else None,
+                                 message=why, finished_at=now):
+            return []
+        self._count(action.step, FAILED)
+        self._fail_count(action.step, classification)
+        failed = self._audit(action, FAILED, why, now)
+        escalated = self._audit(action, ESCALATED, f"{action.step.value} failed "
+                                f"({classification}): needs a person; {why}", now)
+        extra = {"classification": classification}
+        return [replace(failed, details={**failed.details, **extra}),
+                replace(escalated, details={**escalated.details, **extra})]
+
+    def _fail_count(self, step: RemediationStep, classification: str) -> None:
+        key = (step.value, classification)
+        self.stats.failures[key] = self.stats.failures.get(key, 0) + 1
 
     def _count(self, step: RemediationStep, decision: str) -> None:
         key = (step.value, decision)

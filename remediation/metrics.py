@@ -6,6 +6,9 @@ the engine's own, not copies the service keeps in step:
 - ``gpuhealth_remediation_actions_total{step,phase}``: engine transitions since start;
 - ``gpuhealth_remediation_held_total{reason}``: steps held back (breaker, rate limit,
   approval, human, opt-out, budget);
+- ``gpuhealth_remediation_failures_total{step,classification}``: failed attempts of a
+  step: ``transient`` (tried again), ``exhausted`` (its attempt budget spent),
+  ``permanent`` (the adapter refused or reported failure), ``timeout``;
 - ``gpuhealth_remediation_breaker_open``, ``gpuhealth_remediation_leader`` (0/1);
 - ``gpuhealth_time_to_remediate_seconds_total``: seconds from an incident's first request
   to its node out of service, summed (MTTR's numerator; dry-run steps add nothing);
@@ -70,6 +73,9 @@ class RemediationCollector:
                      [({"step": s, "phase": p}, n) for (s, p), n in stats.transitions.items()])
         yield family("gpuhealth_remediation_held_total",
                      [({"reason": r}, n) for r, n in stats.held.items()])
+        yield family("gpuhealth_remediation_failures_total",
+                     [({"step": s, "classification": c}, n)
+                      for (s, c), n in stats.failures.items()])
         yield family("gpuhealth_remediation_breaker_open", [({}, float(self._breaker))])
         yield family("gpuhealth_remediation_leader", [({}, float(self.is_leader()))])
         yield family("gpuhealth_time_to_remediate_seconds_total",

@@ -413,3 +413,84 @@ def test_a_dry_run_disrupts_nothing_and_repairs_nothing(tmp_path):
     assert disrupted(p.policy) == frozenset()
     assert p.engine.stats.remediate_seconds == []
     assert cluster.nodes["n001"].schedulable
+
+
+# --- outcomes of attempts: transient (retried with backoff, within a budget) or permanent --
+
+
+def _flaky(fail: dict[str, int], exc_of):  # type: ignore[no-untyped-def]
+    def before(request):  # type: ignore[no-untyped-def]
+        left = fail.get(request.step.value, 0)
+        if left:
+            fail[request.step.value] = left - 1
+            raise exc_of(request)
+    return before
+
+
+def test_a_transient_failure_is_retried_with_backoff_then_succeeds(tmp_path):
+    from core.errors import SchedulerUnavailable
+    from remediation.metrics import RemediationCollector
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    fail = {"cordon": 2}
+    p = make(tmp_path, cluster, clock, fake={"before_submit": _flaky(
+        fail, lambda r: SchedulerUnavailable("provider: HTTP 409 Conflict"))},
+        engine_options={"step_attempts": 4})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()  # first try fails: waits 5 s
+    assert cluster.history == []
+    run(p, 3, clock)  # t+3: still backing off (no try before t+5)
+    assert fail["cordon"] == 1
+    run(p, 15, clock)  # second try at t+5 fails (waits 10 s), third at t+15 succeeds
+    assert [h[0] for h in cluster.history][:1] == ["cordon"]
+    audit = read_audit_log(str(tmp_path / "audit.jsonl"))
+    transient = [r for r in audit if r.details.get("classification") == "transient"]
+    assert [r.details["attempt"] for r in transient] == ["1", "2"]
+    assert "tried again in 5 s" in transient[0].reason
+    assert "tried again in 10 s" in transient[1].reason
+    samples = {(m.name, tuple(sorted(s.labels.items()))): s.value
+               for m in RemediationCollector(p.remediation, is_leader=lambda: True).collect()
+               for s in m.samples}
+    assert samples[("gpuhealth_remediation_failures",
+                    (("classification", "transient"), ("step", "cordon")))] == 2
+
+
+def test_the_attempt_budget_runs_out_and_the_incident_is_escalated(tmp_path):
+    from core.errors import SchedulerUnavailable
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = make(tmp_path, cluster, clock, fake={"before_submit": _flaky(
+        {"cordon": 99}, lambda r: SchedulerUnavailable("slurmctld: Unable to contact slurm "
+                                                       "controller"))},
+        engine_options={"step_attempts": 3})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 40, clock)
+    assert cluster.history == []
+    assert steps_of(p, "n001")[0] == ("cordon", "failed")
+    assert all(phase in ("failed", "cancelled") for _, phase in steps_of(p, "n001"))
+    audit = read_audit_log(str(tmp_path / "audit.jsonl"))
+    escalated = [r for r in audit if r.decision == "escalated"]
+    assert len(escalated) == 1
+    assert escalated[0].details["classification"] == "exhausted"
+    assert "3 transient failures in a row" in escalated[0].reason
+
+
+def test_a_permanent_refusal_is_not_retried(tmp_path):
+    from core.errors import PermanentError
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    fail = {"cordon": 99}
+    p = make(tmp_path, cluster, clock, fake={"before_submit": _flaky(
+        fail, lambda r: PermanentError("HTTP 403 Forbidden: nodes is forbidden"))})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 10, clock)
+    assert fail["cordon"] == 98  # tried once
+    audit = read_audit_log(str(tmp_path / "audit.jsonl"))
+    (escalated,) = [r for r in audit if r.decision == "escalated"]
+    assert escalated.details["classification"] == "permanent"
+    assert "403" in escalated.reason
