@@ -18,6 +18,8 @@ PARSER_MODULES = (
     "collectors.bonding",
     "collectors.kube_node",
     "collectors.agent_log",
+    "collectors.benchmark",
+    "collectors.ib_exporter",
 )
 """Modules whose ``PARSERS`` tuples are tried on every section."""
 

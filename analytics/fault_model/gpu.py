@@ -822,10 +822,13 @@ def _peer_throughput(obs: Observations) -> Iterator[Finding]:
                     code=f"{test}_throughput",
                     severity=Severity.MAJOR,
                     action=Action.SERVICE_HARDWARE,
-                    summary=f"{_gpu_name(entity)}: {value:g} {unit} in DCGM {test}, under half "
-                    f"its peers' median {median:g} {unit}",
+                    summary=f"{_gpu_name(entity)}: {value:g} {unit} in "
+                    f"{'DCGM ' if group.first.source != 'benchmark' else ''}{test}, under half "
+                    f"its peers' median {median:g} {unit}: a straggler (a diagnostic that "
+                    "passes does not clear it)",
                     evidence=group.evidence,
-                    source=f"gpu.dcgm_diag_rule ({DCGM}: per-GPU throughput vs peers)",
+                    source=f"gpu.dcgm_diag_rule ({DCGM}: per-GPU throughput vs peers; "
+                    "NVIDIA/DCGM #122)",
                 )
 
 

@@ -338,3 +338,64 @@ def test_lspci_gpu_at_its_ports_lower_capability_is_normal(tmp_path: Path) -> No
 def test_lspci_speed_drop_at_idle_is_info(tmp_path: Path) -> None:
     out = _lspci(tmp_path)
     assert out["worst_severity"] == "info"
+
+
+# --- peers in one artifact: benchmark stragglers, saturated IB counters ---------------------
+
+
+def test_gpu_burn_straggler_is_major(tmp_path: Path) -> None:
+    # gpu-burn's progress line: one "count (rate Gflop/s)" pair per GPU, GPU order.
+    burn = tmp_path / "burn.txt"
+    burn.write_text(
+        "$ ./gpu_burn 60\n"
+        "50.0%  proc'd: 1160 (17583 Gflop/s) - 1161 (17601 Gflop/s) - 410 (6102 Gflop/s)"
+        " - 1158 (17560 Gflop/s)   errors: 0 - 0 - 0 - 0   temps: 61 C - 60 C - 59 C - 62 C\n"
+        "100.0%  proc'd: 2334 (17590 Gflop/s) - 2330 (17588 Gflop/s) - 820 (6090 Gflop/s)"
+        " - 2331 (17570 Gflop/s)   errors: 0 - 0 - 0 - 0   temps: 63 C - 62 C - 60 C - 64 C\n"
+    )
+    out = _diagnose(burn)
+    assert (out["worst_severity"], out["worst_actions"]) == ("major", ["service_hardware"])
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    assert findings[0]["entity"] == "gpu:2"
+
+
+def test_benchmark_without_straggler_is_info(tmp_path: Path) -> None:
+    text = (FIXTURES / "ubergemm-a100-adapter0-third-of-peers-gflops.txt").read_text()
+    healthy = tmp_path / "ubergemm.txt"
+    healthy.write_text(text.replace("6698.442948608", "19201.44"))
+    assert _diagnose(healthy)["worst_severity"] == "info"
+
+
+_EXPORTER = (
+    "# TYPE {p}symbol_error_total counter\n"
+    '{p}symbol_error_total{{device="mlx5_0",port="1"}} {sym}\n'
+    "# TYPE {p}link_downed_total counter\n"
+    '{p}link_downed_total{{device="mlx5_0",port="1"}} {down}\n'
+    "# TYPE {p}link_error_recovery_total counter\n"
+    '{p}link_error_recovery_total{{device="mlx5_0",port="1"}} {rec}\n'
+)
+
+
+def test_ib_exporter_saturated_counters_are_history(tmp_path: Path) -> None:
+    # node_exporter's infiniband collector series (collector/infiniband_linux.go names)
+    scrape = tmp_path / "metrics.prom"
+    scrape.write_text(_EXPORTER.format(p="node_infiniband_", sym=65535, down=255, rec=255))
+    out = _diagnose(scrape)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
+    findings = out["findings"]
+    assert isinstance(findings, list)
+    assert "history, not a rate" in findings[0]["summary"]
+    scrape.write_text(_EXPORTER.format(p="node_infiniband_", sym=0, down=0, rec=0))
+    assert _diagnose(scrape)["worst_severity"] == "info"
+
+
+def test_infiniband_exporter_names_are_read(tmp_path: Path) -> None:
+    # guilbaults/infiniband-exporter: infiniband_<perfquery name lower-cased>_total
+    scrape = tmp_path / "metrics.prom"
+    scrape.write_text(
+        'infiniband_symbolerrorcounter_total{guid="0x0002c903001234",port="7"} 65535\n'
+        'infiniband_linkdownedcounter_total{guid="0x0002c903001234",port="7"} 255\n'
+    )
+    out = _diagnose(scrape)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
