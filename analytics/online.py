@@ -11,6 +11,7 @@ fell off the bus does) or a peer outlier (a GPU hotter than its node peers at eq
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -313,7 +314,7 @@ class OnlineAnalytics:
         touched: set[NodeName] = set()
         for sample in samples:
             spec = BY_NAME.get(sample.metric)
-            if spec is None or not np.isfinite(sample.value):
+            if spec is None or not math.isfinite(sample.value):
                 continue
             at = now if sample.observed_at is None else sample.observed_at
             key = SeriesKey(sample.node, sample.entity, _series_name(sample))
