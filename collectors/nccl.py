@@ -184,11 +184,18 @@ SHM_ERRORS: tuple[tuple[str, str], ...] = (
 """``strerror`` texts of a shared-memory failure to the ``shm`` event code; others are
 ``failed``."""
 _GDR_ON = re.compile(
-    r"/GDRDMA\b|\bGDR 1\b|GPU Direct RDMA Enabled|GPUDirect RDMA (?:is )?enabled", re.IGNORECASE
+    r"/GDRDMA\b|\bGDR 1\b|GPU ?Direct RDMA\b[^.]*?\benabled|DMA-BUF is available",
+    re.IGNORECASE,
 )
 _GDR_OFF = re.compile(
-    r"GPU Direct RDMA Disabled|\bGDR 0\b|NCCL_NET_GDR_LEVEL set by environment to (?:0|LOC)\b",
+    r"GPU ?Direct RDMA\b[^.]*?\bDisabled|\bGDR 0\b"
+    r"|NCCL_NET_GDR_LEVEL set by environment to (?:0|LOC)\b",
     re.IGNORECASE,
+)
+# PyTorch DataLoader (torch/utils/data/_utils/signal_handling.py): a worker killed by SIGBUS
+# on a full /dev/shm; the same container shm-size fault as NCCL's.
+_TORCH_SHM = re.compile(
+    r"insufficient shared memory \(shm\)|workers are out of shared memory", re.IGNORECASE
 )
 _UNWIND = re.compile(r"^(?P<src>[\w./-]+\.(?:cc|c|cu|h|cpp):\d+) -> (?P<code>\d+)\b")
 _COMPLETION = re.compile(
@@ -541,6 +548,21 @@ class CollectiveLogSession(Session):
         cuda = _CUDA_FAILURE.search(body)
         if cuda:
             self._append(out, self._cuda_event(self.ctx.node, cuda, line, at, {}))
+            return
+        if _TORCH_SHM.search(body):
+            out.append(
+                Event(
+                    kind="shm",
+                    code="no_space",
+                    node=self.ctx.node,
+                    entity=NODE_ENTITY,
+                    observed_at=at,
+                    message=body.strip()[:300],
+                    attrs={"error": "insufficient shared memory (shm)", "src": "DataLoader"},
+                    evidence=(line_evidence(self.ctx, line),),
+                    source=self._source,
+                )
+            )
 
     @staticmethod
     def _append(out: list[Record], event: Event | None) -> None:
@@ -1314,6 +1336,7 @@ class NcclLogParser(_CollectiveParser):
                 or _JOB_SUMMARY.search(stripped)
                 or _TESTS_FAILURE.search(body)
                 or _OPENIB_START.search(body)
+                or _TORCH_SHM.search(body)
             ):
                 hits += 1
                 strong = True

@@ -1135,7 +1135,7 @@ SHM_MEANING: dict[str, str] = {
     "permission_denied": "NCCL may not create files in /dev/shm (permissions of /dev/shm or "
     "the container's IPC namespace): fix the mode of /dev/shm (1777) or the runtime's IPC "
     "settings",
-    "no_space": "/dev/shm is full or too small for NCCL's segments (a container's default "
+    "no_space": "/dev/shm is full or too small for the segments (a container's default "
     "64 MB shm): raise the container's shm size (--shm-size, --ipc=host, a memory-backed "
     "emptyDir on /dev/shm) or remove stale segments",
     "segment_missing": "a peer's NCCL segment in /dev/shm is not visible to this process "
@@ -1174,8 +1174,11 @@ def shm_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         segments = sorted({v for g in node_groups for v in g.attr_values.get("segment", set())})
         sizes = sorted({v for g in node_groups for v in g.attr_values.get("size_bytes", set())})
         errors = sorted({v for g in node_groups for v in g.attr_values.get("error", set())})
+        who = "PyTorch DataLoader" if any(
+            "DataLoader" in g.attr_values.get("src", set()) for g in node_groups
+        ) else "NCCL"
         what = (
-            f"NCCL shared-memory failure ({'; '.join(errors) or code}"
+            f"{who} shared-memory failure ({'; '.join(errors) or code}"
             + (f"; segment {segments[0]}" if segments else "")
             + (f", {max(int(x) for x in sizes)} bytes" if sizes else "")
             + ")"

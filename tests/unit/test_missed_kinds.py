@@ -399,3 +399,32 @@ def test_infiniband_exporter_names_are_read(tmp_path: Path) -> None:
     )
     out = _diagnose(scrape)
     assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
+
+
+def test_torch_dataloader_out_of_shm_is_the_same_config_fault(tmp_path: Path) -> None:
+    # torch/utils/data/_utils/signal_handling.py and dataloader.py messages
+    log = tmp_path / "train.log"
+    log.write_text(
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by "
+        "insufficient shared memory (shm).\n"
+        "RuntimeError: DataLoader worker (pid 1234) is killed by signal: Bus error. It is "
+        "possible that dataloader's workers are out of shared memory. Please try to raise "
+        "your shared memory limit.\n"
+    )
+    out = _diagnose(log)
+    assert (out["worst_severity"], out["worst_actions"]) == ("major", ["fix_config"])
+
+
+def test_local_protection_error_with_peermem_gdr_on_two_nodes(tmp_path: Path) -> None:
+    # NCCL >= 2.1x wording ("with status=4 opcode=..."), GDR announced by the IB plugin
+    log = tmp_path / "nccl.log"
+    log.write_text(
+        "node-a:100:100 [0] NCCL INFO NET/IB : GPU Direct RDMA (nvidia-peermem) enabled for "
+        "HCA 0 'mlx5_0'\n"
+        "node-a:100:110 [0] transport/net_ib.cc:1192 NCCL WARN NET/IB : Got completion from "
+        "peer 192.0.2.12<60054> with status=4 opcode=0 len=0 vendor err 81 (Send)\n"
+        "node-b:200:210 [0] transport/net_ib.cc:1192 NCCL WARN NET/IB : Got completion from "
+        "peer 192.0.2.11<60055> with status=4 opcode=0 len=0 vendor err 81 (Recv)\n"
+    )
+    out = _diagnose(log)
+    assert (out["worst_severity"], out["worst_actions"]) == ("major", ["fix_config"])
