@@ -784,10 +784,12 @@ def dashboards_provision(url: str, token_env: str, folder: str,
 def _register() -> None:
     """Add the command groups defined in their own modules."""
     from gpuhealth.actions_cli import actions
+    from gpuhealth.check_cli import check
     from gpuhealth.mark_healthy_cli import mark_healthy
     from gpuhealth.report_cli import report
 
     main.add_command(actions)
+    main.add_command(check)
     main.add_command(mark_healthy)
     main.add_command(report)
 
