@@ -21,6 +21,7 @@ Sources followed:
 * ``/proc/net/dev`` (``net/core/net-procfs.c``, ``dev_seq_printf_stats``): receive ``bytes
   packets errs drop fifo frame compressed multicast``, transmit ``bytes packets errs drop
   fifo colls carrier compressed``.
+* iproute2 ``ip -j -s link`` (``print_link_stats64``): ``stats64.rx``/``stats64.tx`` keys.
 * ``Documentation/ABI/testing/sysfs-class-net-statistics``: one file per counter, as printed
   by ``for f in /sys/class/net/<if>/statistics/*; do echo "$(basename $f): $(cat $f)"``,
   ``head`` (``==> path <==`` then the value) or ``grep -H``.
@@ -28,6 +29,7 @@ Sources followed:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -385,7 +387,98 @@ class SysfsNetStatsParser:
         return SysfsNetStatsSession(ctx)
 
 
-PARSERS: tuple[ArtifactParser, ...] = (IfconfigParser(), ProcNetDevParser(), SysfsNetStatsParser())
+# --- ip -j -s link (iproute2 JSON) ---------------------------------------------------------
+
+IP_JSON_FIELDS: dict[str, dict[str, str]] = {
+    "rx": {
+        "bytes": "rx_bytes", "packets": "rx_packets", "errors": "rx_errors",
+        "dropped": "rx_dropped", "over_errors": "rx_over_errors", "multicast": "multicast",
+        "missed": "rx_missed_errors", "length_errors": "rx_length_errors",
+        "crc_errors": "rx_crc_errors", "frame_errors": "rx_frame_errors",
+        "fifo_errors": "rx_fifo_errors", "missed_errors": "rx_missed_errors",
+        "nohandler": "rx_nohandler", "compressed": "rx_compressed",
+    },
+    "tx": {
+        "bytes": "tx_bytes", "packets": "tx_packets", "errors": "tx_errors",
+        "dropped": "tx_dropped", "carrier_errors": "tx_carrier_errors",
+        "collisions": "collisions", "aborted_errors": "tx_aborted_errors",
+        "fifo_errors": "tx_fifo_errors", "window_errors": "tx_window_errors",
+        "heartbeat_errors": "tx_heartbeat_errors", "compressed": "tx_compressed",
+    },
+}
+"""``ip -j -s link`` ``stats64.rx``/``stats64.tx`` keys (iproute2 ``ipstats``/``iplink``
+``print_link_stats64``) to ``statistics/`` file names."""
+
+
+class IpJsonSession(NetdevSession):
+    """Parse ``ip -j [-p] -s link`` output: the JSON array is read when the section ends."""
+
+    def __init__(self, ctx: ParseContext) -> None:
+        super().__init__(ctx)
+        self._lines: list[Line] = []
+
+    def feed(self, lines: Sequence[Line]) -> list[Record]:
+        """Keep the lines (bounded by the reader's block size)."""
+        if len(self._lines) < 20000:
+            self._lines.extend(lines)
+        return []
+
+    def close(self) -> list[Record]:
+        """Return the samples of every interface with statistics."""
+        out: list[Record] = []
+        if not self._lines:
+            return out
+        try:
+            doc = json.loads("\n".join(ln.text for ln in self._lines))
+        except ValueError as exc:
+            self.issue(self._lines[0].number, f"ip -j link: not JSON ({exc})")
+            return out
+        if not isinstance(doc, list):
+            return out
+        first = self._lines[0]
+        for link in doc:
+            if not isinstance(link, dict) or not isinstance(link.get("ifname"), str):
+                continue
+            stats = link.get("stats64") or link.get("stats")
+            if not isinstance(stats, dict):
+                continue
+            line = next((ln for ln in self._lines if f'"{link["ifname"]}"' in ln.text), first)
+            for direction, names in IP_JSON_FIELDS.items():
+                block = stats.get(direction)
+                if not isinstance(block, dict):
+                    continue
+                for key, name in names.items():
+                    value = block.get(key)
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        self.counter(link["ifname"], name, value, line, out)
+        return out
+
+
+class IpJsonParser:
+    """``ip -j -s link`` (iproute2 JSON)."""
+
+    kind = "ip_link_json"
+
+    def detect(self, lines: Sequence[Line], command: str | None) -> int:
+        """Return 90 on a JSON array of links with ``stats64``."""
+        head = " ".join(ln.text for ln in lines[:50])
+        if '"ifname"' in head and ('"stats64"' in head or '"stats"' in head):
+            return 90
+        if command is not None and re.search(r"\bip\b.*-j", command) and '"ifname"' in head:
+            return 90
+        return 0
+
+    def open(self, ctx: ParseContext) -> ParserSession:
+        """Start parsing a section."""
+        return IpJsonSession(ctx)
+
+
+PARSERS: tuple[ArtifactParser, ...] = (
+    IfconfigParser(),
+    ProcNetDevParser(),
+    SysfsNetStatsParser(),
+    IpJsonParser(),
+)
 """The artifact parsers of this module (read by ``collectors.parsers``)."""
 
 __all__ = [

@@ -428,3 +428,19 @@ def test_local_protection_error_with_peermem_gdr_on_two_nodes(tmp_path: Path) ->
     )
     out = _diagnose(log)
     assert (out["worst_severity"], out["worst_actions"]) == ("major", ["fix_config"])
+
+
+def test_ip_json_link_statistics_are_read(tmp_path: Path) -> None:
+    # iproute2 `ip -j -s link` layout (print_link_stats64 keys)
+    doc = tmp_path / "ip.json"
+    link = (
+        '[{"ifindex":2,"ifname":"eth0","flags":["UP","LOWER_UP"],"mtu":1500,'
+        '"operstate":"UP","stats64":{"rx":{"bytes":123456789,"packets":987654,"errors":%d,'
+        '"dropped":0,"over_errors":0,"multicast":1234},"tx":{"bytes":987654321,'
+        '"packets":123456,"errors":0,"dropped":0,"carrier_errors":0,"collisions":0}}}]\n'
+    )
+    doc.write_text("$ ip -j -s link show eth0\n" + link % 0)
+    assert _diagnose(doc)["worst_severity"] == "info"
+    doc.write_text("$ ip -j -s link show eth0\n" + link % 7)
+    out = _diagnose(doc)
+    assert (out["worst_severity"], out["worst_actions"]) == ("warning", ["check_network"])
