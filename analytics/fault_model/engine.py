@@ -207,6 +207,9 @@ class Observations:
     def __init__(self) -> None:
         self.groups: dict[tuple[str, str, str, str], EventGroup] = {}
         self.samples: dict[SeriesKey, Sample] = {}
+        self.counter_increase: dict[SeriesKey, float] = {}
+        """How much each timed counter (``*_total``) rose since its first reading (resets
+        counted as Prometheus ``increase()`` counts them); absent after one reading."""
         self.records = 0
 
     def add(self, record: Record, *, received_at: float | None = None) -> None:
@@ -228,7 +231,14 @@ class Observations:
                 group.received_at = max(group.received_at or received_at, received_at)
         else:
             labels = tuple(sorted(record.labels.items()))
-            self.samples[(record.node, record.entity, record.metric, labels)] = record
+            series: SeriesKey = (record.node, record.entity, record.metric, labels)
+            previous = self.samples.get(series)
+            self.samples[series] = record
+            if (previous is not None and record.observed_at is not None
+                    and previous.observed_at is not None and record.metric.endswith("_total")):
+                v, before = record.value, previous.value
+                step = v - before if v >= before else v  # a drop: the counter restarted
+                self.counter_increase[series] = self.counter_increase.get(series, 0.0) + step
 
     def expire(self, before_at: float) -> int:
         """Forget event groups last seen before ``before_at`` (epoch seconds); return how many.

@@ -596,7 +596,10 @@ def ib_port_state_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """Judge one snapshot of IB port counters (per port, latest reading).
 
-    Thresholds, for cumulative counters without an earlier reading:
+    Thresholds, on what a counter says: in a pasted snapshot (no time stamps) its value;
+    in a stream (time-stamped readings: ``run``, ``replay``) only its **increase since
+    the first reading** of the series (:attr:`Observations.counter_increase`), never a
+    lifetime counter's first reading (issue #15: every port warned at start-up):
 
     * ``LinkDownedCounter`` > 0 together with receive errors (``PortRcvErrors``,
       ``SymbolErrorCounter``, ``PortRcvRemotePhysicalErrors``,
@@ -614,9 +617,13 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     """
     del ctx
     ports: dict[tuple[str, str], dict[str, Sample]] = defaultdict(dict)
-    for (node, entity, metric, _labels), sample in obs.samples.items():
+    rises: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    for key, sample in obs.samples.items():
+        node, entity, metric, _labels = key
         if metric.startswith("ib_") and metric.endswith("_total"):
             ports[(node, entity)][metric] = sample
+            if sample.observed_at is not None:  # a stream: judge the rise, not the lifetime
+                rises[(node, entity)][metric] = obs.counter_increase.get(key, 0.0)
     for (node, entity), metrics in sorted(ports.items()):
         saturated_groups = obs.events("ib_counter_saturated", node=node, entity=entity)
         saturated_groups = [
@@ -624,12 +631,19 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
         ]
         saturated = {m for g in saturated_groups for m in g.attr_values["metric"]} & ERROR_METRICS
 
-        def value(metric: str, m: dict[str, Sample] = metrics) -> float:
+        def value(metric: str, m: dict[str, Sample] = metrics,
+                  rise: dict[str, float] = rises[(node, entity)]) -> float:
             sample = m.get(metric)
-            return sample.value if sample is not None else 0.0
+            if sample is None:
+                return 0.0
+            if sample.observed_at is not None:
+                return rise.get(metric, 0.0)  # the first reading of a lifetime counter is 0
+            return sample.value
 
         side = [metrics[m] for m in SIDE_EFFECT_METRICS if value(m) > 0]
         rcv = [m for m in RECEIVE_ERROR_METRICS if value(m) > 0]
+        streamed = bool(rises[(node, entity)])
+        where = "since first seen" if streamed else "in one snapshot"
         downed = value("ib_link_downed_total")
         if downed > 0 and rcv and not ({"ib_link_downed_total", *rcv} & saturated):
             used = [metrics["ib_link_downed_total"], *(metrics[m] for m in rcv), *side]
@@ -639,8 +653,8 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 "LinkDownedCounter",
                 Severity.MAJOR,
                 f"link went down {downed:.0f} time(s) and receive errors "
-                f"({', '.join(_short(m) + '=' + format(value(m), '.0f') for m in rcv)}) in one "
-                "snapshot: flapping link, bad cable or optic; reseat or replace, clear "
+                f"({', '.join(_short(m) + '=' + format(value(m), '.0f') for m in rcv)}) {where}"
+                ": flapping link, bad cable or optic; reseat or replace, clear "
                 "counters and watch the rate",
                 _sample_evidence(used),
             )
@@ -668,9 +682,11 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                 entity,
                 "port_errors",
                 Severity.WARNING,
-                "link error counters above zero in one snapshot ("
+                (f"link error counters rose {where} (+" if streamed
+                 else f"link error counters above zero {where} (")
                 + ", ".join(f"{_short(m)}={value(m):.0f}" for m in errors)
-                + "): clear the counters and re-read to get a rate",
+                + ("): watch the rate; reseat or replace the cable if it keeps rising"
+                   if streamed else "): clear the counters and re-read to get a rate"),
                 _sample_evidence(used),
             )
 

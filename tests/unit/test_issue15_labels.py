@@ -160,3 +160,34 @@ def test_gpu_off_the_bus_is_no_positive_window_and_is_counted_apart() -> None:
         at += 60.0
     assert stage.predictor.learned_positive == 0
     assert stage.predictor.unpredictable == {"xid/79": 1}
+
+
+def _port_counters(at: float, symbol: float, downed: float = 0.0) -> list[Sample]:
+    labels = {"device": "mlx5_0", "port": "1"}
+    entity = EntityId("mlx5_0:1")
+    return [Sample(metric="ib_symbol_errors_total", value=symbol, observed_at=at, node=NODE,
+                   entity=entity, labels=labels),
+            Sample(metric="ib_link_downed_total", value=downed, observed_at=at, node=NODE,
+                   entity=entity, labels=labels)]
+
+
+def _port_findings(readings: list[list[Sample]]) -> list[Finding]:
+    obs = Observations()
+    for reading in readings:
+        obs.extend(reading)
+    return [f for f in evaluate(obs, Context(now=1e9)) if f.kind == "ib_port"]
+
+
+def test_port_errors_judge_the_rise_not_a_lifetime_counters_first_reading() -> None:
+    """A port whose lifetime symbol-error counter is 4,000 at start-up is not warned."""
+    t0 = 1_800_000_000.0
+    assert _port_findings([_port_counters(t0, 4000.0, downed=3.0)]) == []
+    assert _port_findings([_port_counters(t0, 4000.0, 3.0),
+                           _port_counters(t0 + 60, 4000.0, 3.0)]) == []
+    [rising] = _port_findings([_port_counters(t0, 4000.0), _port_counters(t0 + 60, 4012.0)])
+    assert rising.code == "port_errors"
+    assert "symbol_errors=12" in rising.summary
+    [flap] = _port_findings([_port_counters(t0, 4000.0, 3.0),
+                             _port_counters(t0 + 60, 4012.0, 4.0)])
+    assert flap.code == "LinkDownedCounter"
+    assert flap.severity is Severity.MAJOR
