@@ -160,9 +160,14 @@ of ``ifconfig`` run twice live here rather than in a session. A read of the file
 again at an earlier line is a new read and starts afresh."""
 
 
-def _readings(file: str, line: int) -> _Readings:
+def _readings(file: str, line: int, *, first: bool) -> _Readings:
+    """Return the last readings of ``file``.
+
+    A session whose first line is not past the last line seen starts a new read of the file:
+    the old readings are forgotten.
+    """
     entry = _READINGS.get(file)
-    if entry is None or line < entry[0]:
+    if entry is None or line < entry[0] or (first and line <= entry[0]):
         if entry is None and len(_READINGS) >= MAX_TRACKED_FILES:
             del _READINGS[next(iter(_READINGS))]
         entry = (line, {})
@@ -173,13 +178,18 @@ def _readings(file: str, line: int) -> _Readings:
 class NetdevSession(Session):
     """Shared behaviour: samples, and rises between two readings of one file."""
 
+    def __init__(self, ctx: ParseContext) -> None:
+        super().__init__(ctx)
+        self._started = False
+
     def counter(
         self, iface: str, counter: str, value: int, line: Line, out: list[Record]
     ) -> None:
         """Emit the sample of one counter, and a rise event when it went up since last read."""
         evidence = line_evidence(self.ctx, line)
         out.append(netdev_sample(self.ctx, iface, counter, value, evidence))
-        last = _readings(self.ctx.file, line.number)
+        last = _readings(self.ctx.file, line.number, first=not self._started)
+        self._started = True
         key = (str(self.ctx.node), iface, counter)
         previous = last.get(key)
         last[key] = (value, evidence)
