@@ -10,10 +10,10 @@ which would page the whole fleet (issue #5: never a false alarm from an unready 
 The model is checkpointed to ``checkpoint_path`` every ``checkpoint_seconds`` and at
 :meth:`close`, and restored at start, so a restarted or standby controller resumes warm.
 
-Every ``refit_seconds`` a scikit-learn model is refitted from the labelled history
-(:mod:`analytics.refit`) and serves the probabilities instead of the online model only
-while it beat it on the most recent vectors; the decision is logged and kept in
-:attr:`PredictionStage.last_refit`.
+Every ``refit_seconds`` (unless ``refit=False``) a scikit-learn model is refitted from
+the labelled history (:mod:`analytics.refit`) and serves the probabilities instead of the
+online model only while it beat it on the most recent vectors; the decision is logged and
+kept in :attr:`PredictionStage.last_refit`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class PredictionStage:
         vector_detector: Also score every feature vector with river's HalfSpaceTrees
             (:class:`~analytics.hst.HalfSpaceTreesDetector`, trees shared per feature set,
             seeded): a GPU or port whose whole feature vector is unusual gives an anomaly.
+        refit: Refit the batch model every ``refit_seconds``; ``False``: only the online
+            model serves (:meth:`refresh_batch_model` still refits on demand), and
+            scikit-learn is never imported (the node agent's default).
 
     Raises:
         ValueError: An argument out of range.
@@ -64,6 +67,7 @@ class PredictionStage:
         seed: int | None = 0,
         refit_seconds: float = 3600.0,
         vector_detector: bool = False,
+        refit: bool = True,
     ) -> None:
         if min_positives < 0 or checkpoint_seconds <= 0:
             raise ValueError("min_positives must be >= 0 and checkpoint_seconds > 0")
@@ -91,6 +95,7 @@ class PredictionStage:
         self._saved_at: float | None = None
         self.withheld = 0
         self.refit_seconds = refit_seconds
+        self.refit = refit
         self.batch: BatchModel | None = None
         """The scikit-learn model serving now, or ``None`` (the online model serves)."""
         self.last_refit: RefitDecision | None = None
@@ -145,7 +150,7 @@ class PredictionStage:
         out: list[Prediction] = []
         if self._refit_at is None:
             self._refit_at = now
-        elif now - self._refit_at >= self.refit_seconds:
+        elif self.refit and now - self._refit_at >= self.refit_seconds:
             self._refit_at = now
             self.refresh_batch_model()
         vectors = list(self.features.vectors(now))

@@ -506,13 +506,17 @@ def build_online(settings: Settings) -> OnlineAnalytics | None:
                            gap_seconds=an.gap_seconds, warmup_samples=an.warmup_samples)
 
 
-def build_prediction(settings: Settings) -> PredictionStage | None:
-    """The failure predictor of ``[analytics]`` (``None`` when ``predictor = false``)."""
+def build_prediction(settings: Settings, *, role: str = "run") -> PredictionStage | None:
+    """The failure predictor of ``[analytics]`` (``None`` when ``predictor = false``).
+
+    The batch refit follows ``predictor_refit``; unset, it is off in the ``agent`` role.
+    """
     an = settings.analytics
     if not an.predictor:
         return None
+    refit = an.predictor_refit if an.predictor_refit is not None else role != "agent"
     return PredictionStage(checkpoint_path=settings.node.data_dir / "predictor.pkl",
                            horizon_seconds=an.predictor_horizon_seconds,
                            interval_seconds=an.predictor_interval_seconds,
                            min_positives=an.predictor_min_positives,
-                           vector_detector=an.vector_detector)
+                           vector_detector=an.vector_detector, refit=refit)

@@ -340,6 +340,13 @@ class AnalyticsSettings(BaseModel):
     """Failures the model must have learned before its predictions alert (an untrained
     model would flag everything)."""
 
+    predictor_refit: bool | None = None
+    """Refit the scikit-learn batch model hourly from the predictor's labelled history and
+    serve it while it beats the online model (``analytics.refit``). ``None`` (default): on
+    for ``gpuhealth run``, off for ``gpuhealth agent``, where importing scikit-learn would
+    add ~40 MiB to every node (issue #13) for a model of one node's few failures; the
+    online predictor runs either way."""
+
 
 class AlertPolicySettings(BaseModel):
     """``[alerting.policies."<class>"]``: when one fault class (``xid:13``) alerts."""

@@ -235,7 +235,7 @@ class Service:
         self._logged: set[str] = set()
         self._dirty = False
         self.online: OnlineAnalytics | None = build_online(settings)
-        self.prediction: PredictionStage | None = build_prediction(settings)
+        self.prediction: PredictionStage | None = build_prediction(settings, role=role)
         self._predicted_at = time.monotonic()
 
     # --- start-up ----------------------------------------------------------------------
