@@ -26,7 +26,8 @@ _UNREACHABLE = re.compile(
     r"Host engine connection invalid/disconnected"
     r"|unable to establish a connection to the specified host"
     r"|Unable to connect to (?:the )?(?:DCGM )?host ?engine"
-    r"|(?:error|failed|unable to) connect(?:ing)? to (?:the )?(?:remote )?nv-?hostengine"
+    r"|(?:error|failed|unable to|cannot|could not|couldn't) connect(?:ing)? to (?:the )?"
+    r"(?:remote )?(?:nv-?hostengine|DCGM host ?engine)"
     r"|DCGM_ST_CONNECTION_NOT_VALID|DCGMError_ConnectionNotValid"
     r"|Failed to connect to (?:the )?DCGM(?: host ?engine| daemon)?\b",
     re.IGNORECASE,
