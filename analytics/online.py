@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analytics.gaps import TelemetryGapDetector
-from analytics.peers import PeerComparison
+from analytics.peers import PeerComparison, PeerEpisodes
 from analytics.rates import IB_SATURATING_BITS, CounterRates
 from analytics.thresholds import (
     DspotDetector,
@@ -298,7 +298,8 @@ class OnlineAnalytics:
         self._counters = SeriesIndex()
         self._rates = CounterRates()
         self._latest: dict[NodeName, dict[EntityId, dict[str, float]]] = {}
-        self._peer_open: set[tuple[NodeName, EntityId]] = set()
+        self._peer_episodes = PeerEpisodes(open_z=peer_z_threshold,
+                                           close_z=max(0.0, peer_z_threshold - 2.0))
         self._gap_open: set[tuple[NodeName, EntityId]] = set()
 
     def observe(self, samples: Iterable[Sample]) -> list[OnlineResult]:
@@ -447,13 +448,10 @@ class OnlineAnalytics:
         verdict = self._peers.compare(temp, node=zeros, group=zeros, covariate=power)
         out: list[OnlineResult] = []
         for i, entity in enumerate(gpus):
-            key = (node, entity)
-            if not verdict.flagged[i]:
-                self._peer_open.discard(key)
+            # one report per episode: the deviation must persist and exceed the GPU's own
+            # usual deviation (PeerEpisodes), not merely cross the threshold again
+            if not self._peer_episodes.update((node, entity), float(verdict.z_node[i]), now):
                 continue
-            if key in self._peer_open:
-                continue
-            self._peer_open.add(key)
             out.append(
                 OnlineResult(
                     kind="peer",

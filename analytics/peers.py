@@ -19,6 +19,7 @@ the same power is suspicious; one 8 °C hotter because it draws 200 W more is no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -328,3 +329,92 @@ class PeerDetector:
                         observed_at=now,
                     )
         return worst
+
+
+@dataclass(slots=True)
+class _Episode:
+    baseline: float
+    last_at: float
+    above_since: float | None = None
+    below_since: float | None = None
+    open: bool = False
+
+
+class PeerEpisodes:
+    """One report per episode of a GPU drifting away from its peers, with hysteresis.
+
+    A robust z against the peers says how far a GPU is from them now; a GPU that is always
+    a few degrees warmer (its slot, its paste) sits near the threshold and crossed it again
+    and again (issue #15: 18,084 reports for 138 GPUs). Here each GPU keeps its own usual z
+    (``baseline``, an exponential average with time constant ``baseline_seconds``, starting
+    at 0: like its peers) and an episode **opens** when the z is above ``open_z`` *and*
+    above the baseline by more than ``growth_z``, continuously for ``persist_seconds``; it
+    **closes** when the z stays below ``close_z``, or the excess below half of ``growth_z``,
+    for ``close_seconds`` (a noisy z dipping under the threshold ends nothing).
+    :meth:`update` returns ``True`` once, when an episode opens. A GPU warmer from the start
+    is reported once at most; as its baseline learns its offset it is not reported again
+    unless its deviation grows.
+
+    Args:
+        open_z: Robust z an episode needs, > ``close_z``.
+        close_z: Robust z below which it ends.
+        growth_z: Excess over the GPU's own baseline an episode needs, > 0.
+        persist_seconds: How long both must hold before it opens, >= 0.
+        baseline_seconds: Time constant of the baseline, > 0.
+        close_seconds: How long the deviation must be gone before an episode ends, >= 0.
+
+    Raises:
+        ValueError: An argument out of range.
+    """
+
+    def __init__(self, *, open_z: float = 5.0, close_z: float = 3.0, growth_z: float = 3.0,
+                 persist_seconds: float = 120.0, baseline_seconds: float = 86_400.0,
+                 close_seconds: float = 3600.0) -> None:
+        if (not open_z > close_z or growth_z <= 0 or persist_seconds < 0
+                or baseline_seconds <= 0 or close_seconds < 0):
+            raise ValueError("need open_z > close_z, growth_z > 0, persist_seconds >= 0, "
+                             "baseline_seconds > 0 and close_seconds >= 0")
+        self.close_seconds = close_seconds
+        self.open_z = open_z
+        self.close_z = close_z
+        self.growth_z = growth_z
+        self.persist_seconds = persist_seconds
+        self.baseline_seconds = baseline_seconds
+        self._state: dict[tuple[NodeName, EntityId], _Episode] = {}
+
+    def is_open(self, key: tuple[NodeName, EntityId]) -> bool:
+        """Whether ``key`` is in an episode now."""
+        state = self._state.get(key)
+        return state is not None and state.open
+
+    def update(self, key: tuple[NodeName, EntityId], z: float, at: float) -> bool:
+        """Take the GPU's robust z at ``at``; return ``True`` when an episode opens now."""
+        state = self._state.get(key)
+        if state is None:
+            state = self._state[key] = _Episode(baseline=0.0, last_at=at)
+        if not math.isfinite(z):
+            return False
+        excess = z - max(state.baseline, 0.0)
+        alpha = min(1.0, max(0.0, at - state.last_at) / self.baseline_seconds)
+        state.baseline += alpha * (z - state.baseline)
+        state.last_at = max(state.last_at, at)
+        if state.open:
+            if z < self.close_z or excess < self.growth_z / 2.0:
+                if state.below_since is None:
+                    state.below_since = at
+                if at - state.below_since >= self.close_seconds:
+                    state.open = False
+                    state.below_since = None
+            else:
+                state.below_since = None
+            return False
+        if z > self.open_z and excess > self.growth_z:
+            if state.above_since is None:
+                state.above_since = at
+            if at - state.above_since >= self.persist_seconds:
+                state.open = True
+                state.above_since = None
+                return True
+        else:
+            state.above_since = None
+        return False

@@ -191,3 +191,41 @@ def test_port_errors_judge_the_rise_not_a_lifetime_counters_first_reading() -> N
                              _port_counters(t0 + 60, 4012.0, 4.0)])
     assert flap.code == "LinkDownedCounter"
     assert flap.severity is Severity.MAJOR
+
+
+def test_a_gpu_always_warmer_than_its_peers_is_not_reported_again_and_again() -> None:
+    """Issue #15 item 8: one GPU sits ~5 degC (z ~ 5) above its peers for three days,
+    another creeps away from them on day 3: at most one report for the first, one for the
+    second (the old code reported the first each time it crossed z = 5 again)."""
+    import numpy as np
+
+    from analytics.online import OnlineAnalytics
+
+    now = [0.0]
+    online = OnlineAnalytics(clock=lambda: now[0], detector_by_metric={
+        "gpu_temperature_celsius": "none", "gpu_power_watts": "none"})
+    rng = np.random.default_rng(7)
+    reports: dict[str, int] = {}
+    step, days = 60.0, 3
+    for k in range(int(days * 86_400 / step)):
+        at = k * step
+        now[0] = at
+        batch = []
+        for g in range(8):
+            watts = 400.0 + 60.0 * np.sin(at / 3600.0 + g)
+            temp = 60.0 + 0.07 * (watts - 400.0) + rng.normal(0.0, 0.7)
+            if g == 2:
+                temp += 5.0  # always a few degrees warmer
+            if g == 5 and at > 2 * 86_400:
+                temp += 12.0 * min(1.0, (at - 2 * 86_400) / 43_200)  # creeping away
+            entity = EntityId(f"GPU-{g}")
+            batch += [Sample(metric="gpu_temperature_celsius", value=float(temp),
+                             observed_at=at, node=NODE, entity=entity),
+                      Sample(metric="gpu_power_watts", value=float(watts), observed_at=at,
+                             node=NODE, entity=entity)]
+        for r in online.observe(batch):
+            if r.kind == "peer":
+                reports[r.anomaly.entity] = reports.get(r.anomaly.entity, 0) + 1
+    assert reports.get("GPU-2", 0) <= 1
+    assert reports.get("GPU-5", 0) == 1
+    assert set(reports) <= {"GPU-2", "GPU-5"}

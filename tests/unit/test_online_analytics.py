@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,8 @@ def test_node_metrics_never_make_gpu_gaps() -> None:
 
 
 def test_a_gpu_hotter_than_its_peers_at_equal_power_is_reported_once() -> None:
-    online = OnlineAnalytics(warmup_samples=500, clock=lambda: 0.0)
+    now = [0.0]
+    online = OnlineAnalytics(warmup_samples=500, clock=lambda: now[0])
     # Temperature follows power (0.07 degC/W); GPU-4 runs 15 degC hotter than its power says,
     # while GPU-3 is the hottest only because it draws the most.
     power = [300.0, 450.0, 350.0, 500.0, 400.0, 320.0, 480.0, 410.0]
@@ -108,11 +110,14 @@ def test_a_gpu_hotter_than_its_peers_at_equal_power_is_reported_once() -> None:
             _s("gpu_power_watts", watts, 1.0, f"GPU-{i}"),
         )
     ]
-    found = online.observe(batch)
+    assert online.observe(batch) == []  # must persist (issue #15 item 8): 2 minutes
+    now[0] = 121.0
+    later = [dataclasses.replace(s, observed_at=121.0) for s in batch]
+    found = online.observe(later)
     assert [(r.kind, r.metric, r.anomaly.entity) for r in found] == [
         ("peer", "gpu_temperature_celsius", "GPU-4")
     ]
-    assert online.observe(batch) == []
+    assert online.observe(later) == []
 
 
 def test_to_finding_is_never_above_warning_and_never_acts() -> None:
