@@ -13,11 +13,13 @@ from core.records import (
     ActionStatus,
     Alert,
     Anomaly,
+    EntityId,
     Event,
     FeatureVector,
     NodeName,
     NodeState,
     Sample,
+    WorkRef,
 )
 
 if TYPE_CHECKING:
@@ -165,6 +167,19 @@ class SchedulerAdapter(Protocol):
 
     async def status(self, ref: str) -> ActionStatus:
         """Report how far the step got."""
+        ...
+
+
+@runtime_checkable
+class WorkLocator(Protocol):
+    """A scheduler adapter that can name the work on a node (jobs, pods), for attribution."""
+
+    async def work_on(self, node: NodeName, entity: EntityId | None = None) -> list[WorkRef]:
+        """The work holding ``node`` (or its GPU ``entity``) now.
+
+        Raises:
+            TemporaryError: The scheduler cannot be reached.
+        """
         ...
 
 

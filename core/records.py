@@ -276,6 +276,32 @@ class Alert:
     ends_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkRef:
+    """Work that held a node or GPU when a fault happened (dcgm-exporter #625's question).
+
+    Attributes:
+        kind: ``slurm_job`` or ``pod``.
+        id: The Slurm job id, or ``<namespace>/<name>``.
+        owner: The job's user, or the pod's namespace.
+        group: The job's partition, or the pod's priority class (``""`` when unknown).
+    """
+
+    kind: str
+    id: str
+    owner: str = ""
+    group: str = ""
+
+    def describe(self) -> str:
+        """``slurm job 123 (alice, partition gpu)`` / ``pod ml/train-0 (priority high)``."""
+        if self.kind == "slurm_job":
+            extra = ", ".join(x for x in (self.owner, f"partition {self.group}"
+                                          if self.group else "") if x)
+            return f"slurm job {self.id}" + (f" ({extra})" if extra else "")
+        extra = f" (priority {self.group})" if self.group else ""
+        return f"pod {self.id}{extra}"
+
+
 class ActionPhase(StrEnum):
     """Phase of one remediation action (style.md C.1)."""
 

@@ -29,7 +29,7 @@ from analytics.prediction_stage import PredictionStage
 from core import plugins
 from core.clock import Clock, system_clock
 from core.errors import ConfigError, PluginError
-from core.protocols import GpuLevelDrainer, Notifier, SchedulerAdapter
+from core.protocols import GpuLevelDrainer, Notifier, SchedulerAdapter, WorkLocator
 from core.records import RemediationStep, Severity
 from gpuhealth.config import (
     Settings,
@@ -39,6 +39,7 @@ from gpuhealth.config import (
     webhook_secret,
 )
 from gpuhealth.pipeline import Pipeline
+from remediation.attribution import WorkAttribution
 from remediation.audit import AuditLog
 from remediation.dry_run import DryRunScheduler
 from remediation.protective import ProtectiveCordon
@@ -448,6 +449,7 @@ def service_pipeline(settings: Settings, *, identity: str,
         event_window_seconds=settings.analytics.event_window_seconds,
     )
     pipeline.notify_as_standby = notify_as_standby
+    pipeline.attribution = build_attribution(settings, scheduler)
     try:
         pipeline.journal = InputJournal(shared_state or settings.node.data_dir / "journal.sqlite")
     except (OSError, sqlite3.Error) as exc:
@@ -475,6 +477,23 @@ def agent_pipeline(settings: Settings) -> Pipeline:
     )
     pipeline.site_rules = SiteRules(())  # the controller applies [[policy.rule]], once
     return pipeline
+
+
+def build_attribution(settings: Settings, scheduler: SchedulerAdapter | None
+                      ) -> WorkAttribution | None:
+    """Who names the work each fault hit: the configured scheduler, also in dry run.
+
+    In dry run no adapter carries steps out, but reading ``squeue`` or the pods of a node
+    changes nothing, so the ``[remediation] scheduler`` is built for reading; ``None``
+    for the dry-run adapter or one that cannot name work.
+    """
+    if scheduler is None and settings.remediation.scheduler != "dry_run":
+        try:
+            scheduler, _ = build_schedulers(settings, live=True)
+        except ConfigError as exc:
+            logger.warning("work attribution off: %s", exc)
+            return None
+    return WorkAttribution(scheduler) if isinstance(scheduler, WorkLocator) else None
 
 
 def build_protective(settings: Settings) -> ProtectiveCordon | None:

@@ -62,6 +62,7 @@ from core.records import (
     Severity,
 )
 from remediation.actions import ActionStore
+from remediation.attribution import WorkAttribution
 from remediation.audit import open_audit
 from remediation.dry_run import DryRunScheduler
 from remediation.engine import RemediationEngine
@@ -274,6 +275,8 @@ class Pipeline:
         """Findings of :attr:`boot_kinds` last seen this soon after a node's boot are held
         back (:mod:`analytics.fault_model.boot`); 0 holds nothing back."""
         self.boot_kinds = BOOT_KINDS
+        self.attribution: WorkAttribution | None = None
+        """Names the jobs or pods each new finding hit (:mod:`remediation.attribution`)."""
         """The site's ``[[policy.rule]]`` tables, applied to the findings before they alert."""
         """Journal held findings too (a controller's come back from the fleet records)."""
         self.wake = threading.Event()
@@ -638,6 +641,9 @@ class Pipeline:
                 for obs in self._nodes.values():
                     obs.expire(now - self.event_window_seconds)
             findings = self._judge(now)
+        if self.attribution is not None:  # the scheduler is asked outside the lock
+            findings = await self.attribution.apply(findings)
+        with self._lock:
             before = {a.fingerprint for a in self._tracker.active()}
             changed = self._tracker.update(findings)
             decided = self._stage.decide(changed, before=before,

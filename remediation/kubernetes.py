@@ -72,9 +72,11 @@ from core.records import (
     ActionPhase,
     ActionRequest,
     ActionStatus,
+    EntityId,
     NodeName,
     NodeState,
     RemediationStep,
+    WorkRef,
 )
 
 logger = logging.getLogger(__name__)
@@ -1029,6 +1031,26 @@ class KubernetesScheduler:
                               f"annotation); fell back to all pods requesting "
                               f"{self._gpu_resource} on the node")
         return found, f"pods of GPU {request.entity} resolved from pod annotations"
+
+    async def work_on(self, node: NodeName, entity: EntityId | None = None) -> list[WorkRef]:
+        """The pods holding ``node``'s GPUs now (:class:`~core.protocols.WorkLocator`).
+
+        With ``entity`` (a GPU) the pods of that GPU where the pods' device annotations
+        say so, else every workload pod requesting the GPU resource on the node.
+
+        Raises:
+            SchedulerUnavailable: The API server cannot be reached.
+        """
+        pods = [p for p in await self._run(self._list_pods, node) if is_workload(p)]
+        users = [p for p in pods if gpu_request(p, self._gpu_resource) > 0]
+        if entity is not None and entity != "node":
+            found = self._resolver(await self._run(self._read_node, node), pods, entity)
+            if found is not None:
+                users = found
+        return [WorkRef(kind="pod", id=f"{meta(p).namespace}/{meta(p).name}",
+                        owner=str(meta(p).namespace or ""),
+                        group=str(getattr(p.spec, "priority_class_name", None) or ""))
+                for p in users]
 
     async def _evict_one(self, action: _Action, pod: client.V1Pod) -> str:
         key = pod_key(pod)

@@ -81,9 +81,11 @@ from core.records import (
     ActionPhase,
     ActionRequest,
     ActionStatus,
+    EntityId,
     NodeName,
     NodeState,
     RemediationStep,
+    WorkRef,
 )
 
 logger = logging.getLogger(__name__)
@@ -214,6 +216,8 @@ class SlurmJob:
         batch: Whether it is a batch job (``sbatch``); only those can be requeued.
         restarts: ``Restarts`` / ``restart_cnt``.
         admin_comment: ``AdminComment`` (where gpuhealth marks what it did to the job).
+        user: ``UserName`` (``""`` when not shown).
+        partition: ``Partition`` (``""`` when not shown).
     """
 
     job_id: str
@@ -223,6 +227,8 @@ class SlurmJob:
     batch: bool = True
     restarts: int = 0
     admin_comment: str = ""
+    user: str = ""
+    partition: str = ""
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -467,11 +473,14 @@ def parse_squeue_json(text: str, *, source: str = "squeue --json") -> list[Slurm
             batch=bool(item.get("batch_flag", True)),
             restarts=int(item.get("restart_cnt") or 0),
             admin_comment=str(item.get("admin_comment") or ""),
+            user=str(item.get("user_name") or ""),
+            partition=str(item.get("partition") or ""),
         ))
     return out
 
 
-SQUEUE_TEXT_FORMAT = "JobID:40|,State:20|,Requeue:4|,BatchFlag:4|,RestartCnt:8|"
+SQUEUE_TEXT_FORMAT = ("JobID:40|,State:20|,Requeue:4|,BatchFlag:4|,RestartCnt:8|,"
+                      "UserName:40|,Partition:40|")
 """``squeue -O`` fields of the text fall-back, ``|``-separated."""
 
 
@@ -490,9 +499,11 @@ def parse_squeue_text(text: str, node: str, *, source: str = "squeue -O") -> lis
             raise PermanentError(f"{source} line {number}: expected 5 '|'-separated fields, "
                                  f"got {line!r}")
         job_id, state, requeue, batch, restarts = fields[:5]
+        user, partition = (fields[5], fields[6]) if len(fields) >= 7 else ("", "")
         out.append(SlurmJob(
             job_id=job_id, state=state.upper(), nodes=(node,), requeue=requeue == "1",
             batch=batch != "0", restarts=int(restarts) if restarts.isdigit() else 0,
+            user=user, partition=partition,
         ))
     return out
 
@@ -858,8 +869,22 @@ class SlurmScheduler:
             comment = admin_comment_of(shown.stdout) if shown.returncode == 0 else ""
             out.append(SlurmJob(job_id=job.job_id, state=job.state, nodes=job.nodes,
                                 requeue=job.requeue, batch=job.batch, restarts=job.restarts,
-                                admin_comment=comment))
+                                admin_comment=comment, user=job.user,
+                                partition=job.partition))
         return out
+
+    async def work_on(self, node: NodeName, entity: EntityId | None = None) -> list[WorkRef]:
+        """The jobs running on ``node`` now (:class:`~core.protocols.WorkLocator`).
+
+        Node-level: a fault on one GPU names every job on its node (Slurm's GRES index of a
+        job is not read here).
+
+        Raises:
+            SchedulerUnavailable: slurmctld cannot be reached.
+        """
+        del entity
+        return [WorkRef(kind="slurm_job", id=j.job_id, owner=j.user, group=j.partition)
+                for j in await self.jobs_on(node, frozenset({"RUNNING", "SUSPENDED"}))]
 
     async def node_state(self, node: NodeName, *, workload: bool = True) -> NodeState:
         """Return the node as Slurm shows it now (:class:`~core.records.NodeState`).
