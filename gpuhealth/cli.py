@@ -14,12 +14,10 @@ from typing import Any, cast
 
 import click
 
-from analytics.fault_model import check_facts
 from core import logs
 from core.errors import ConfigError, GpuHealthError
 from core.plugins import GROUPS, available
 from core.protocols import Closeable
-from gpuhealth.diagnose import diagnose as run_diagnose
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +29,8 @@ EXIT_CONFIG = 78
 
 
 def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
+    from analytics.fault_model import check_facts
+
     facts: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
@@ -44,7 +44,28 @@ def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
 
 
 class _Group(click.Group):
-    """A click group whose usage errors exit with 64 (EX_USAGE) instead of click's 2."""
+    """A click group whose usage errors exit with 64 (EX_USAGE) instead of click's 2.
+
+    Commands defined in their own modules are named in :attr:`lazy` and imported when
+    they are invoked (or listed by ``--help``): ``gpuhealth --version`` or ``diagnose``
+    does not pay for the report's pandas and scipy (issue #14 item 6).
+    """
+
+    lazy: dict[str, str] = {}  # noqa: RUF012 (set once, below)
+    """Command name -> ``module:attribute`` of its click command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None and cmd_name in self.lazy:
+            import importlib
+
+            module, _, attribute = self.lazy[cmd_name].partition(":")
+            found = cast(click.Command, getattr(importlib.import_module(module), attribute))
+            self.add_command(found, cmd_name)
+        return found
 
     def make_context(
         self,
@@ -95,6 +116,8 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
     Exit status: 0 worst is info, 1 warning, 2 major, 3 critical, 4 nothing could
     be parsed, 64 usage error.
     """
+    from gpuhealth.diagnose import diagnose as run_diagnose
+
     result = run_diagnose(list(paths), _parse_context(context), now=time.time())
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -782,16 +805,13 @@ def dashboards_provision(url: str, token_env: str, folder: str,
 
 
 def _register() -> None:
-    """Add the command groups defined in their own modules."""
-    from gpuhealth.actions_cli import actions
-    from gpuhealth.check_cli import check
-    from gpuhealth.mark_healthy_cli import mark_healthy
-    from gpuhealth.report_cli import report
-
-    main.add_command(actions)
-    main.add_command(check)
-    main.add_command(mark_healthy)
-    main.add_command(report)
+    """Name the command groups defined in their own modules (imported when used)."""
+    main.lazy = {
+        "actions": "gpuhealth.actions_cli:actions",
+        "check": "gpuhealth.check_cli:check",
+        "mark-healthy": "gpuhealth.mark_healthy_cli:mark_healthy",
+        "report": "gpuhealth.report_cli:report",
+    }
 
 
 _register()
