@@ -75,6 +75,13 @@ from core.records import EntityId, Event, NodeName, Record, Sample
 
 logger = logging.getLogger(__name__)
 
+_TEMPERATURE_THRESHOLDS: tuple[tuple[int, str], ...] = (
+    (0, "shutdown"),  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+    (1, "slowdown"),  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    (3, "max_operating"),  # NVML_TEMPERATURE_THRESHOLD_GPU_MAX
+)
+"""The GPU's own temperature thresholds read in the slow group (ecosystem-reference §1)."""
+
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x001, "gpu_idle"),
     (0x002, "clocks_setting"),
@@ -1001,6 +1008,12 @@ class NvmlCollector:
         value = call(gpu, "power_limit", "nvmlDeviceGetEnforcedPowerLimit", h)
         if value is not _NA:
             out.append(self._s(gpu, "gpu_power_limit_watts", value * 1e-3, now))
+        for which, name in _TEMPERATURE_THRESHOLDS:
+            value = call(gpu, f"temperature_threshold_{name}",
+                         "nvmlDeviceGetTemperatureThreshold", h, which)
+            if value is not _NA:
+                out.append(self._s(gpu, "gpu_temperature_threshold_celsius", float(value), now,
+                                   {"threshold": name}))
         value = call(gpu, "fan", "nvmlDeviceGetFanSpeed", h)
         if value is not _NA:
             out.append(self._s(gpu, "gpu_fan_speed_ratio", value / 100.0, now))

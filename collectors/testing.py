@@ -307,6 +307,8 @@ def _gpu_from(
         g(("temperature", "memory_current_temp"), ("temperature", "memory_temp")),
         _int,
     )
+    for threshold in ("shutdown", "slowdown", "max_operating"):
+        put(f"{threshold}_temperature_c", g(("temperature", f"gpu_{threshold}_temp")), _int)
     put(
         "power_mw",
         g(
@@ -920,6 +922,17 @@ class FakeNvml:
         if sensor != pynvml.NVML_TEMPERATURE_GPU:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return int(self._fact(gpu, "temperature_c", "nvmlDeviceGetTemperatureV"))
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: FakeHandle, kind: int) -> int:
+        """Answer like ``pynvml.nvmlDeviceGetTemperatureThreshold`` (shutdown, slowdown, max)."""
+        gpu = self._enter("nvmlDeviceGetTemperatureThreshold", h)
+        assert gpu is not None
+        name = {pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown",
+                pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown",
+                pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "max_operating"}.get(kind)
+        if name is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(self._fact(gpu, f"{name}_temperature_c", "nvmlDeviceGetTemperatureThreshold"))
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         """Answer like ``pynvml.nvmlDeviceGetPowerUsage``."""

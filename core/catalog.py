@@ -71,6 +71,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         dcgm="DCGM_FI_DEV_GPU_TEMP",
     ),
     MetricSpec(
+        name="gpu_temperature_threshold_celsius",
+        type=G,
+        unit="celsius",
+        help="The GPU's own temperature thresholds: shutdown, slowdown, max_operating",
+        labels=("threshold",),
+        nvml="nvmlDeviceGetTemperatureThreshold(NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"
+        "|_SLOWDOWN|_GPU_MAX)",
+    ),
+    MetricSpec(
         name="gpu_memory_temperature_celsius",
         type=G,
         unit="celsius",

@@ -583,6 +583,74 @@ def clock_event_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
             )
 
 
+def temperature_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
+    """Judge a GPU's temperature against its own thresholds (NVML, per GPU).
+
+    Sources: NVML ``nvmlDeviceGetTemperatureThreshold`` (shutdown, slowdown, GPU max
+    operating temperature; ecosystem-reference §1) read into
+    ``gpu_temperature_threshold_celsius{threshold}``; the clock event reasons for thermal
+    slowdown. No fixed number: a GPU model's limits differ (an H100 slows down near 90 degC,
+    an A100 PCIe at 92, a V100 at 97). Latest readings:
+
+    * within 5 degC of the shutdown threshold: critical ``thermal`` ``near_shutdown``,
+      ``service_hardware`` (the driver will power it off);
+    * at or above the slowdown threshold: major ``thermal`` ``at_slowdown_temperature``,
+      ``service_hardware`` (held there, the GPU runs at a fraction of its clocks; cooling);
+    * at or above the maximum operating temperature with a HW/SW thermal slowdown
+      active: major ``thermal`` ``thermal_slowdown_above_max_operating``;
+    * at or above the maximum operating temperature alone: warning ``thermal``
+      ``above_max_operating``.
+
+    A GPU whose thresholds are not reported gives nothing here (``clock_event_rule``
+    still judges its thermal clock events).
+    """
+    del ctx
+    source = f"gpu.temperature_rule ({NVML}: nvmlDeviceGetTemperatureThreshold, " \
+        "nvmlClocksEventReason*ThermalSlowdown)"
+    temps = _by_entity(obs, "gpu_temperature_celsius")
+    limits = _by_entity(obs, "gpu_temperature_threshold_celsius")
+    reasons = _by_entity(obs, "gpu_clock_event_active")
+    for key in sorted(set(temps) & set(limits)):
+        node, entity = key
+        temp = max(temps[key], key=lambda s: s.observed_at or 0.0)
+        limit = {s.labels.get("threshold", ""): s.value for s in limits[key] if s.value > 0}
+        thermal = [s for s in reasons.get(key, [])
+                   if s.value >= 1 and s.labels.get("reason") in ("hw_thermal", "sw_thermal")]
+        shutdown, slowdown = limit.get("shutdown"), limit.get("slowdown")
+        max_operating = limit.get("max_operating")
+        value = temp.value
+        if shutdown is not None and value >= shutdown - 5.0:
+            code, severity = "near_shutdown", Severity.CRITICAL
+            what = f"{value:.0f} degC, within 5 degC of its shutdown threshold ({shutdown:.0f})"
+        elif slowdown is not None and value >= slowdown:
+            code, severity = "at_slowdown_temperature", Severity.MAJOR
+            what = f"{value:.0f} degC, at or above its slowdown threshold ({slowdown:.0f})"
+        elif max_operating is not None and value >= max_operating and thermal:
+            code, severity = "thermal_slowdown_above_max_operating", Severity.MAJOR
+            what = (f"{value:.0f} degC, above its maximum operating temperature "
+                    f"({max_operating:.0f}) with thermal slowdown active")
+        elif max_operating is not None and value >= max_operating:
+            code, severity = "above_max_operating", Severity.WARNING
+            what = (f"{value:.0f} degC, above its maximum operating temperature "
+                    f"({max_operating:.0f})")
+        else:
+            continue
+        yield _finding(
+            node=node,
+            entity=entity,
+            kind="thermal",
+            code=code,
+            severity=severity,
+            action=Action.SERVICE_HARDWARE,
+            summary=f"{_gpu_name(entity)}: {what}: inspect cooling (fans, heatsink, airflow, "
+            "inlet temperature)",
+            evidence=_ev([temp, *thermal]),
+            source=source,
+            first=temp.observed_at,
+            last=temp.observed_at,
+        )
+
+
 # ---------------------------------------------------------------------------- NVLink
 
 
@@ -1261,6 +1329,7 @@ RULES: tuple[Rule, ...] = (
     recovery_action_rule,
     last_xid_rule,
     clock_event_rule,
+    temperature_rule,
     nvlink_rule,
     dcgm_diag_rule,
     dcgm_health_rule,

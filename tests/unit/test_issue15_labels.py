@@ -229,3 +229,37 @@ def test_a_gpu_always_warmer_than_its_peers_is_not_reported_again_and_again() ->
     assert reports.get("GPU-2", 0) <= 1
     assert reports.get("GPU-5", 0) == 1
     assert set(reports) <= {"GPU-2", "GPU-5"}
+
+
+def _thermal(temp: float, *, slowdown: float = 90.0, shutdown: float = 98.0,
+             max_operating: float = 87.0, throttling: bool = False) -> list[Finding]:
+    at = 1_800_000_000.0
+    entity = EntityId(UUIDS[0])
+    obs = Observations()
+    obs.add(Sample(metric="gpu_temperature_celsius", value=temp, observed_at=at, node=NODE,
+                   entity=entity))
+    for name, value in (("slowdown", slowdown), ("shutdown", shutdown),
+                        ("max_operating", max_operating)):
+        obs.add(Sample(metric="gpu_temperature_threshold_celsius", value=value, observed_at=at,
+                       node=NODE, entity=entity, labels={"threshold": name}))
+    obs.add(Sample(metric="gpu_clock_event_active", value=1.0 if throttling else 0.0,
+                   observed_at=at, node=NODE, entity=entity, labels={"reason": "hw_thermal"}))
+    return [f for f in evaluate(obs, Context(now=at)) if f.kind == "thermal"]
+
+
+def test_temperature_is_judged_against_the_gpus_own_thresholds() -> None:
+    """A GPU held at 91 degC (slowdown at 90) is a major thermal finding, and a label."""
+    from analytics.identity import failure_kind
+
+    [hot] = _thermal(91.0)
+    assert (hot.code, hot.severity) == ("at_slowdown_temperature", Severity.MAJOR)
+    assert failure_kind(hot) == "predictable"
+    assert _thermal(91.0, slowdown=97.0, shutdown=102.0, max_operating=95.0) == []  # V100-like
+    [near] = _thermal(94.0)
+    assert (near.code, near.severity) == ("near_shutdown", Severity.CRITICAL)
+    [warm] = _thermal(88.0)
+    assert (warm.code, warm.severity) == ("above_max_operating", Severity.WARNING)
+    assert failure_kind(warm) is None
+    [slow] = _thermal(88.0, throttling=True)
+    assert slow.severity is Severity.MAJOR
+    assert _thermal(70.0) == []

@@ -497,6 +497,7 @@ CALLS_AND_ERRORS = [
         "nvmlDeviceGetName",
         "nvmlDeviceGetVbiosVersion",
         "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTemperatureThreshold",
         "nvmlDeviceGetFanSpeed",
         "nvmlDeviceGetSupportedClocksEventReasons",
         "nvmlDeviceGetEccMode",
