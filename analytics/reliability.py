@@ -506,6 +506,50 @@ def _version_key(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
 
 
+def rate_ratio(r1: int, t1: float, r2: int, t2: float, confidence: float = 0.95
+               ) -> tuple[float | None, float | None, float | None, float | None]:
+    """Rate ratio of two Poisson counts with its exact interval and p-value.
+
+    ``(r1 / t1) / (r2 / t2)``; the interval is the exact conditional one (Breslow & Day
+    1987: given ``r1 + r2``, ``r1`` is binomial with ``p = t1 / (t1 + t2)`` under equal
+    rates; Clopper-Pearson limits of ``p`` mapped to the ratio), the p-value the exact
+    two-sided binomial test.
+
+    Args:
+        r1: Failures of the candidate.
+        t1: Exposure of the candidate (any unit, the same for both: GPU-hours).
+        r2: Failures of the baseline.
+        t2: Exposure of the baseline.
+        confidence: Interval level, in (0, 1).
+
+    Returns:
+        ``(ratio, lower, upper, p_value)``; all ``None`` without failures in either;
+        ``ratio`` is ``None`` when the baseline has none, ``upper`` when unbounded.
+
+    Raises:
+        ValueError: An exposure that is not > 0.
+
+    Examples:
+        >>> ratio, lo, hi, p = rate_ratio(12, 1000.0, 10, 4000.0)
+        >>> round(ratio, 1), lo > 1, p < 0.01
+        (4.8, True, True)
+    """
+    if t1 <= 0 or t2 <= 0:
+        raise ValueError(f"exposures must be > 0, got {t1!r} and {t2!r}")
+    if r1 + r2 == 0:
+        return None, None, None, None
+    n = r1 + r2
+    alpha = 1.0 - confidence
+    p_lo = 0.0 if r1 == 0 else float(stats.beta.ppf(alpha / 2, r1, n - r1 + 1))
+    p_hi = 1.0 if r1 == n else float(stats.beta.ppf(1 - alpha / 2, r1 + 1, n - r1))
+    scale = t2 / t1
+    lower = p_lo / (1 - p_lo) * scale
+    upper = p_hi / (1 - p_hi) * scale if p_hi < 1 else None
+    ratio = (r1 / t1) / (r2 / t2) if r2 else None
+    p_value = float(stats.binomtest(r1, n, t1 / (t1 + t2)).pvalue)
+    return ratio, lower, upper, p_value
+
+
 def cohort_comparison(inventory: pd.DataFrame, incidents: pd.DataFrame, by: str,
                       window: Window, *, baseline: str | None = None,
                       candidate: str | None = None,
@@ -558,20 +602,7 @@ def cohort_comparison(inventory: pd.DataFrame, incidents: pd.DataFrame, by: str,
         }
     r1, t1 = cohorts[candidate]["failures"], cohorts[candidate]["exposure_hours"]
     r2, t2 = cohorts[baseline]["failures"], cohorts[baseline]["exposure_hours"]
-    ratio: float | None = None
-    lower: float | None = None
-    upper: float | None = None
-    p_value: float | None = None
-    if r1 + r2 > 0:
-        n = r1 + r2
-        alpha = 1.0 - confidence
-        p_lo = 0.0 if r1 == 0 else float(stats.beta.ppf(alpha / 2, r1, n - r1 + 1))
-        p_hi = 1.0 if r1 == n else float(stats.beta.ppf(1 - alpha / 2, r1 + 1, n - r1))
-        scale = t2 / t1
-        lower = p_lo / (1 - p_lo) * scale
-        upper = p_hi / (1 - p_hi) * scale if p_hi < 1 else None
-        ratio = (r1 / t1) / (r2 / t2) if r2 else None
-        p_value = float(stats.binomtest(r1, n, t1 / (t1 + t2)).pvalue)
+    ratio, lower, upper, p_value = rate_ratio(r1, t1, r2, t2, confidence)
     level = round(confidence * 100)
     if lower is None:
         verdict = "no failures in either cohort: no comparison possible"

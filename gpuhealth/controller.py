@@ -43,6 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from alerting.silences import SilenceStore
+from analytics.canary import CanaryVerdict, CanaryWatch
 from analytics.fleet import AgentSilence, FleetCorrelator
 from core.errors import ConfigError, TemporaryError
 from gpuhealth.api import AlertingApi, recover_ingests
@@ -122,6 +123,9 @@ class Controller:
                                           window_seconds=c.correlate_window_seconds)
         self.cursor = 0
         self.silence = AgentSilence(after_seconds=c.agent_silent_seconds)
+        self.canary = CanaryWatch(attribute="driver_version")
+        self.canary_verdict: CanaryVerdict | None = None
+        self._canary_said = ""
         self.port: int | None = None
         self.ready = threading.Event()
         self.recorder: HistoryRecorder | None = None
@@ -140,6 +144,7 @@ class Controller:
         app.router.add_get("/api/v1/actions", self._actions)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/-/ready", self._ready)
+        app.router.add_get("/api/v1/canary", self._canary_api)
         for path in ("/api/v1/alerts", "/api/v1/pages", "/api/v1/outbox", "/api/v2/silences",
                      "/api/v2/silence/{id}", "/api/v1/ingest", "/api/v1/alertmanager",
                      "/api/v1/actions/{ref}/status"):
@@ -253,6 +258,14 @@ class Controller:
         body = self.exporter.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
+    async def _canary_api(self, request: web.Request) -> web.Response:
+        """``GET /api/v1/canary``: the newest driver version against the rest (or ``null``)."""
+        v = self.canary_verdict
+        return web.json_response(None if v is None else {
+            "attribute": v.attribute, "candidate": v.candidate, "verdict": v.verdict,
+            "failures": list(v.failures), "gpu_hours": list(v.gpu_hours), "ratio": v.ratio,
+            "lower": v.lower, "upper": v.upper, "p_value": v.p_value})
+
     async def _ready(self, request: web.Request) -> web.Response:
         return web.json_response({"leader": self.elector.is_leader_now(),
                                   "consumed": self.cursor})
@@ -329,9 +342,26 @@ class Controller:
             self.pipeline.trip_breaker(
                 f"fleet incident: {event.finding.summary}", nodes=len(event.nodes))
 
+    def _canary(self, rows: list[Any], now: float) -> None:
+        """The newest driver version against the rest: a no-go is a fleet finding."""
+        verdict, finding = self.canary.update(
+            facts={r.node: dict(r.facts) for r in rows},
+            gpus={r.node: len(r.gpus) for r in rows},
+            first_seen={r.node: r.first_seen_at for r in rows},
+            findings=self.pipeline.held_findings(), now=now)
+        self.canary_verdict = verdict
+        if finding is not None:
+            if self._canary_said != finding.entity:
+                logger.error("controller: %s", finding.summary)
+                self._canary_said = finding.entity
+            self.pipeline.observe_findings([finding], hold_seconds=600.0, replace_held=True)
+        else:
+            self._canary_said = ""
+
     async def _check_silent(self) -> int:
         rows = await self._db_call(self.store.agents)
         now = time.time()
+        self._canary(rows, now)
         self.facts.update({r.node: dict(r.facts) for r in rows})
         change = self.silence.update(
             {r.node: r.last_heartbeat_at for r in rows}, now=now,
