@@ -394,6 +394,27 @@ def test_controller_pair_spreads_and_survives_drains() -> None:
     assert sc["runAsNonRoot"] is True
 
 
+@pytest.mark.parametrize("values", option_sets())
+def test_the_workloads_can_read_their_secrets(values: Path | None) -> None:
+    """A Secret volume's files are root's, group fsGroup: a non-root reader needs g+r."""
+    for kind in ("DaemonSet", "Deployment"):
+        (workload,) = objects(values, kind).values()
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        uid = container.get("securityContext", {}).get("runAsUser",
+                                                       pod["securityContext"].get("runAsUser"))
+        for volume in pod["volumes"]:
+            if "secret" not in volume:
+                continue
+            mode = volume["secret"].get("defaultMode", 0o644)
+            if uid == 0:
+                assert mode & 0o400, (kind, volume["name"])
+            else:
+                assert pod["securityContext"]["fsGroup"] is not None
+                assert mode & 0o040, (kind, volume["name"], oct(mode))
+                assert not mode & 0o007, (kind, volume["name"], oct(mode))
+
+
 def test_values_yaml_documents_every_key() -> None:
     """Every key of values.yaml has a `# --` comment above it, or a parent that has one."""
     lines = (CHART / "values.yaml").read_text().splitlines()
