@@ -55,7 +55,7 @@ def test_chart_lints_strict(values: Path | None) -> None:
 
 @pytest.mark.parametrize("values", option_sets())
 def test_every_rendered_object_validates_strict(values: Path | None) -> None:
-    kv = need("kubernetes_validate", "kubernetes-validate>=1.30")
+    kv = need("kubernetes_validate", "kubernetes-validate>=1.37")
     docs = rendered(values)
     assert docs
     checked = 0
@@ -75,7 +75,7 @@ def test_every_rendered_object_validates_strict(values: Path | None) -> None:
 
 def test_the_validator_rejects_an_unknown_field() -> None:
     """The check above can fail: --strict catches a misspelt key."""
-    kv = need("kubernetes_validate", "kubernetes-validate>=1.30")
+    kv = need("kubernetes_validate", "kubernetes-validate>=1.37")
     (ds,) = objects(None, "DaemonSet").values()
     bad = json.loads(json.dumps(ds))
     bad["spec"]["template"]["spec"]["hostNetwrok"] = True
@@ -85,7 +85,7 @@ def test_the_validator_rejects_an_unknown_field() -> None:
 
 def test_the_cli_validates_the_committed_manifests() -> None:
     """What an operator runs: kubernetes-validate --strict on deploy/manifests/*.yaml."""
-    need("kubernetes_validate", "kubernetes-validate>=1.30")
+    need("kubernetes_validate", "kubernetes-validate>=1.37")
     files = sorted(str(p) for p in (ROOT / "deploy" / "manifests").glob("*.yaml"))
     assert files
     cli = Path(sys.executable).with_name("kubernetes-validate")
