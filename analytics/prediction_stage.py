@@ -186,7 +186,8 @@ class PredictionStage:
 
     def refresh_batch_model(self) -> RefitDecision:
         """Refit the batch model now; adopt it only if it beats the online model."""
-        decision = refit(list(self.predictor.history))
+        decision = refit(list(self.predictor.history),
+                         gap_seconds=self.predictor.horizon_seconds)
         self.last_refit = decision
         self.batch = decision.model if decision.adopted else None
         logger.info("failure predictor refit: %s", decision.why)

@@ -10,7 +10,11 @@ models on the most recent part, which the batch model never saw: the online mode
 its prequential scores, the batch model by its predictions. The batch model is adopted
 only when its average precision (``sklearn.metrics.average_precision_score``, the area
 under the precision-recall curve, the right measure for rare failures) beats the online
-model's by ``min_gain``; otherwise the online model keeps serving.
+model's by ``min_gain`` and its calibrated probabilities score no worse (Brier) there;
+otherwise the online model keeps serving. Every split is by time, with the label horizon
+between the training rows and the later ones (issue #15: a split where one failing GPU's
+near-duplicate minute vectors fell on both sides adopted the trees at every refit, and
+their balanced class weights put 18 % of all GPU-minutes above 0.5).
 """
 
 from __future__ import annotations
@@ -28,15 +32,26 @@ Labelled = tuple[dict[str, float], bool, float, float]
 
 @dataclass(frozen=True, slots=True)
 class BatchModel:
-    """A fitted batch model and the feature order it expects."""
+    """A fitted batch model, the feature order it expects and its calibration.
+
+    ``calibration`` is Platt's ``(a, b)``: the served probability is
+    ``1 / (1 + exp(-(a * logit(p) + b)))`` of the trees' raw ``p``, fitted on a
+    time-ordered slice the trees never saw; ``(1, 0)`` serves ``p`` unchanged.
+    """
 
     features: tuple[str, ...]
     model: Any
+    calibration: tuple[float, float] = (1.0, 0.0)
+
+    def _calibrated(self, raw: Any) -> Any:
+        a, b = self.calibration
+        p = np.clip(np.asarray(raw, dtype=np.float64), 1e-6, 1.0 - 1e-6)
+        return 1.0 / (1.0 + np.exp(-np.clip(a * np.log(p / (1.0 - p)) + b, -30.0, 30.0)))
 
     def probability(self, values: dict[str, float]) -> float:
         """Return the probability of failure for one feature vector (missing -> NaN)."""
         row = np.array([[values.get(f, math.nan) for f in self.features]], dtype=np.float64)
-        return float(self.model.predict_proba(row)[0, 1])
+        return float(self._calibrated(self.model.predict_proba(row)[:, 1])[0])
 
     def probabilities(self, rows: list[dict[str, float]]) -> list[float]:
         """Return :meth:`probability` of many vectors in one call (a call costs ~9 ms)."""
@@ -45,7 +60,7 @@ class BatchModel:
         table = np.array(
             [[r.get(f, math.nan) for f in self.features] for r in rows], dtype=np.float64
         )
-        return [float(p) for p in self.model.predict_proba(table)[:, 1]]
+        return [float(p) for p in self._calibrated(self.model.predict_proba(table)[:, 1])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,34 +86,73 @@ class RefitDecision:
     why: str
 
 
+def _platt(raw: Any, labels: Any) -> tuple[float, float]:
+    """Fit Platt scaling ``(a, b)`` of ``logit(raw)`` to ``labels``.
+
+    A one-feature logistic regression, lightly regularised so that a separable slice
+    keeps ``a`` finite.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    p = np.clip(np.asarray(raw, dtype=np.float64), 1e-6, 1.0 - 1e-6)
+    x = np.log(p / (1.0 - p)).reshape(-1, 1)
+    y = np.asarray(labels, dtype=bool)
+    fit = LogisticRegression(C=1.0).fit(x, y)
+    return float(fit.coef_[0, 0]), float(fit.intercept_[0])
+
+
 def refit(
     history: Sequence[Labelled],
     *,
     holdout_fraction: float = 0.25,
+    calibration_fraction: float = 0.15,
+    gap_seconds: float = 0.0,
     min_positives: int = 20,
     min_gain: float = 0.01,
     seed: int = 0,
 ) -> RefitDecision:
-    """Fit the batch model on the older history and compare it on the recent part.
+    """Fit the batch model on the older history, calibrate and compare it on later parts.
+
+    The rows are split **by time**, never shuffled: the newest ``holdout_fraction`` is the
+    holdout the two models are compared on, the ``calibration_fraction`` before it fits
+    the batch model's Platt calibration, and the trees train only on rows older than the
+    calibration slice by at least ``gap_seconds`` (the label horizon: the minute vectors
+    of one failing GPU before one failure are near duplicates with the same label, and
+    would otherwise sit on both sides of the cut and reward memorising them). The trees
+    are fitted unweighted (no balanced class weights: they push every probability up)
+    and without their own early stopping (a random split of the training rows). The batch
+    model is adopted only when on the holdout its average precision beats the online
+    model's by ``min_gain`` **and** its calibrated probabilities have no larger Brier
+    score than the online model's.
 
     Args:
         history: Labelled rows in time order (see :data:`Labelled`).
         holdout_fraction: Newest share of the rows held out for the comparison, (0, 1).
+        calibration_fraction: Share before the holdout that calibrates, [0, 1).
+        gap_seconds: Time between the last training row and the calibration slice, >= 0.
         min_positives: Failures needed in the training part (and 3 in the holdout).
         min_gain: Average-precision margin the batch model must win by.
         seed: Seed of the tree model.
 
     Raises:
-        ValueError: ``holdout_fraction`` outside (0, 1).
+        ValueError: A fraction out of range or a negative gap.
     """
     if not 0.0 < holdout_fraction < 1.0:
         raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
+    if not 0.0 <= calibration_fraction < 1.0 - holdout_fraction or gap_seconds < 0:
+        raise ValueError("calibration_fraction must be in [0, 1 - holdout_fraction) and "
+                         "gap_seconds >= 0")
     rows = sorted(history, key=lambda r: r[3])
     cut = int(len(rows) * (1.0 - holdout_fraction))
-    train, hold = rows[:cut], rows[cut:]
+    calib_cut = int(len(rows) * (1.0 - holdout_fraction - calibration_fraction))
+    hold, calib = rows[cut:], rows[calib_cut:cut]
+    first_later = rows[calib_cut][3] if calib_cut < len(rows) else math.inf
+    train = [r for r in rows[:calib_cut] if r[3] < first_later - gap_seconds]
     pos_train = sum(1 for r in train if r[1])
     pos_hold = sum(1 for r in hold if r[1])
-    if pos_train < min_positives or pos_hold < 3 or pos_hold == len(hold):
+    pos_calib = sum(1 for r in calib if r[1])
+    enough_calib = calibration_fraction == 0.0 or pos_calib >= 3
+    if pos_train < min_positives or pos_hold < 3 or pos_hold == len(hold) or not enough_calib:
         return RefitDecision(
             adopted=False,
             batch_ap=math.nan,
@@ -107,7 +161,8 @@ def refit(
             holdout_rows=len(hold),
             holdout_positives=pos_hold,
             model=None,
-            why=f"too few failures to refit ({pos_train} in training, {pos_hold} recent)",
+            why=f"too few failures to refit ({pos_train} in training, {pos_calib} to "
+            f"calibrate, {pos_hold} recent)",
         )
     from sklearn.ensemble import HistGradientBoostingClassifier  # ~1 s: only when refitting
     from sklearn.metrics import average_precision_score
@@ -118,17 +173,26 @@ def refit(
         return np.array([[r[0].get(f, math.nan) for f in features] for r in part], dtype=np.float64)
 
     model = HistGradientBoostingClassifier(
-        max_iter=200, learning_rate=0.1, class_weight="balanced", random_state=seed
+        max_iter=200, learning_rate=0.1, early_stopping=False, random_state=seed
     )
     model.fit(matrix(train), np.array([r[1] for r in train]))
+    calibration = (1.0, 0.0)
+    if calib:
+        calibration = _platt(model.predict_proba(matrix(calib))[:, 1], [r[1] for r in calib])
+    batch = BatchModel(features, model, calibration)
     labels = np.array([r[1] for r in hold])
-    batch_ap = float(average_precision_score(labels, model.predict_proba(matrix(hold))[:, 1]))
-    online_ap = float(average_precision_score(labels, np.array([r[2] for r in hold])))
-    adopted = batch_ap >= online_ap + min_gain
+    served = np.array(batch.probabilities([r[0] for r in hold]))
+    online = np.array([r[2] for r in hold])
+    batch_ap = float(average_precision_score(labels, served))
+    online_ap = float(average_precision_score(labels, online))
+    batch_brier = float(np.mean((served - labels) ** 2))
+    online_brier = float(np.mean((online - labels) ** 2))
+    adopted = batch_ap >= online_ap + min_gain and batch_brier <= online_brier
     why = (
-        f"batch model average precision {batch_ap:.3f} vs online {online_ap:.3f} on the "
-        f"{len(hold)} most recent vectors ({pos_hold} failures): "
-        f"{'adopted' if adopted else 'online model kept'}"
+        f"batch model average precision {batch_ap:.3f} vs online {online_ap:.3f}, Brier "
+        f"{batch_brier:.4f} vs {online_brier:.4f}, on the {len(hold)} most recent vectors "
+        f"({pos_hold} failures; trained on {len(train)} older by {gap_seconds:.0f} s, "
+        f"calibrated on {len(calib)}): {'adopted' if adopted else 'online model kept'}"
     )
     return RefitDecision(
         adopted=adopted,
@@ -137,6 +201,6 @@ def refit(
         train_rows=len(train),
         holdout_rows=len(hold),
         holdout_positives=pos_hold,
-        model=BatchModel(features, model),
+        model=batch,
         why=why,
     )

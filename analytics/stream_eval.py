@@ -401,7 +401,8 @@ class Harness:
         if last is None or at - last >= every:
             self._refit_at[name] = at
             for kind, predictor in self.predictors[name].items():
-                decision = refit(list(predictor.history))
+                decision = refit(list(predictor.history),
+                                 gap_seconds=predictor.horizon_seconds)
                 models[kind] = decision.model if decision.adopted else None
         if not any(models.values()):
             return None
