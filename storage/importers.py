@@ -16,9 +16,13 @@ Two sources (their ``SOURCE.md`` files in the shared data folder describe them):
   when it is beside ``gc_full.csv``; slots listed in ``titan.service.txt`` (service
   nodes) are skipped and counted. The stamps are Oak Ridge local time: read as
   ``America/New_York`` they reproduce the ``duration`` column to the second (as UTC, 16,944
-  rows are an hour off). 1,158 failure rows lost their ``insert`` time: their residency
-  has ``first_seen_at=None`` and contributes no operating time, as in the source's own
-  GPU-years.
+  rows are an hour off). A failure event is the end of a residency, as the source's
+  authors count GPU lives: the 1,158 failure rows without an ``insert`` time are further
+  reports of a failure logged before the board was pulled (one GPU has 106 DBE rows within
+  69 minutes), so each folds into the residency of the same serial and slot whose
+  ``[insert, remove]`` it falls in (its incident's ``reports`` attribute counts them;
+  1,048 of them) and is neither an incident nor a residency of its own; the 110 that fall
+  in no residency stay incidents (with ``first_seen_at=None``: no operating time).
 * **LANL failure data 1996-2005** (LA-UR-05-7318; Schroeder & Gibson, "A large-scale study
   of failures in high-performance computing systems", DSN 2006): one row per node
   interruption with its root-cause category (``Facilities``, ``Hardware``, ``Human Error``,
@@ -259,10 +263,30 @@ def import_titan(path: str | Path, *, strict: bool = True,
             inserts_by_slot[slot].append(inserted)
     for times in inserts_by_slot.values():
         times.sort()
+    # A failure event is the end of a residency (a row with an insert time and an event,
+    # as Ostrouchov et al. count GPU lives); rows without an insert time are further
+    # reports of that failure logged before the board was pulled (one GPU has 106 DBE
+    # rows within 69 minutes): they fold into the residency they fall in.
+    residencies: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for sn, slot, inserted, removed, event, _out in parsed:
+        if inserted is not None and event:
+            residencies[sn, slot].append((inserted, removed))
+    reports: Counter[tuple[str, str, float]] = Counter()
+    for sn, slot, inserted, removed, event, _out in parsed:
+        if inserted is not None or not event:
+            continue
+        home = next((end for start, end in sorted(residencies.get((sn, slot), []))
+                     if start <= removed <= end), None)
+        if home is not None:
+            reports[sn, slot, home] += 1
     occurrences: Counter[tuple[str, str, float | None, float]] = Counter()
     incident_repeats: Counter[tuple[str, str, float]] = Counter()
     for sn, slot, inserted, removed, event, out in parsed:
         batch = batches.get(sn, "")
+        if inserted is None and event and any(
+                start <= removed <= end for start, end in residencies.get((sn, slot), [])):
+            result.skipped["repeat_report"] += 1  # folded into its residency's failure
+            continue
         occurrences[sn, slot, inserted, removed] += 1
         repeat = occurrences[sn, slot, inserted, removed]
         suffix = f":{repeat}" if repeat > 1 else ""
@@ -283,7 +307,8 @@ def import_titan(path: str | Path, *, strict: bool = True,
             kind="xid", code=code, severity="critical", cause=cause, detected_at=removed,
             out_of_service_at=removed, back_in_service_at=back, resolved_at=back,
             model=TITAN_MODEL, slot=slot, batch=batch, source="titan",
-            attrs={"event": event, "removed_from_system": out.lower()}))
+            attrs={"event": event, "removed_from_system": out.lower(),
+                   "reports": str(1 + reports.get((sn, slot, removed), 0))}))
     logger.info("titan import of %s: %d rows, %d residencies, %d incidents, skipped %s",
                 full, result.rows, len(result.inventory), len(result.incidents),
                 dict(result.skipped))

@@ -61,16 +61,54 @@ def titan(history: IncidentHistory) -> dict[str, Any]:
     return build_report(history, ReportOptions(source="titan", timezone="America/New_York"))
 
 
+def _failure_events(path: Path) -> tuple[dict[tuple[str, str, str], int], int]:
+    """Failure events counted straight from gc_full.csv by the rule of docs/report.md: the
+    end of a residency (a row with an insert time and an event); an event row without an
+    insert is a further report of the failure of the residency it falls in."""
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    spans: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+    for r in rows:
+        if r["insert"] and r["event"]:
+            spans[r["SN"], r["location"]].append((r["insert"], r["remove"]))
+    events: dict[tuple[str, str, str], int] = defaultdict(int)
+    folded = 0
+    for r in rows:
+        if not r["event"]:
+            continue
+        if not r["insert"] and any(a <= r["remove"] <= b
+                                   for a, b in spans[r["SN"], r["location"]]):
+            folded += 1  # ISO-like stamps compare as text
+            continue
+        events[r["SN"], r["location"], r["event"]] += 1
+    return events, folded
+
+
 def test_titan_import_counts(history: IncidentHistory) -> None:
     result = history.titan_result  # type: ignore[attr-defined]
-    # "gc_full.csv — 37,343 rows"; "6,367 failure events"; no row is malformed.
+    # "gc_full.csv — 37,343 rows"; no row is malformed.
     assert result.rows == 37_343
-    assert not result.skipped
-    assert len(history.inventory(source="titan")) == 37_343
+    events, folded = _failure_events(_data("titan-gpu-lifetimes") / "gc_full.csv")
+    assert dict(result.skipped) == {"repeat_report": folded}
+    assert folded == 1_048
+    assert len(history.inventory(source="titan")) == 37_343 - folded  # residencies only
     incidents = history.incidents(source="titan")
-    assert len(incidents) == 6_367
-    # "`DBE` double-bit ECC error = 4,826 rows, `OTB` off-the-bus = 1,541 rows"
-    assert incidents["code"].value_counts().to_dict() == {"48": 4_826, "79": 1_541}
+    # One failure event per residency: 5,209 residencies ended by a DBE or OTB, and 110
+    # event rows that fall in no residency (SOURCE.md's "6,367 failure events" are rows).
+    assert len(incidents) == sum(events.values()) == 5_319
+    # "`DBE` double-bit ECC error = 4,826 rows, `OTB` off-the-bus = 1,541 rows": every row
+    # is in exactly one incident (its first report, or counted in its reports; a DBE row
+    # before an off-the-bus end counts in that OTB failure).
+    reports = incidents["attrs"].map(lambda a: int(dict(a).get("reports", "1")))
+    assert int(reports.sum()) == 4_826 + 1_541
+    by_code = incidents["code"].value_counts().to_dict()
+    assert by_code == {
+        "48": sum(n for (_, _, e), n in events.items() if e == "DBE"),
+        "79": sum(n for (_, _, e), n in events.items() if e == "OTB")}
+    # The GPU with 106 DBE rows within 69 minutes is one failure, with its 106 reports.
+    worst = incidents[incidents["entity"] == "0323712022158"]
+    assert len(worst) == 1
+    assert int(dict(worst["attrs"].iloc[0])["reports"]) == 106
     # "30,207 distinct GPU serial numbers"; "batch old = original boards (18,837), new =
     # 2017 replacement boards (11,370)"
     inventory = history.inventory(source="titan")
@@ -86,41 +124,45 @@ def test_titan_report_reproduces_source_figures(titan: dict[str, Any]) -> None:
     # "2013-11-19 .. 2019-08-01", "~100,889 GPU-years"
     assert titan["inputs"]["window_start"].startswith("2013-11-19")
     assert titan["inputs"]["window_end"].startswith("2019-08-02T00:07")  # 20:07 EDT + 1 s
-    assert round(fleet["exposure_hours"] / HOURS_PER_YEAR) == pytest.approx(100_889, abs=1)
+    assert fleet["exposure_hours"] / HOURS_PER_YEAR == pytest.approx(100_889, rel=1e-3)
     assert fleet["units"] == 30_207
-    # "System-level mean time between GPU failure events, whole span: 7.8 h"
-    assert round(fleet["system_mtbf_hours"], 1) == 7.8
+    # SOURCE.md's "7.8 h" between failures counts every failure row; counted as failure
+    # events (one per residency, docs/report.md) the span has 5,319 of them: 9.4 h.
+    assert round(fleet["system_mtbf_hours"], 1) == 9.4
     batches = {r["group"]: r for r in s["mtbf"]["by_batch"]}
     old, new = batches["old"], batches["new"]
-    # "Old batch: 75,746 GPU-years, 6,226 DBE+OTB events -> ~106,600 GPU-hours per event"
-    assert old["failures"] == 6_226
-    assert round(old["exposure_hours"] / HOURS_PER_YEAR) == pytest.approx(75_746, abs=1)
-    assert round(old["mtbf_hours"], -2) == 106_600
-    # "new batch: 25,144 GPU-years, 141 events -> ~1.56 M GPU-hours per event"
-    assert new["failures"] == 141
-    assert round(new["exposure_hours"] / HOURS_PER_YEAR) == pytest.approx(25_144, abs=1)
-    assert round(new["mtbf_hours"] / 1e6, 2) == 1.56
+    # "Old batch: 75,746 GPU-years, 6,226 DBE+OTB events" (rows) -> 5,183 failure events,
+    # ~128,000 GPU-hours per failure; "new batch: 25,144 GPU-years, 141 events" -> 136,
+    # ~1.62 M GPU-hours per failure.
+    assert old["failures"] == 5_183
+    assert old["exposure_hours"] / HOURS_PER_YEAR == pytest.approx(75_746, rel=1e-3)
+    assert round(old["mtbf_hours"], -3) == 128_000
+    assert new["failures"] == 136
+    assert new["exposure_hours"] / HOURS_PER_YEAR == pytest.approx(25_144, rel=1e-3)
+    assert round(new["mtbf_hours"] / 1e6, 2) == 1.62
     # The cohort comparison says the 2017 boards fail far less, with an interval.
     comparison = next(c for c in s["cohorts"]["comparisons"] if c["by"] == "batch")
     assert (comparison["candidate"], comparison["baseline"]) == ("new", "old")
     assert comparison["ratio_upper"] < 0.1
-    assert comparison["rate_ratio"] == pytest.approx(106_574 / 1_562_135, rel=0.01)
+    assert comparison["rate_ratio"] == pytest.approx(128_021 / 1_619_566, rel=0.01)
     # "6,367 failure events, 5,089 GPUs retired"
     assert s["availability"]["retired_after_failure"] == 5_089
-    # "Events per year (DBE/OTB): 2014 46/16, 2015 303/63, 2016 1912/699, 2017 912/509,
-    # 2018 873/190, 2019 780/64" (years cut in Oak Ridge time)
+    # SOURCE.md's "Events per year (DBE/OTB): 2014 46/16, 2015 303/63, 2016 1912/699,
+    # 2017 912/509, 2018 873/190, 2019 780/64" count rows; as failure events (years cut in
+    # Oak Ridge time):
     per_year = {year: (row.get("memory", 0), row.get("gpu_lost", 0))
                 for year, row in s["causes"]["by_period"].items()}
-    assert per_year == {"2014": (46, 16), "2015": (303, 63), "2016": (1912, 699),
-                        "2017": (912, 509), "2018": (873, 190), "2019": (780, 64)}
+    assert per_year == {"2014": (31, 12), "2015": (150, 52), "2016": (1325, 651),
+                        "2017": (830, 490), "2018": (811, 181), "2019": (728, 58)}
 
 
 def test_titan_2017_2019_system_mtbf(history: IncidentHistory) -> None:
-    # "2017-2019: 6.8 h" (from 1 January 2017, Oak Ridge time, to the end of the data)
+    # SOURCE.md's "2017-2019: 6.8 h" counts rows; as failure events, 7.3 h (from 1 January
+    # 2017, Oak Ridge time, to the end of the data)
     since = pd.Timestamp("2017-01-01", tz="America/New_York").timestamp()
     until = pd.Timestamp("2019-08-01 20:07:34", tz="America/New_York").timestamp()
     figures = build_report(history, ReportOptions(since=since, until=until, source="titan"))
-    assert round(figures["sections"]["mtbf"]["fleet"]["system_mtbf_hours"], 1) == 6.8
+    assert round(figures["sections"]["mtbf"]["fleet"]["system_mtbf_hours"], 1) == 7.3
 
 
 def test_titan_lemon_slots_match_an_independent_count(titan: dict[str, Any]) -> None:
@@ -128,12 +170,10 @@ def test_titan_lemon_slots_match_an_independent_count(titan: dict[str, Any]) -> 
     straight from gc_full.csv."""
     failed: dict[str, set[str]] = defaultdict(set)
     events: dict[str, int] = defaultdict(int)
-    path = _data("titan-gpu-lifetimes") / "gc_full.csv"
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            if row["event"]:
-                failed[row["location"]].add(row["SN"])
-                events[row["location"]] += 1
+    per_gpu, _ = _failure_events(_data("titan-gpu-lifetimes") / "gc_full.csv")
+    for (sn, location, _event), count in per_gpu.items():
+        failed[location].add(sn)
+        events[location] += count
     expected = {slot for slot, serials in failed.items() if len(serials) >= 2}
     section = titan["sections"]["repeat_offenders"]
     assert section["lemon_slots_count"] == len(expected)
@@ -141,8 +181,11 @@ def test_titan_lemon_slots_match_an_independent_count(titan: dict[str, Any]) -> 
     top = section["lemon_slots"][0]
     assert top["entities"] == max(len(s) for s in failed.values())
     assert top["failures"] == events[top["slot"]]
-    # The worst single GPU: 106 events at one location ("max_loc_events" up to 106).
-    assert section["entities"][0]["failures"] == 106
+    # The worst single GPU: 8 failure events at one location (its 106 DBE rows of
+    # 2016-07-19 are one failure, see test_titan_import_counts).
+    worst_gpu = max(per_gpu.items(), key=lambda item: item[1])
+    assert section["entities"][0]["failures"] == 8
+    assert worst_gpu[1] == 8
 
 
 def test_lanl_reproduces_source_figures(history: IncidentHistory) -> None:
