@@ -1,8 +1,10 @@
-"""deploy/slurm/gpuhealth-check: the prolog fails and the health check drains on a critical GPU.
+"""deploy/slurm/gpuhealth-check: Slurm's argument-less entry to `gpuhealth check`.
 
-`nvidia-smi` and `scontrol` are stand-ins on PATH (a script printing a recorded
-`nvidia-smi` output, and one recording its arguments); `gpuhealth diagnose` is the real
-one. The real-Slurm behaviour of a failed prolog (drain and requeue) is slurmd's own.
+As a prolog it runs the real `gpuhealth check` over a stand-in `nvidia-smi` (a script
+printing a recorded output) and fails the prolog on a bad GPU. As the health check it
+hands over to `gpuhealth check --slurm`, whose drains and resumes are tested on real
+Slurm in tests/integration/test_check_slurm.py; here a recording stand-in checks the
+arguments it gets.
 """
 
 from __future__ import annotations
@@ -18,39 +20,42 @@ import pytest
 from tests.deploy.conftest import ROOT
 
 CHECK = ROOT / "deploy" / "slurm" / "gpuhealth-check"
-CASES = ROOT / "tests" / "fixtures"
-CRITICAL = CASES / "cases" / "001-xid79-fallen-off-bus-dmesg-T-nvidia-smi-unknown-error.log"
-HEALTHY = CASES / "nvidia-smi" / "titan-v-q.txt"
-TOOLS = ("sh", "cat", "cut", "grep", "hostname", "mktemp", "rm", "sed", "timeout", "tr")
+FIXTURES = ROOT / "tests" / "fixtures"
+CRITICAL = FIXTURES / "cases" / "001-xid79-fallen-off-bus-dmesg-T-nvidia-smi-unknown-error.log"
+HEALTHY = FIXTURES / "nvidia-smi" / "titan-v-q.txt"
+TOOLS = ("sh", "cat", "hostname")
+GPUHEALTH = Path(sys.executable).with_name("gpuhealth")
 
 
-def run(tmp_path: Path, smi_output: Path | None, *, state: str = "IDLE",
-        **env: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def run(tmp_path: Path, smi_output: Path | None, *, gpuhealth: Path | None = GPUHEALTH,
+        **env: str) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    calls = tmp_path / "scontrol.calls"
     if smi_output is not None:
         smi = bin_dir / "nvidia-smi"
-        smi.write_text(f"#!/bin/sh\ncat '{smi_output}'\nexit 255\n")
+        smi.write_text(f"#!/bin/sh\ncat '{smi_output}'\n")
         smi.chmod(0o755)
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> '{calls}'\n"
-                        f"[ \"$1\" = show ] && echo \"NodeName=x Arch=x86_64 State={state} "
-                        "Weight=1\"\nexit 0\n")
-    scontrol.chmod(0o755)
-    tools = tmp_path / "tools"  # only these: no host nvidia-smi, scontrol or gpuhealth
+    tools = tmp_path / "tools"  # only these: no host nvidia-smi, journalctl, scontrol
     tools.mkdir(exist_ok=True)
     for tool in TOOLS:
         found = shutil.which(tool)
         assert found, tool
         if not (tools / tool).exists():
             (tools / tool).symlink_to(found)
-    path = os.pathsep.join([str(bin_dir), str(tools)])
-    full = {"PATH": path, "GPUHEALTH_BIN": str(Path(sys.executable).with_name("gpuhealth")),
-            "HOME": str(tmp_path), **env}
-    done = subprocess.run(["/bin/sh", str(CHECK)], env=full, capture_output=True, text=True,
+    full = {"PATH": os.pathsep.join([str(bin_dir), str(tools)]), "HOME": str(tmp_path),
+            "GPUHEALTH_BIN": str(gpuhealth or tmp_path / "absent"),
+            "GPUHEALTH_CHECK_CONFIG": str(tmp_path / "none.toml"), **env}
+    return subprocess.run(["/bin/sh", str(CHECK)], env=full, capture_output=True, text=True,
                           timeout=120, check=False)
-    return done, calls.read_text() if calls.exists() else ""
+
+
+def recorder(tmp_path: Path, status: int = 0) -> tuple[Path, Path]:
+    """A stand-in gpuhealth that records its arguments and exits with ``status``."""
+    calls = tmp_path / "gpuhealth.calls"
+    fake = tmp_path / "fake-gpuhealth"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> '{calls}'\nexit {status}\n")
+    fake.chmod(0o755)
+    return fake, calls
 
 
 @pytest.fixture(autouse=True)
@@ -61,37 +66,45 @@ def _tools() -> None:
 
 
 def test_prolog_fails_on_a_gpu_fallen_off_the_bus(tmp_path: Path) -> None:
-    done, calls = run(tmp_path, CRITICAL, SLURM_JOB_ID="42",
-                      SLURM_SCRIPT_CONTEXT="prolog_slurmd")
-    assert done.returncode == 1, done.stderr
+    done = run(tmp_path, CRITICAL, SLURM_JOB_ID="42", SLURM_SCRIPT_CONTEXT="prolog_slurmd")
+    assert done.returncode == 1, done.stdout + done.stderr
     assert "prolog of job 42" in done.stderr
-    assert "Xid 79" in done.stderr
-    assert calls == ""  # slurmd drains and requeues on a failed prolog, not the script
+    assert "exit 3" in done.stderr  # gpuhealth check: critical
+    assert "xid" in done.stdout.lower()
 
 
 def test_prolog_passes_a_healthy_node(tmp_path: Path) -> None:
-    done, calls = run(tmp_path, HEALTHY, SLURM_JOB_ID="42")
-    assert done.returncode == 0, done.stderr
-    assert calls == ""
+    done = run(tmp_path, HEALTHY, SLURM_JOB_ID="42")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ready" in done.stdout
 
 
-def test_health_check_drains_with_a_gpuhealth_reason(tmp_path: Path) -> None:
-    done, calls = run(tmp_path, CRITICAL)
-    assert done.returncode == 0, done.stderr
-    update = [line for line in calls.splitlines() if line.startswith("update")]
-    assert len(update) == 1, calls
-    assert "State=DRAIN" in update[0]
-    assert "Reason=gpuhealth: node check: CRITICAL" in update[0]
-
-
-def test_health_check_leaves_a_drained_node_and_a_healthy_one(tmp_path: Path) -> None:
-    _, calls = run(tmp_path, CRITICAL, state="IDLE+DRAIN")
-    assert "update" not in calls
-    _, calls = run(tmp_path, HEALTHY)
-    assert "update" not in calls
-
-
-def test_it_never_fails_for_want_of_tools(tmp_path: Path) -> None:
-    done, _ = run(tmp_path, None, SLURM_JOB_ID="42")
+def test_prolog_never_fails_for_what_it_could_not_check(tmp_path: Path) -> None:
+    assert run(tmp_path, None, SLURM_JOB_ID="42").returncode == 0  # no nvidia-smi
+    assert run(tmp_path, CRITICAL, gpuhealth=None, SLURM_JOB_ID="42").returncode == 0
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[node\n")
+    done = run(tmp_path, CRITICAL, SLURM_JOB_ID="42", GPUHEALTH_CHECK_CONFIG=str(broken))
     assert done.returncode == 0
-    assert "nvidia-smi not found" in done.stderr
+    assert "could not judge" in done.stderr
+
+
+def test_prolog_passes_the_settings_on(tmp_path: Path) -> None:
+    fake, calls = recorder(tmp_path, status=2)
+    config = tmp_path / "check.toml"
+    config.write_text("")
+    done = run(tmp_path, HEALTHY, gpuhealth=fake, SLURM_JOB_ID="7",
+               GPUHEALTH_CHECK_FAIL_AT="critical", GPUHEALTH_CHECK_TIMEOUT="5",
+               GPUHEALTH_CHECK_CONFIG=str(config))
+    assert done.returncode == 1
+    assert calls.read_text() == f"check --fail-at critical --timeout 5 --config {config}\n"
+
+
+def test_health_check_hands_over_to_check_slurm(tmp_path: Path) -> None:
+    fake, calls = recorder(tmp_path, status=3)
+    done = run(tmp_path, HEALTHY, gpuhealth=fake)
+    assert done.returncode == 0  # slurmd ignores it; the drain is gpuhealth check's
+    assert calls.read_text() == "check --slurm\n"
+    calls.unlink()
+    run(tmp_path, HEALTHY, gpuhealth=fake, GPUHEALTH_CHECK_DRY_RUN="1")
+    assert calls.read_text() == "check --dry-run --slurm\n"
