@@ -20,6 +20,12 @@ GPU features (names are stable; units per hour unless said):
 * ``throttle_ratio``: thermal plus power violation seconds per second;
 * ``pcie_replay_rate``, ``nvlink_error_rate``.
 
+Every counter rate above (and the port rates below) also comes over hours, since a
+precursor may change only how often errors come, which no per-sample threshold and no
+hourly rate sees (issue #15): ``<rate>_6h`` and ``<rate>_24h`` (per hour, over the last 6
+and 24 hours or since first seen), and ``<rate>_trend``, the 6-hour rate minus the
+24-hour one. They are kept as 24 hourly increases per counter.
+
 InfiniBand port features (entity ``<device>:<port>``, as
 :func:`analytics.identity.port_identity` names it): ``ib_symbol_rate``,
 ``ib_link_recovery_rate``, ``ib_link_downed_rate``, ``ib_rcv_error_rate``, per hour.
@@ -41,6 +47,11 @@ from analytics.identity import port_identity
 from core.records import EntityId, FeatureVector, NodeName, Sample
 
 HOUR = 3600.0
+
+LONG_HOURS = 24
+"""Longest horizon of the counter rates over hours (``*_6h``, ``*_24h``, ``*_trend``)."""
+
+RATE_HORIZONS = (6, LONG_HOURS)
 
 _GPU_COUNTERS = {
     "gpu_xid_events_total": "xid_rate",
@@ -66,11 +77,44 @@ class _Series:
     """Points of one counter (time, value), oldest first, within the window."""
 
     points: deque[tuple[float, float]] = field(default_factory=deque)
+    hours: deque[float] = field(default_factory=lambda: deque(maxlen=LONG_HOURS))
+    """Increase per clock hour over the last :data:`LONG_HOURS` (newest last): the rates
+    over hours, in 24 floats rather than a day of points."""
+    hour_at: float = 0.0
+    """Start of the newest bucket of :attr:`hours`."""
+    first_at: float | None = None
 
     def add(self, at: float, value: float, horizon: float) -> None:
+        if self.points:
+            before_at, before = self.points[-1]
+            if at > before_at:
+                self._bucket(at, value - before if value >= before else value)
+        else:
+            self.first_at = at
+            self._bucket(at, 0.0)
         self.points.append((at, value))
         while len(self.points) > 2 and self.points[0][0] < at - horizon:
             self.points.popleft()
+
+    def _bucket(self, at: float, step: float) -> None:
+        hour = at - at % HOUR
+        if not self.hours or hour - self.hour_at >= LONG_HOURS * HOUR:
+            self.hours.clear()
+            self.hours.append(0.0)
+            self.hour_at = hour
+        while hour > self.hour_at:
+            self.hours.append(0.0)
+            self.hour_at += HOUR
+        self.hours[-1] += step
+
+    def long_rate(self, now: float, hours: int) -> float | None:
+        """Return the increase per hour over the last ``hours`` hours (or since first seen)."""
+        if self.first_at is None or not self.hours:
+            return None
+        take = min(hours, len(self.hours))
+        total = sum(itertools.islice(reversed(self.hours), take))
+        span = min(now - self.first_at, (take - 1) * HOUR + (now - self.hour_at))
+        return total / span * HOUR if span > 0 else None
 
     def increase(self, since: float | None = None) -> tuple[float, float] | None:
         """Return (increase, seconds) over the points at or after ``since``; resets count."""
@@ -185,6 +229,7 @@ class FeatureBuilder:
         rates: dict[str, float] = {}
         trend_new: dict[str, float] = {}
         trend_old: dict[str, float] = {}
+        long_rates: dict[str, float] = {}
         throttle: float | None = None
         for series_key, series in ent.counters.items():
             name = series_key.split("|", 1)[0]
@@ -197,6 +242,11 @@ class FeatureBuilder:
             rate = inc[0] / inc[1] * HOUR
             feature = f"{name}_rate" if name in ("dram_ce", "sram_ce", "ue") else name
             rates[feature] = rates.get(feature, 0.0) + rate
+            for hours in RATE_HORIZONS:  # how often errors come, over hours
+                long = series.long_rate(now, hours)
+                if long is not None:
+                    key = f"{feature}_{hours}h"
+                    long_rates[key] = long_rates.get(key, 0.0) + long
             if name in ("dram_ce", "sram_ce"):
                 newer = series.increase(since=mid)
                 older_pts = [p for p in series.points if p[0] <= mid]
@@ -209,6 +259,11 @@ class FeatureBuilder:
                     if span > 0:
                         trend_old[name] = trend_old.get(name, 0.0) + total / span * HOUR
         values.update(rates)
+        values.update(long_rates)
+        for feature in rates:
+            short, day = long_rates.get(f"{feature}_6h"), long_rates.get(f"{feature}_24h")
+            if short is not None and day is not None:
+                values[f"{feature}_trend"] = short - day  # errors coming more often lately
         if trend_new or trend_old:
             values["ce_rate_trend"] = sum(trend_new.values()) - sum(trend_old.values())
         if throttle is not None:

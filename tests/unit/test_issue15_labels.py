@@ -263,3 +263,30 @@ def test_temperature_is_judged_against_the_gpus_own_thresholds() -> None:
     [slow] = _thermal(88.0, throttling=True)
     assert slow.severity is Severity.MAJOR
     assert _thermal(70.0) == []
+
+
+def test_rates_over_hours_see_errors_that_come_more_often() -> None:
+    """Issue #15 item 7: each reading counts one error either way; only how often changes."""
+    import pytest
+
+    from analytics.features import FeatureBuilder
+
+    fb = FeatureBuilder(interval_seconds=60.0)
+    ce = {"type": "corrected", "scope": "volatile", "location": "dram"}
+    counts = {"GPU-A": 0, "GPU-B": 0}
+    start = 1_800_000_000.0 - 1_800_000_000.0 % 3600.0
+    for minute in range(24 * 60 + 1):
+        at = start + minute * 60.0
+        if minute and (minute % 180 == 0 if minute <= 18 * 60 else minute % 20 == 0):
+            counts["GPU-A"] += 1  # every 3 h for 18 h, then every 20 min
+        if minute and minute % 60 == 0:
+            counts["GPU-B"] += 1  # one an hour, all day
+        fb.observe(Sample(metric="gpu_ecc_errors_total", value=float(v), observed_at=at,
+                          node=NODE, entity=EntityId(e), labels=ce) for e, v in counts.items())
+    vecs = {v.entity: v.values for v in fb.vectors(start + 24 * 3600.0)}
+    a, b = vecs["GPU-A"], vecs["GPU-B"]
+    assert a["dram_ce_rate_6h"] == pytest.approx(3.0, abs=0.3)
+    assert a["dram_ce_rate_24h"] == pytest.approx(1.0, abs=0.1)
+    assert a["dram_ce_rate_trend"] > 1.5
+    assert b["dram_ce_rate_24h"] == pytest.approx(1.0, abs=0.1)
+    assert abs(b["dram_ce_rate_trend"]) < 0.3
