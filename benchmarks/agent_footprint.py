@@ -14,8 +14,8 @@ predictor run with their defaults. It measures, in the same run:
   over ``--seconds`` after ``--warmup``; goal <= 100 MiB), beside dcgm-exporter
   (135-155 MiB) and gpud (~130 MiB) as references and two anchors measured here: a bare
   ``python -c "import time; time.sleep(30)"`` and a Python that only imports numpy,
-  pandas, scikit-learn and river (what the agent's analytics libraries cost before any
-  gpuhealth code);
+  pandas, scikit-learn and river (what those libraries alone cost: the agent used to load
+  them through river's ``preprocessing`` and must not any more);
 * the agent's CPU as a share of one core over the window (``utime + stime`` of
   ``/proc/PID/stat``; goal <= 1 %);
 * start-up to first sample: from starting the process until its ``/metrics`` shows a
@@ -25,8 +25,13 @@ predictor run with their defaults. It measures, in the same run:
   summed over the installed files (``importlib.metadata``) of each distribution in this
   virtual environment;
 * that the agent imported none of the controller's libraries (psycopg, psycopg_pool,
-  aiohttp, kubernetes, matplotlib, sksurv, apscheduler), read from the agent itself: the
-  launcher writes ``sorted(sys.modules)`` 5 s after start and again at SIGTERM.
+  aiohttp, kubernetes, matplotlib, sksurv, apscheduler) and none of the analysis libraries
+  (pandas, scikit-learn, scipy: the report, survival models and batch refit need them, the
+  agent's collectors, rules, detectors and online predictor do not), read from the agent
+  itself: the launcher writes ``sorted(sys.modules)`` 5 s after start and again at SIGTERM.
+
+The detectors calibrate for ``[analytics] warmup_samples`` (500) samples per series before
+they score with their fitted tails; ``--warmup 540`` measures that steady state.
 
 It exits 0 (a measurement); ``--check`` exits 1 when a goal is missed.
 
@@ -64,6 +69,7 @@ NODE = "gpu-bench"
 TOKEN = "tok-footprint-" + "0123456789abcdef" * 2
 CONTROLLER_LIBS = ("psycopg", "psycopg_pool", "aiohttp", "kubernetes", "matplotlib", "sksurv",
                    "apscheduler")
+ANALYSIS_LIBS = ("pandas", "sklearn", "scipy")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 GOAL_RSS_MIB = 100.0
@@ -365,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     base_mib, full_mib = installed_mib(base), installed_mib(full)
     heavy = sorted(m for m in CONTROLLER_LIBS
                    if any(x == m or x.startswith(m + ".") for x in a["imported"]))
+    analysis = sorted(m for m in ANALYSIS_LIBS
+                      if any(x == m or x.startswith(m + ".") for x in a["imported"]))
     in_base = sorted(n for n in ("psycopg", "psycopg-pool", "aiohttp", "kubernetes",
                                  "matplotlib", "scikit-survival", "apscheduler") if n in base)
 
@@ -378,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
          f"< {GOAL_STARTUP_SECONDS:g}", a["first_sample_s"] < GOAL_STARTUP_SECONDS),
         ("controller libraries imported", ", ".join(heavy) or "none", "none",
          not heavy and a["module_dumps"] > 0),
+        ("analysis libraries imported", ", ".join(analysis) or "none", "none",
+         not analysis and a["module_dumps"] > 0),
         ("controller libraries in base deps", ", ".join(in_base) or "none", "none", not in_base),
         ("installed, agent (MiB)", f"{base_mib:.0f} ({len(base)} dists)", "-", None),
         ("installed, with [controller] (MiB)", f"{full_mib:.0f} ({len(full)} dists)", "-", None),
