@@ -155,7 +155,12 @@ class AgentLink:
             if self.up is not shown:  # up or down shows at once; depths at the next collection
                 shown = self.up
                 self.exporter.render()
-            self.wake.wait(delay if self.up is False else self.interval_seconds)
+            if self.up is False:
+                wait = delay
+            else:  # idle: forward() wakes this thread for new records; else the heartbeat
+                wait = max(self.interval_seconds,
+                           self.heartbeat_seconds - (time.monotonic() - last_sent))
+            self.wake.wait(wait)
             self.wake.clear()
 
     def close(self) -> None:

@@ -656,7 +656,8 @@ class AgentSettings(BaseModel):
     batch_max_records: int = Field(default=500, ge=1)
     """Records per request to the controller."""
     send_interval_seconds: Duration = Field(default=1.0, gt=0)
-    """How often the outbox is sent (and the heartbeat with it), seconds."""
+    """Shortest pause between two sends while a controller answers, seconds, and the first
+    retry delay while none does; queued findings wake the sender at once."""
     heartbeat_interval_seconds: Duration = Field(default=10.0, gt=0)
     """Longest time between two batches when nothing is queued, seconds."""
     timeout_seconds: Duration = Field(default=10.0, gt=0)
