@@ -502,7 +502,10 @@ class RemediationSettings(BaseModel):
     gpu_reset_agent: dict[str, Any] = Field(default_factory=dict)
     """``[remediation.gpu_reset_agent]``: serve ``POST /api/v1/gpu-reset`` on this GPU node
     so a controller can ask it to reset a GPU (``secret_env`` or ``secret_file``: the shared
-    signing secret; ``nvidia_smi``: the command). Empty: not served."""
+    signing secret; ``nvidia_smi``: the command; the other keys are
+    :class:`remediation.gpu_reset.GpuResetter` arguments: ``systemctl``, ``services``,
+    ``fabric_services``, ``domain_reset``, ``fallback``, the timeouts, ``verify_attempts``,
+    ``verify_interval_seconds``; ``docs/remediation-webhook.md`` §3). Empty: not served."""
 
     action_store: Path | None = None
     """SQLite file of actions and incidents; default ``<data_dir>/actions.db``. A standby

@@ -51,6 +51,7 @@ from core.clock import Clock, system_clock
 from core.errors import GpuHealthError, PermanentError, ReturnedToService, TemporaryError
 from core.protocols import NodeInspector, ReliabilityPublisher, SchedulerAdapter
 from core.records import (
+    NODE_ENTITY,
     ActionPhase,
     ActionRequest,
     AuditRecord,
@@ -69,11 +70,14 @@ from remediation.actions import (
     StoredAction,
     StoredIncident,
 )
+from remediation.gpu_reset import fallback_of
 from remediation.placement import reliability_scores
 from remediation.policy import (
     DECISION_HELD,
     DECISION_REQUESTED,
+    MODE_EVICT,
     SCOPE_GPU,
+    PlannedStep,
     PolicyResult,
     RemediationPolicy,
 )
@@ -118,6 +122,10 @@ AWAITING_APPROVAL = "awaiting_approval"
 BREAKER_OPENED = "breaker_opened"
 PROBATION = "probation"
 ESCALATED = "escalated"
+
+FOLLOWS = "follows"
+"""Attribute of a follow-up step naming the id of the failed step it replaces (a failed
+GPU reset is followed by cordon, drain, reboot): the failed step does not cancel it."""
 
 _SEVERITY_ORDER = {s: i for i, s in enumerate(Severity)}
 
@@ -521,6 +529,9 @@ class RemediationEngine:
         out: list[AuditRecord] = []
         history = self.store.actions(incident=incident)
         for action in history:
+            if action.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED) and any(
+                    a.attrs.get(FOLLOWS) == str(action.id) for a in history):
+                continue  # its follow-up runs instead (a failed reset's reboot)
             if action.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED):
                 # an earlier step failed: nothing after it runs
                 for later in live:
@@ -939,8 +950,51 @@ class RemediationEngine:
         escalated = self._audit(action, ESCALATED, f"{action.step.value} failed "
                                 f"({classification}): needs a person; {why}", now)
         extra = {"classification": classification}
+        if action.step == RemediationStep.RESET_GPU and fallback_of(why) == "reboot":
+            return [replace(failed, details={**failed.details, **extra, "fallback": "reboot"}),
+                    *self._follow_up(action, now, why="the GPU reset failed; falls back to "
+                                     "a node reboot", plan=[
+                                         PlannedStep(step=RemediationStep.CORDON,
+                                                     entity=NODE_ENTITY),
+                                         PlannedStep(step=RemediationStep.DRAIN,
+                                                     entity=NODE_ENTITY, mode=MODE_EVICT),
+                                         PlannedStep(step=RemediationStep.REBOOT,
+                                                     entity=NODE_ENTITY)])]
         return [replace(failed, details={**failed.details, **extra}),
                 replace(escalated, details={**escalated.details, **extra})]
+
+    def _follow_up(self, action: StoredAction, now: float, *, why: str,
+                   plan: list[PlannedStep], evidence: str = "") -> list[AuditRecord]:
+        """Queue ``plan`` in ``action``'s incident, after it, in place of its later steps.
+
+        Used when a step fails in a way that has a known next rung: a failed GPU reset
+        falls back to a node reboot (cordon, drain, reboot), a failed validation hands
+        the node to hardware service. Each queued step is audited (``requested``) before
+        it can run; keys are ``<failed step's key>/<step>`` (idempotent across ticks).
+        """
+        for later in self.store.actions(incident=action.incident):
+            if later.id > action.id and later.phase in (ActionPhase.PENDING,
+                                                         ActionPhase.AWAITING_APPROVAL):
+                self.store.update(later.id, now=now, phase=ActionPhase.CANCELLED,
+                                  expect=(ActionPhase.PENDING, ActionPhase.AWAITING_APPROVAL),
+                                  message=f"replaced: {why}", finished_at=now)
+        out: list[AuditRecord] = []
+        for planned in plan:
+            attrs = {**planned.attrs(), FOLLOWS: str(action.id), "why": why}
+            if evidence:
+                attrs["evidence"] = evidence[:1000]
+            request = ActionRequest(
+                step=planned.step, node=action.node, entity=planned.entity,
+                reason=f"{action.reason} ({why})"[:200],
+                idempotency_key=f"{action.key}/{planned.step.value}",
+                dry_run=action.dry_run, attrs=attrs,
+            )
+            stored = self.store.add(request, incident=action.incident,
+                                    fingerprint=action.fingerprint, severity=action.severity,
+                                    phase=ActionPhase.PENDING, now=now, message=why)
+            if stored is not None:
+                out.append(self._audit(stored, DECISION_REQUESTED, why, now))
+        return out
 
     def _fail_count(self, step: RemediationStep, classification: str) -> None:
         key = (step.value, classification)

@@ -36,12 +36,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
-import subprocess
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -57,9 +59,17 @@ from alerting.webhook import (
     sign,
 )
 from core.clock import Clock, system_clock
-from core.errors import ConfigError, PermanentError
+from core.errors import ConfigError, GpuHealthError, PermanentError
 from core.ids import normalize_pci_bus_id
 from core.records import ActionPhase, ActionRequest, ActionStatus, RemediationStep
+from remediation.validation import (
+    CommandResult,
+    CommandRunner,
+    GpuStateCheck,
+    NvmlStateCheck,
+    run_command,
+    tail,
+)
 from remediation.webhook import resolve_secret
 
 logger = logging.getLogger(__name__)
@@ -76,6 +86,12 @@ _GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 _IN_USE = re.compile(r"in use|being used|busy", re.I)
 MAX_STDERR_CHARS = 2000
 """Longest stderr kept in a result."""
+
+__all__ = [
+    "CommandResult", "CommandRunner", "GpuResetEndpoint", "GpuResetter", "NodeAgentResetter",
+    "ResetOutcome", "ResetResult", "ResetStep", "fallback_of", "run_command", "steps_summary",
+    "validate_gpu",
+]
 
 
 def validate_gpu(gpu: str) -> str:
@@ -113,43 +129,66 @@ def validate_gpu(gpu: str) -> str:
 # --------------------------------------------------------------------------- node side
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CommandResult:
-    """What one command did: exit status (``None`` when it timed out or could not start)."""
-
-    returncode: int | None
-    stdout: str = ""
-    stderr: str = ""
-
-
-class CommandRunner(Protocol):
-    """Runs ``argv`` with a timeout, seconds; never raises for the command's failure."""
-
-    def __call__(self, argv: Sequence[str], timeout_seconds: float) -> CommandResult:
-        """Run ``argv`` and return its result."""
-        ...
-
-
-def run_command(argv: Sequence[str], timeout_seconds: float) -> CommandResult:
-    """Run ``argv`` without a shell, capturing its output (the default runner)."""
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True,
-                              timeout=timeout_seconds, check=False)
-    except subprocess.TimeoutExpired as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
-        return CommandResult(returncode=None,
-                             stderr=f"timed out after {timeout_seconds:g} s. {err}".strip())
-    except OSError as exc:
-        return CommandResult(returncode=None, stderr=f"cannot run {argv[0]}: {exc}")
-    return CommandResult(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)
-
-
 class ResetOutcome(StrEnum):
     """How a reset request ended."""
 
     OK = "ok"
     BUSY = "busy"
     FAILED = "failed"
+
+
+DEFAULT_SERVICES: tuple[str, ...] = (
+    "nvidia-imex", "dcgm-exporter", "nvidia-dcgm", "dcgm", "nvidia-fabricmanager",
+    "nvidia-persistenced",
+)
+"""systemd services gpuhealth may stop for a reset, in stop order (started in reverse):
+IMEX, dcgm-exporter and the DCGM host engine (``nv-hostengine``, unit ``nvidia-dcgm``
+or ``dcgm``) hold the GPUs through NVML, Fabric Manager the NVSwitches, and
+nvidia-persistenced every GPU (NVSentinel #1690, gpu-operator #118)."""
+
+FABRIC_SERVICES: tuple[str, ...] = ("nvidia-imex", "nvidia-fabricmanager")
+"""Stopped (when active) for a reset on an NVSwitch system even if they hold no GPU file."""
+
+DOMAIN_RESET_MODES = ("auto", "gpu", "domain")
+"""``gpu``: reset the one GPU; ``domain``: reset all GPUs of the node together
+(``nvidia-smi -r`` without ``-i``), as NVSwitch systems whose driver resets an NVLink
+domain together require; ``auto``: ``domain`` when NVSwitch devices exist."""
+
+_UNIT = re.compile(r"/([A-Za-z0-9_.@:-]+)\.service(?:/|$)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResetStep:
+    """One step of a reset, audited with its output.
+
+    Attributes:
+        name: What the step did (``identify``, ``stop nvidia-dcgm``, ``reset``...).
+        ok: Whether it succeeded.
+        command: The command line run (empty for steps without one).
+        output: The command's output (or the step's finding), at most 2000 characters.
+        at: When the step started, epoch seconds.
+    """
+
+    name: str
+    ok: bool
+    command: str = ""
+    output: str = ""
+    at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the step as JSON."""
+        return {"name": self.name, "ok": self.ok, "command": self.command,
+                "output": self.output, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Holder:
+    """A process holding one of the GPU's device files."""
+
+    pid: int
+    process: str
+    unit: str | None
+    device: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,6 +201,11 @@ class ResetResult:
         pids: Processes holding the GPU (``busy``).
         message: One line for people.
         stderr: The failing command's standard error, at most 2000 characters.
+        steps: Every step taken, in order, with its output.
+        fallback: ``reboot`` when the reset failed and the node must be rebooted
+            instead (the controller carries it out); empty otherwise.
+        gpus: The GPUs reset (more than one for an NVLink-domain reset).
+        bundle: Path of the diagnostic bundle collected before the reset, if any.
     """
 
     outcome: ResetOutcome
@@ -169,25 +213,114 @@ class ResetResult:
     pids: tuple[int, ...] = ()
     message: str = ""
     stderr: str = ""
+    steps: tuple[ResetStep, ...] = ()
+    fallback: str = ""
+    gpus: tuple[str, ...] = ()
+    bundle: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return the result as the endpoint's JSON answer."""
         return {"outcome": self.outcome.value, "gpu": self.gpu, "pids": list(self.pids),
-                "message": self.message, "stderr": self.stderr}
+                "message": self.message, "stderr": self.stderr,
+                "steps": [s.to_json() for s in self.steps], "fallback": self.fallback,
+                "gpus": list(self.gpus), "bundle": self.bundle}
+
+
+class BundleHook(Protocol):
+    """Collects a diagnostic bundle before a destructive step; returns its path or ``""``."""
+
+    def __call__(self, *, reason: str, gpus: Sequence[str], key: str) -> str:
+        """Collect the bundle (bounded in time and size); never raises."""
+        ...
+
+
+class _Abort(Exception):
+    """A step failed: stop, restore, report ``outcome``."""
+
+    def __init__(self, outcome: ResetOutcome, message: str, stderr: str = "",
+                 pids: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+        self.stderr = stderr
+        self.pids = pids
+
+
+@dataclass(slots=True)
+class _Run:
+    """State of one reset while it runs (what must be restored)."""
+
+    gpu: str
+    steps: list[ResetStep] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    persistence_off: list[str] = field(default_factory=list)
+    targets: tuple[str, ...] = ()
+    bundle: str = ""
+    quiesced: AbstractContextManager[object] | None = None
 
 
 class GpuResetter:
-    """Resets one GPU of this node with ``nvidia-smi`` once no process holds it.
+    """Resets a GPU of this node the way NVIDIA's guidance does, or says to reboot.
+
+    The steps (each audited, before it runs and with its output after):
+
+    1. ``identify``: ``nvidia-smi --query-gpu=pci.bus_id,persistence_mode`` for the GPU
+       (all GPUs for an NVLink-domain reset, see ``domain_reset``).
+    2. ``processes``: ``nvidia-smi --query-compute-apps=pid``; any compute process
+       (a job): ``busy``, nothing changed.
+    3. ``holders``: every process holding the GPU's device file (``/dev/nvidia<minor>``,
+       the minor from ``/proc/driver/nvidia/gpus/<bus id>/information``; on NVSwitch
+       systems also ``/dev/nvidia-nvswitch*``), from ``/proc/<pid>/fd``, with its
+       systemd unit from ``/proc/<pid>/cgroup``. A holder that is not one of
+       ``services``: ``busy`` with its PID, nothing changed.
+    4. ``stop <unit>`` (``systemctl stop``) for each of ``services`` holding the GPU,
+       and on an NVSwitch system each active one of ``fabric_services``.
+    5. ``persistence off`` (``nvidia-smi -pm 0 -i``) where persistence mode is on.
+    6. ``holders again``: nobody may hold the GPU now.
+    7. ``diagnostic bundle`` (when ``bundle`` is given), before the destructive step.
+    8. ``reset``: ``nvidia-smi -r -i <gpu>`` (``nvidia-smi -r`` for a domain reset).
+    9. ``verify``: ``state_check`` (NVML through :class:`remediation.validation.NvmlStateCheck`
+       by default): every reset GPU answers, recovery action ``none``, no row remap
+       pending, no Xid since the reset; tried ``verify_attempts`` times
+       ``verify_interval_seconds`` apart (a GPU takes seconds to come back).
+    10. ``restore``: persistence mode back on and the stopped services started again
+        (reverse order), whatever happened before.
+
+    Any failing step (or restore) makes the result ``failed`` with ``fallback =
+    "reboot"`` (unless ``fallback="none"``): the controller then reboots the node.
 
     Args:
         nvidia_smi: The ``nvidia-smi`` command (looked up on ``PATH``).
         runner: Runs commands (injectable for tests).
-        query_timeout_seconds: Timeout of the process query, seconds.
+        query_timeout_seconds: Timeout of each query, seconds.
         reset_timeout_seconds: Timeout of ``nvidia-smi -r``, seconds (a reset takes
             seconds; a hung one is reported failed).
         remembered_keys: Idempotency keys of successful resets kept, so that a
             repeated request (the controller retrying after a lost answer) does not
             reset twice.
+        systemctl: The ``systemctl`` command.
+        services: Units gpuhealth may stop, in stop order.
+        fabric_services: Units stopped on NVSwitch systems when active.
+        service_timeout_seconds: Timeout of each ``systemctl`` call, seconds.
+        proc_root: Where ``/proc`` is (tests use a fake tree).
+        dev_root: Where ``/dev`` is (NVSwitch device files are looked up there).
+        domain_reset: ``auto``, ``gpu`` or ``domain`` (:data:`DOMAIN_RESET_MODES`).
+        state_check: Checks the GPUs after the reset; default NVML.
+        verify_attempts: Tries of the check, >= 1.
+        verify_interval_seconds: Wait between tries, seconds.
+        fallback: ``reboot`` (say so when the reset fails) or ``none``.
+        bundle: Collects a diagnostic bundle before the reset (item of the incident).
+        audit: Called with each step before it runs (``ok=False``, no output yet) and
+            after (its result); default: logged.
+        quiesce: Makes this gpuhealth process let go of the GPU (its own NVML
+            collector holds ``/dev/nvidia<minor>``) for as long as the returned context
+            is entered: from the services' stop to the restore. Without it, this process
+            holding the GPU makes the reset ``busy``.
+        clock: Returns now, epoch seconds.
+        sleep: Waits, seconds (tests pass a fake).
+
+    Raises:
+        ConfigError: A timeout <= 0, an unknown ``domain_reset`` or ``fallback``.
     """
 
     def __init__(
@@ -198,29 +331,69 @@ class GpuResetter:
         query_timeout_seconds: float = 30.0,
         reset_timeout_seconds: float = 120.0,
         remembered_keys: int = 1000,
+        systemctl: str = "systemctl",
+        services: Sequence[str] = DEFAULT_SERVICES,
+        fabric_services: Sequence[str] = FABRIC_SERVICES,
+        service_timeout_seconds: float = 90.0,
+        proc_root: str = "/proc",
+        dev_root: str = "/dev",
+        domain_reset: str = "auto",
+        state_check: GpuStateCheck | None = None,
+        verify_attempts: int = 3,
+        verify_interval_seconds: float = 5.0,
+        fallback: str = "reboot",
+        bundle: BundleHook | None = None,
+        audit: Callable[[str, ResetStep], None] | None = None,
+        quiesce: Callable[[], AbstractContextManager[object]] | None = None,
+        clock: Clock = system_clock,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if query_timeout_seconds <= 0 or reset_timeout_seconds <= 0:
+        if min(query_timeout_seconds, reset_timeout_seconds, service_timeout_seconds) <= 0:
             raise ConfigError("GPU reset timeouts must be > 0")
+        if domain_reset not in DOMAIN_RESET_MODES:
+            raise ConfigError(f"domain_reset must be one of {', '.join(DOMAIN_RESET_MODES)}, "
+                              f"got {domain_reset!r}")
+        if fallback not in ("reboot", "none"):
+            raise ConfigError(f"fallback must be 'reboot' or 'none', got {fallback!r}")
+        if verify_attempts < 1 or verify_interval_seconds < 0:
+            raise ConfigError("verify_attempts must be >= 1 and verify_interval_seconds >= 0")
         self.nvidia_smi = nvidia_smi
         self.runner = runner
         self.query_timeout_seconds = query_timeout_seconds
         self.reset_timeout_seconds = reset_timeout_seconds
         self.remembered_keys = remembered_keys
+        self.systemctl = systemctl
+        self.services = tuple(services)
+        self.fabric_services = tuple(fabric_services)
+        self.service_timeout_seconds = service_timeout_seconds
+        self.proc_root = proc_root
+        self.dev_root = dev_root
+        self.domain_reset = domain_reset
+        self.state_check = state_check
+        self.verify_attempts = verify_attempts
+        self.verify_interval_seconds = verify_interval_seconds
+        self.fallback = fallback
+        self.bundle = bundle
+        self.audit = audit
+        self.quiesce = quiesce
+        self.clock = clock
+        self.sleep = sleep
         self._running = threading.Lock()
         self._done: OrderedDict[str, ResetResult] = OrderedDict()
         self._done_lock = threading.Lock()
 
-    def reset(self, gpu: str, *, idempotency_key: str = "") -> ResetResult:
+    def reset(self, gpu: str, *, idempotency_key: str = "", reason: str = "") -> ResetResult:
         """Reset ``gpu`` unless a process holds it or another reset is running.
 
         Args:
             gpu: PCI bus id (``0000:b1:00.0``, any case, 4- or 8-digit domain) or GPU UUID.
             idempotency_key: The controller's key; a key that already reset returns
                 that result again without resetting.
+            reason: Why (recorded in the diagnostic bundle).
 
         Returns:
-            ``ok``; ``busy`` with the PIDs (nothing was reset); or ``failed`` with stderr
-            (the query failed, so the GPU's state is unknown, or the reset failed).
+            ``ok``; ``busy`` with the PIDs (nothing was changed); or ``failed`` with
+            stderr, the steps and ``fallback`` (``reboot``).
 
         Raises:
             ValueError: ``gpu`` is not a PCI bus id or GPU UUID.
@@ -235,7 +408,7 @@ class GpuResetter:
             return ResetResult(outcome=ResetOutcome.BUSY, gpu=target,
                                message="another GPU reset is running on this node")
         try:
-            result = self._reset(target)
+            result = self._reset(target, key=idempotency_key, reason=reason)
         finally:
             self._running.release()
         if result.outcome is ResetOutcome.OK and idempotency_key:
@@ -245,43 +418,290 @@ class GpuResetter:
                     self._done.popitem(last=False)
         return result
 
-    def _reset(self, gpu: str) -> ResetResult:
-        query = self.runner([self.nvidia_smi, "--query-compute-apps=pid",
-                             "--format=csv,noheader", "-i", gpu], self.query_timeout_seconds)
+    # -- the procedure -------------------------------------------------------------
+
+    def _reset(self, gpu: str, *, key: str, reason: str) -> ResetResult:
+        run = _Run(gpu=gpu)
+        outcome, message, stderr = ResetOutcome.OK, "", ""
+        pids: tuple[int, ...] = ()
+        try:
+            message = self._procedure(run, key=key, reason=reason)
+        except _Abort as abort:
+            outcome, message, stderr, pids = (abort.outcome, abort.message, abort.stderr,
+                                              abort.pids)
+        restored = self._restore(run)
+        if not restored and outcome is ResetOutcome.OK:
+            outcome, message = ResetOutcome.FAILED, "GPU reset, but the restore failed"
+            stderr = next((s.output for s in reversed(run.steps) if not s.ok), "")
+        fallback = ""
+        if outcome is ResetOutcome.FAILED and self.fallback == "reboot":
+            fallback = "reboot"
+            message = f"{message}; falls back to a node reboot"
+            self._record(run, ResetStep(name="fallback", ok=True, at=self.clock(),
+                                        output="node reboot: the reset did not bring the GPU "
+                                               "back clean"))
+        log = logger.warning if outcome is not ResetOutcome.FAILED else logger.error
+        log("gpu-reset %s: %s %s", gpu, outcome.value, message)
+        return ResetResult(outcome=outcome, gpu=gpu, pids=pids, message=message,
+                           stderr=tail(stderr), steps=tuple(run.steps), fallback=fallback,
+                           gpus=run.targets, bundle=run.bundle)
+
+    def _procedure(self, run: _Run, *, key: str, reason: str) -> str:
+        gpu = run.gpu
+        nvswitch = self._nvswitch_devices()
+        domain = self.domain_reset == "domain" or (self.domain_reset == "auto"
+                                                    and bool(nvswitch))
+        scope = [] if domain else ["-i", gpu]
+        # 1. identify
+        done = self._run(run, "identify", [self.nvidia_smi,
+                                           "--query-gpu=pci.bus_id,persistence_mode",
+                                           "--format=csv,noheader", *scope],
+                         self.query_timeout_seconds)
+        if done.returncode != 0:
+            raise _Abort(ResetOutcome.FAILED, "could not query the GPU; not reset",
+                         done.stderr or done.stdout)
+        persistence: dict[str, bool] = {}
+        for line in done.stdout.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            bus = normalize_pci_bus_id(parts[0]) if parts and parts[0] else None
+            if bus is not None:
+                persistence[bus] = len(parts) > 1 and parts[1].lower() == "enabled"
+        if not domain and gpu in persistence:
+            persistence = {gpu: persistence[gpu]}
+        if not persistence or (not domain and len(persistence) > 1):
+            raise _Abort(ResetOutcome.FAILED, "nvidia-smi did not name the GPU; not reset",
+                         done.stdout)
+        run.targets = tuple(sorted(persistence))
+        # 2. compute processes
+        query = self._run(run, "processes", [self.nvidia_smi, "--query-compute-apps=pid",
+                                             "--format=csv,noheader", *scope],
+                          self.query_timeout_seconds)
         if query.returncode != 0:
-            return ResetResult(outcome=ResetOutcome.FAILED, gpu=gpu,
-                               message="could not list the processes on the GPU; not reset",
-                               stderr=_tail(query.stderr or query.stdout))
-        pids: list[int] = []
+            raise _Abort(ResetOutcome.FAILED,
+                         "could not list the processes on the GPU; not reset",
+                         query.stderr or query.stdout)
+        pids: set[int] = set()
         for line in query.stdout.splitlines():
             word = line.strip()
             if word.isdigit():
-                pids.append(int(word))
+                pids.add(int(word))
             elif word and not word.lower().startswith("no running"):
-                return ResetResult(outcome=ResetOutcome.FAILED, gpu=gpu,
-                                   message=f"unexpected process list line {word!r}; not reset",
-                                   stderr=_tail(query.stderr))
+                raise _Abort(ResetOutcome.FAILED,
+                             f"unexpected process list line {word!r}; not reset", query.stderr)
         if pids:
-            return ResetResult(outcome=ResetOutcome.BUSY, gpu=gpu, pids=tuple(sorted(set(pids))),
-                               message=f"{len(set(pids))} process(es) hold the GPU")
-        logger.warning("resetting GPU %s (nvidia-smi -r)", gpu)
-        done = self.runner([self.nvidia_smi, "-r", "-i", gpu], self.reset_timeout_seconds)
-        if done.returncode == 0:
-            logger.warning("GPU %s reset", gpu)
-            return ResetResult(outcome=ResetOutcome.OK, gpu=gpu,
-                               message=done.stdout.strip()[:500] or "GPU reset")
+            raise _Abort(ResetOutcome.BUSY, f"{len(pids)} process(es) hold the GPU",
+                         pids=tuple(sorted(pids)))
+        # 3. holders of the device files
+        devices = self._device_files(run.targets) + (nvswitch if domain else [])
+        holders = self._holders(run, "holders", devices)
+        own = os.getpid()
+        strangers = [h for h in holders if h.unit not in self.services
+                     and not (h.pid == own and self.quiesce is not None)]
+        if strangers:
+            raise _Abort(ResetOutcome.BUSY, "held by " + ", ".join(
+                f"pid {h.pid} ({h.process}{', ' + h.unit if h.unit else ''})"
+                for h in strangers) + ": not a service gpuhealth may stop",
+                pids=tuple(sorted({h.pid for h in strangers})))
+        units = {h.unit for h in holders if h.unit}
+        if nvswitch:
+            for unit in self.fabric_services:
+                if unit not in units and self._active(run, unit):
+                    units.add(unit)
+        if self.quiesce is not None and any(h.pid == own for h in holders):
+            at = self.clock()
+            self._audit("quiesce", ResetStep(name="quiesce", ok=False, at=at))
+            run.quiesced = self.quiesce()
+            run.quiesced.__enter__()
+            self._record(run, ResetStep(name="quiesce", ok=True, at=at,
+                                        output=f"gpuhealth (pid {own}) let go of the GPU"))
+        # 4. stop the services
+        for unit in [u for u in self.services if u in units]:
+            done = self._run(run, f"stop {unit}", [self.systemctl, "stop", unit],
+                             self.service_timeout_seconds)
+            if done.returncode != 0:
+                raise _Abort(ResetOutcome.FAILED, f"could not stop {unit}",
+                             done.stderr or done.stdout)
+            run.stopped.append(unit)
+        # 5. persistence mode off
+        for bus in run.targets:
+            if not persistence[bus]:
+                continue
+            done = self._run(run, f"persistence off {bus}",
+                             [self.nvidia_smi, "-pm", "0", "-i", bus],
+                             self.query_timeout_seconds)
+            if done.returncode != 0:
+                raise _Abort(ResetOutcome.FAILED, f"could not turn persistence mode off on "
+                             f"{bus}", done.stderr or done.stdout)
+            run.persistence_off.append(bus)
+        # 6. nobody may hold it now
+        if (run.stopped or run.quiesced is not None) and devices:
+            left = self._holders(run, "holders again", devices)
+            if left:
+                raise _Abort(ResetOutcome.FAILED, "still held after stopping the services: "
+                             + ", ".join(f"pid {h.pid} ({h.process})" for h in left),
+                             pids=tuple(sorted({h.pid for h in left})))
+        # 7. the diagnostic bundle, before the destructive step
+        if self.bundle is not None:
+            at = self.clock()
+            self._audit("diagnostic bundle", ResetStep(name="diagnostic bundle", ok=False,
+                                                       at=at))
+            run.bundle = self.bundle(reason=reason or f"reset of {gpu}", gpus=run.targets,
+                                     key=key)
+            self._record(run, ResetStep(name="diagnostic bundle", ok=bool(run.bundle), at=at,
+                                        output=run.bundle or "no bundle collected"))
+        # 8. reset
+        started = self.clock()
+        argv = [self.nvidia_smi, "-r", *scope]
+        logger.warning("resetting GPU %s (%s)", gpu, " ".join(argv))
+        done = self._run(run, "reset", argv, self.reset_timeout_seconds)
         text = done.stderr or done.stdout
-        if done.returncode is not None and _IN_USE.search(text):
-            return ResetResult(outcome=ResetOutcome.BUSY, gpu=gpu,
-                               message="nvidia-smi says the GPU is in use", stderr=_tail(text))
-        return ResetResult(outcome=ResetOutcome.FAILED, gpu=gpu,
-                           message=f"nvidia-smi -r failed (exit {done.returncode})",
-                           stderr=_tail(text))
+        if done.returncode != 0:
+            if done.returncode is not None and _IN_USE.search(text):
+                raise _Abort(ResetOutcome.BUSY, "nvidia-smi says the GPU is in use", text)
+            raise _Abort(ResetOutcome.FAILED,
+                         f"nvidia-smi -r failed (exit {done.returncode})", text)
+        said = done.stdout.strip()[:500] or "GPU reset"
+        # 9. verify
+        self._verify(run, started)
+        return said
+
+    def _verify(self, run: _Run, since_at: float) -> None:
+        check = self.state_check
+        if check is None:
+            check = NvmlStateCheck(runner=self.runner)
+        problems: list[str] = []
+        for attempt in range(1, self.verify_attempts + 1):
+            at = self.clock()
+            self._audit("verify", ResetStep(name="verify", ok=False, at=at))
+            try:
+                states = check(run.targets, since_at)
+            except (GpuHealthError, OSError) as exc:
+                problems = [f"GPU state not readable: {exc}"]
+            else:
+                problems = [f"{s.gpu}: {p}" for s in states for p in s.problems]
+            self._record(run, ResetStep(name="verify", ok=not problems, at=at,
+                                        output="; ".join(problems) or "clean: recovery action "
+                                        "none, no remap pending, no Xid since the reset"))
+            if not problems:
+                return
+            if attempt < self.verify_attempts:
+                self.sleep(self.verify_interval_seconds)
+        raise _Abort(ResetOutcome.FAILED, "the GPU did not come back clean after the reset",
+                     "; ".join(problems))
+
+    def _restore(self, run: _Run) -> bool:
+        ok = True
+        if run.quiesced is not None:
+            run.quiesced.__exit__(None, None, None)
+            self._record(run, ResetStep(name="restore gpuhealth", ok=True, at=self.clock(),
+                                        output="gpuhealth reads the GPU again"))
+        for bus in run.persistence_off:
+            done = self._run(run, f"restore persistence {bus}",
+                             [self.nvidia_smi, "-pm", "1", "-i", bus],
+                             self.query_timeout_seconds)
+            ok = ok and done.returncode == 0
+        for unit in reversed(run.stopped):
+            done = self._run(run, f"restore {unit}", [self.systemctl, "start", unit],
+                             self.service_timeout_seconds)
+            ok = ok and done.returncode == 0
+        return ok
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _run(self, run: _Run, name: str, argv: Sequence[str], timeout: float) -> CommandResult:
+        """Audit the step, run it, record it with its output."""
+        at = self.clock()
+        command = " ".join(argv)
+        self._audit(name, ResetStep(name=name, ok=False, command=command, at=at))
+        done = self.runner(argv, timeout)
+        output = "\n".join(t for t in (done.stdout.strip(), done.stderr.strip()) if t)
+        self._record(run, ResetStep(name=name, ok=done.returncode == 0, command=command,
+                                    output=tail(output), at=at))
+        return done
+
+    def _record(self, run: _Run, step: ResetStep) -> None:
+        run.steps.append(step)
+        self._audit(step.name, step, after=True)
+
+    def _audit(self, name: str, step: ResetStep, *, after: bool = False) -> None:
+        if self.audit is not None:
+            self.audit("done" if after else "about to", step)
+        elif after:
+            logger.info("gpu-reset step %s: %s %s%s", name, "ok" if step.ok else "FAILED",
+                        step.command, f": {step.output[:300]}" if step.output else "")
+        else:
+            logger.info("gpu-reset step %s: about to run %s", name, step.command)
+
+    def _active(self, run: _Run, unit: str) -> bool:
+        done = self._run(run, f"is-active {unit}", [self.systemctl, "is-active", unit],
+                         self.service_timeout_seconds)
+        return done.returncode == 0
+
+    def _nvswitch_devices(self) -> list[str]:
+        try:
+            names = os.listdir(self.dev_root)
+        except OSError:
+            return []
+        return sorted(os.path.join("/dev", n) for n in names if n.startswith("nvidia-nvswitch"))
+
+    def _device_files(self, targets: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        for bus in targets:
+            info = os.path.join(self.proc_root, "driver", "nvidia", "gpus", bus, "information")
+            try:
+                with open(info, encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            match = re.search(r"^Device Minor:\s*(\d+)", text, re.M)
+            if match:
+                out.append(f"/dev/nvidia{match.group(1)}")
+        return out
+
+    def _holders(self, run: _Run, name: str, devices: Sequence[str]) -> list[Holder]:
+        """Every process with one of ``devices`` open (``/proc/<pid>/fd``)."""
+        at = self.clock()
+        wanted = set(devices)
+        found: list[Holder] = []
+        if wanted:
+            try:
+                pids = [int(p) for p in os.listdir(self.proc_root) if p.isdigit()]
+            except OSError:
+                pids = []
+            for pid in sorted(pids):
+                base = os.path.join(self.proc_root, str(pid))
+                try:
+                    fds = os.listdir(os.path.join(base, "fd"))
+                except OSError:
+                    continue
+                held = set()
+                for fd in fds:
+                    try:
+                        target = os.readlink(os.path.join(base, "fd", fd))
+                    except OSError:
+                        continue
+                    if target in wanted:
+                        held.add(target)
+                if not held:
+                    continue
+                process = _read(os.path.join(base, "comm")).strip() or "?"
+                match = _UNIT.search(_read(os.path.join(base, "cgroup")))
+                unit = match.group(1) if match else None
+                found.extend(Holder(pid=pid, process=process, unit=unit, device=d)
+                             for d in sorted(held))
+        output = ("; ".join(f"pid {h.pid} {h.process} ({h.unit or 'no unit'}) {h.device}"
+                            for h in found) or "none") if wanted else \
+            "device files unknown (no /proc/driver/nvidia entry): not looked up"
+        self._record(run, ResetStep(name=name, ok=True, at=at, output=tail(output)))
+        return found
 
 
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text[-MAX_STDERR_CHARS:]
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
 
 
 _STATUS_OF = {ResetOutcome.OK: 200, ResetOutcome.BUSY: 409, ResetOutcome.FAILED: 422}
@@ -335,6 +755,7 @@ class GpuResetEndpoint:
         if not isinstance(data, dict):
             return 400, {"error": "body: expected a JSON object"}
         gpu, key, node = data.get("gpu"), data.get("idempotency_key", ""), data.get("node")
+        reason = data.get("reason", "")
         if not isinstance(gpu, str):
             return 400, {"error": "gpu: required string"}
         if not isinstance(key, str):
@@ -344,7 +765,8 @@ class GpuResetEndpoint:
         if self.node is not None and node is not None and node != self.node:
             return 409, {"error": f"node: this is {self.node!r}, the request is for {node!r}"}
         try:
-            result = self.resetter.reset(gpu, idempotency_key=key)
+            result = self.resetter.reset(gpu, idempotency_key=key,
+                                         reason=reason if isinstance(reason, str) else "")
         except ValueError as exc:
             return 400, {"error": str(exc)}
         logger.info("gpu-reset %s for %r: %s %s", result.gpu, key, result.outcome.value,
@@ -353,6 +775,38 @@ class GpuResetEndpoint:
 
 
 # --------------------------------------------------------------------------- controller
+
+FALLBACK_MARK = "; fallback: "
+"""Ends a failed reset's status message that names its fallback (``; fallback: reboot``);
+the engine reads it (:func:`fallback_of`)."""
+
+
+def fallback_of(message: str) -> str:
+    """Return the fallback a failed reset's status message names, or ``""``.
+
+    Examples:
+        >>> fallback_of("GPU 0000:b1:00.0 reset failed: ...; fallback: reboot")
+        'reboot'
+        >>> fallback_of("GPU 0000:b1:00.0 reset failed")
+        ''
+    """
+    _, mark, word = message.rpartition(FALLBACK_MARK)
+    return word.strip() if mark and word.strip().isidentifier() else ""
+
+
+def steps_summary(steps: Any) -> str:
+    """One line naming each step of a node's answer and whether it succeeded.
+
+    Examples:
+        >>> steps_summary([{"name": "identify", "ok": True}, {"name": "reset", "ok": False}])
+        '; steps: identify ok, reset FAILED'
+    """
+    if not isinstance(steps, list) or not steps:
+        return ""
+    words = [f"{s.get('name')} {'ok' if s.get('ok') else 'FAILED'}" for s in steps
+             if isinstance(s, dict) and not str(s.get("name", "")).startswith("is-active")]
+    return "; steps: " + ", ".join(words)
+
 
 
 @dataclass(slots=True)
@@ -549,14 +1003,18 @@ class NodeAgentResetter:
         status = response.status_code
         if status == 200 and outcome == ResetOutcome.OK.value:
             return (ActionPhase.SUCCEEDED,
-                    f"GPU {state.gpu} reset: {answer.get('message', '')}", False)
+                    f"GPU {state.gpu} reset: {answer.get('message', '')}"
+                    f"{steps_summary(answer.get('steps'))}", False)
         if status == 409 and outcome == ResetOutcome.BUSY.value:
             pids = ", ".join(str(p) for p in answer.get("pids") or [])
             why = f"pids {pids}" if pids else str(answer.get("message", "busy"))
             return ActionPhase.RUNNING, f"GPU {state.gpu} busy ({why})", True
         if status == 422 and outcome == ResetOutcome.FAILED.value:
+            fallback = answer.get("fallback") or ""
             return (ActionPhase.FAILED, f"GPU {state.gpu} reset failed: "
-                    f"{answer.get('message')}; stderr: {answer.get('stderr', '')}", False)
+                    f"{answer.get('message')}; stderr: {answer.get('stderr', '')}"
+                    f"{steps_summary(answer.get('steps'))}"
+                    f"{FALLBACK_MARK + str(fallback) if fallback else ''}", False)
         if status == 429 or status >= 500:
             return ActionPhase.RUNNING, f"node agent answered {status}", True
         detail = answer.get("error") or response.text[:200]
