@@ -481,9 +481,14 @@ class AlertTracker:
         self._by_fingerprint: dict[str, _Tracked] = {}
 
     def _new_alert(self, finding: Finding, now: float, state: AlertState) -> Alert:
+        # A firing alert starts when its fault was first seen, so every controller replica
+        # and a restarted service give it the same start (not their own start time).
+        first = finding.first_seen_at
+        started = first if (state is AlertState.FIRING and first is not None
+                            and first <= now) else now
         return alert_for(
             finding,
-            starts_at=now,
+            starts_at=started,
             state=state,
             runbook_base_url=self.runbook_base_url,
             extra_labels=self.extra_labels,

@@ -43,6 +43,7 @@ import logging
 import os
 import random
 import socket
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -208,6 +209,46 @@ class Outbox:
     def _rows(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
         with self._lock:
             return self.db.execute(sql, args)
+
+    # --- what the notifiers were told is firing -------------------------------------
+
+    def notified(self) -> dict[str, Alert]:
+        """The alerts the notifiers were told are firing (and not resolved), by fingerprint.
+
+        Raises:
+            TemporaryError: The shared database cannot be read now.
+        """
+        out: dict[str, Alert] = {}
+        for fp, body in self._rows("SELECT fingerprint, body FROM outbox_notified"):
+            try:
+                out[str(fp)] = alert_from_json(json.loads(body))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("outbox_notified %s: unreadable, skipped: %s", fp, exc)
+        return out
+
+    def mark_notified(self, firing: Sequence[Alert], resolved: Sequence[str]) -> None:
+        """Record that ``firing`` were sent as firing and ``resolved`` (fingerprints) resolved.
+
+        Best effort: a failure is logged (the worst case is one notification again after a
+        restart or a fail-over).
+        """
+        if not firing and not resolved:
+            return
+        now = self.clock()
+        try:
+            with self._transaction() as db:
+                if resolved:
+                    db.executemany("DELETE FROM outbox_notified WHERE fingerprint = ?",
+                                   [(fp,) for fp in resolved])
+                if firing:
+                    db.executemany(
+                        "INSERT INTO outbox_notified (fingerprint, body, notified_at) "
+                        "VALUES (?, ?, ?) ON CONFLICT (fingerprint) DO UPDATE SET "
+                        "body = excluded.body, notified_at = excluded.notified_at",
+                        [(a.fingerprint, json.dumps(alert_to_json(a), sort_keys=True), now)
+                         for a in firing])
+        except (TemporaryError, sqlite3.Error, OSError) as exc:
+            logger.warning("outbox %s: what was notified is not recorded: %s", self.where, exc)
 
     # --- queueing ----------------------------------------------------------------------
 

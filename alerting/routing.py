@@ -20,6 +20,7 @@ nothing and delays no other.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from alerting.outbox import Outbox, notifier_name
 from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, InhibitRule, PageGrouper
@@ -70,6 +71,7 @@ class AlertRouter:
         self._alert_targets = _named(notifiers, "")
         self._page_targets = _named(page_notifiers, "page:")
         self._notified: set[str] = set()
+        self._told: dict[str, Alert] = {}
         self._last_resend: dict[str, float] = {}
         self._muted: dict[str, str] = {}
         self._silence_key: tuple[tuple[str, float], ...] = ()
@@ -99,6 +101,28 @@ class AlertRouter:
             for name in (*self._alert_targets, *self._page_targets):
                 depths.setdefault(name, 0)
         return depths
+
+    def resume(self, active: Sequence[Alert], now: float) -> list[Alert]:
+        """Take over what the notifiers were told (a restart, a new leader); return resolutions.
+
+        Reads the outbox's record of the alerts sent as firing: those still firing are not
+        sent again (a restart or a fail-over is no news to a receiver), those no longer
+        firing are sent resolved now (they resolved while nobody routed).
+
+        Raises:
+            TemporaryError: The shared outbox cannot be read now (nothing is assumed sent).
+        """
+        told = self._outbox.notified()
+        firing = {a.fingerprint for a in active}
+        self._notified |= set(told) & firing
+        self._told = {fp: a for fp, a in told.items() if fp in firing}
+        gone = [replace(alert, state=AlertState.RESOLVED, ends_at=now)
+                for fp, alert in told.items() if fp not in firing]
+        if gone:
+            for name in self._alert_targets:
+                self._outbox.enqueue(name, gone)
+            self._outbox.mark_notified((), [a.fingerprint for a in gone])
+        return gone
 
     def route(self, changed: Sequence[Alert], active: Sequence[Alert], now: float
               ) -> tuple[list[Alert], list[Alert]]:
@@ -145,6 +169,9 @@ class AlertRouter:
                     self._notified.discard(fp)
                     out.append(alert)
             elif fp not in muted:
+                told = self._told.pop(fp, None)
+                if told is not None and _same_news(told, alert):
+                    continue  # sent before the restart or the fail-over, unchanged since
                 self._notified.add(fp)
                 sent_now.add(fp)
                 out.append(alert)
@@ -156,6 +183,10 @@ class AlertRouter:
                 out.append(alert)
         for name in self._alert_targets:
             self._outbox.enqueue(name, out)
+        if self._alert_targets and out:
+            self._outbox.mark_notified(
+                [a for a in out if a.state is not AlertState.RESOLVED],
+                [a.fingerprint for a in out if a.state is AlertState.RESOLVED])
         for name, notifier in self._alert_targets.items():
             if not isinstance(notifier, Resending):
                 continue
@@ -200,6 +231,15 @@ class AlertRouter:
     def close(self) -> None:
         """Close the outbox (its file stays for the next start)."""
         self._outbox.close()
+
+
+def _same_news(before: Alert, now: Alert) -> bool:
+    """Whether ``now`` tells a receiver nothing ``before`` did not (same state, labels, text)."""
+    keep = ("last_seen_at",)
+    return (before.state == now.state and dict(before.labels) == dict(now.labels)
+            and {k: v for k, v in before.annotations.items() if k not in keep}
+            == {k: v for k, v in now.annotations.items() if k not in keep}
+            and before.starts_at == now.starts_at)
 
 
 def _named(notifiers: Sequence[Notifier], prefix: str) -> dict[str, Notifier]:

@@ -49,6 +49,7 @@ from analytics.fault_model.boot import (
 )
 from analytics.fault_model.site_rules import SiteRules
 from core.clock import Clock, system_clock
+from core.errors import TemporaryError
 from core.protocols import Notifier, SchedulerAdapter
 from core.records import (
     ActionRequest,
@@ -154,8 +155,9 @@ class Pipeline:
             ``False``: the service's remediation thread calls :meth:`atick`.
         notify_as_standby: Notify while not leader (a standby ``run`` watches its own
             node); ``False`` for a controller replica, whose leader notifies for the fleet:
-            the standby routes nothing until it leads, then sends every active alert once
-            (Alertmanager and PagerDuty deduplicate by fingerprint and ``dedup_key``).
+            the standby routes nothing until it leads, then sends what the old leader did
+            not (the outbox records what was sent as firing:
+            :meth:`~alerting.routing.AlertRouter.resume`).
         join: Joins findings across nodes before they alert (the controller's
             :func:`~analytics.fleet.join_link_ends`: the two ends of one link, one finding).
 
@@ -275,6 +277,7 @@ class Pipeline:
         """Findings of :attr:`boot_kinds` last seen this soon after a node's boot are held
         back (:mod:`analytics.fault_model.boot`); 0 holds nothing back."""
         self.boot_kinds = BOOT_KINDS
+        self._routing = False
         self.attribution: WorkAttribution | None = None
         """Names the jobs or pods each new finding hit (:mod:`remediation.attribution`)."""
         """The site's ``[[policy.rule]]`` tables, applied to the findings before they alert."""
@@ -649,9 +652,16 @@ class Pipeline:
             decided = self._stage.decide(changed, before=before,
                                          finding_of=self._tracker.finding_of)
             if self.notify_as_standby or self.is_leader():
+                if not self._routing:  # started, or took over: what was sent stays sent
+                    try:
+                        self._router.resume(self._tracker.active(), now)
+                        self._routing = True
+                    except TemporaryError as exc:
+                        logger.warning("cannot read what was notified: %s", exc)
                 notified, pages = self._router.route(changed, self._tracker.active(), now)
-            else:  # the leader notifies; on taking over, every active alert goes out once
+            else:  # the leader notifies; a new leader sends what the old one did not
                 notified, pages = [], []
+                self._routing = False
         output = PipelineOutput(
             findings=findings,
             alerts=changed,
