@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -680,6 +681,11 @@ class AgentSettings(BaseModel):
         for url in self.controllers:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"controllers: {url!r} is not an http(s) URL")
+            host = urllib.parse.urlsplit(url).hostname or ""
+            if url.startswith("http://") and host not in _LOOPBACK:
+                raise ValueError(f"controllers: {url!r} would send this agent's token in "
+                                 "clear text beyond loopback: use https:// (the controller "
+                                 "listens with TLS there)")
         return self
 
 

@@ -118,6 +118,7 @@ class Controller:
             self.pipeline.remediation, is_leader=self.elector.is_leader_now)
         self.exporter.register(self.remediation_metrics)
         self._store_failed_at = float("-inf")
+        self._started_at = time.monotonic()
         self.correlator = FleetCorrelator(attributes=c.correlate_by,
                                           min_nodes=c.correlate_min_nodes,
                                           window_seconds=c.correlate_window_seconds)
@@ -250,7 +251,7 @@ class Controller:
         now = time.time()
         silent_after = self.settings.controller.agent_silent_seconds
         return web.json_response([{
-            "node": r.node, "version": r.version, "gpus": list(r.gpus),
+            "node": r.node, "version": r.version, "gpus": list(r.gpus), "facts": dict(r.facts),
             "first_seen_at": r.first_seen_at, "last_heartbeat_at": r.last_heartbeat_at,
             "silent": now - r.last_heartbeat_at > silent_after} for r in rows])
 
@@ -363,10 +364,11 @@ class Controller:
         now = time.time()
         self._canary(rows, now)
         self.facts.update({r.node: dict(r.facts) for r in rows})
+        # Heartbeats could not arrive while this replica (or the store) was away: nobody is
+        # called silent until both have been up for a whole silence period.
+        up = time.monotonic() - max(self._store_failed_at, self._started_at)
         change = self.silence.update(
-            {r.node: r.last_heartbeat_at for r in rows}, now=now,
-            store_back_since=(time.monotonic() - self._store_failed_at
-                              if self._store_failed_at > float("-inf") else None))
+            {r.node: r.last_heartbeat_at for r in rows}, now=now, store_back_since=up)
         self.exporter.set("gpuhealth_controller_agents", float(len(change.silent)),
                           {"state": "silent"})
         self.exporter.set("gpuhealth_controller_agents", float(len(rows) - len(change.silent)),

@@ -29,6 +29,7 @@ audit trail and decides every active alert (:func:`~remediation.decisions.take_o
 
 from __future__ import annotations
 
+import errno
 import logging
 import sqlite3
 import threading
@@ -62,6 +63,10 @@ PostgreSQL (:class:`~core.errors.TemporaryError`)."""
 
 AUDIT, ACTIONS = "audit", "actions"
 SELF_KIND, WRITE_FAILED = "gpuhealth", "state_write_failed"
+
+SELF_ALERT_AFTER_SECONDS = 30.0
+"""A store failing this long is a critical self-alert (a blip of a reconnecting database
+is not worth a page; the metric shows every failure at once)."""
 
 
 @dataclass(slots=True)
@@ -103,6 +108,7 @@ class RemediationStage:
         self.write_failures: dict[str, int] = {AUDIT: 0, ACTIONS: 0}
         """Failed writes per store since start (``gpuhealth_state_write_failures_total``)."""
         self._failing: dict[str, str] = {}
+        self._failing_since: dict[str, float] = {}
         self._was_leader = is_leader()
 
     @property
@@ -126,14 +132,16 @@ class RemediationStage:
         (this controller's): remediation takes no step for it (``ladder`` plans none for
         gpuhealth's own faults), the alert says what waits.
         """
+        now = self.engine.clock()
         return [
             Finding(node=NodeName(node), entity=EntityId(store), kind=SELF_KIND,
                     code=WRITE_FAILED, severity=Severity.CRITICAL, action=Action.NONE,
-                    summary=(f"gpuhealth cannot write its {store} store ({error}): "
-                             "remediation decisions wait until it can; free space or fix "
-                             "the store"),
+                    summary=(f"gpuhealth cannot write its {store} store for "
+                             f"{now - self._failing_since.get(store, now):.0f} s ({error}): "
+                             "remediation decisions wait until it can"),
                     evidence=(), source="gpuhealth remediation stage (docs/remediation.md)")
             for store, error in sorted(self._failing.items())
+            if now - self._failing_since.get(store, now) >= SELF_ALERT_AFTER_SECONDS
         ]
 
     def restore(self) -> None:
@@ -329,10 +337,25 @@ class RemediationStage:
     def _failed(self, store: str, exc: BaseException, what: str) -> None:
         self.write_failures[store] += 1
         first = store not in self._failing
-        self._failing[store] = str(exc) or type(exc).__name__
+        self._failing[store] = _why(exc)
+        self._failing_since.setdefault(store, self.engine.clock())
         if first:
             logger.critical("cannot write the %s store: %s; %s", store, exc, what)
 
     def _ok(self, store: str) -> None:
+        self._failing_since.pop(store, None)
         if self._failing.pop(store, None) is not None:
             logger.warning("the %s store is writable again", store)
+
+
+def _why(exc: BaseException) -> str:
+    """What an operator should know of a write error: the cause and what to do."""
+    if isinstance(exc, TemporaryError):
+        return f"the database cannot be reached: {exc}"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"no space left on the device: {exc.filename or exc}; free space"
+    if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+        return f"the file system is read-only: {exc.filename or exc}"
+    if isinstance(exc, sqlite3.Error) and "full" in str(exc):
+        return f"{exc}: free space"
+    return str(exc) or type(exc).__name__

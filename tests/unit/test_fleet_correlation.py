@@ -170,3 +170,15 @@ def test_the_latest_record_of_a_finding_decides() -> None:
     assert old.changed == 0
     bad = finding_updates([rec(1, "finding", {"node": "n1"})], now=110.0, window_seconds=60.0)
     assert bad.held == []  # unreadable: skipped with a warning, never a finding
+
+
+def test_an_agent_never_sends_its_token_in_clear_text_beyond_loopback() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from gpuhealth.config import AgentSettings
+
+    with pytest.raises(ValidationError, match="clear text beyond loopback"):
+        AgentSettings(controllers=("http://10.0.0.5:9837",))
+    assert AgentSettings(controllers=("https://10.0.0.5:9837", "http://127.0.0.1:9837",
+                                      "http://localhost:9837")).controllers

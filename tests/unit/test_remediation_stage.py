@@ -127,7 +127,10 @@ def test_audit_failure_holds_no_budget_slot_and_decides_again(tmp_path: Path) ->
     assert p.actions.actions() == []
     assert "audit" in p.remediation.failing_store()
     clock.advance(5)
-    out = p.evaluate()  # still full: still waiting, still nothing counted; a self-alert
+    out = p.evaluate()  # still full: still waiting, still nothing counted; no page yet
+    assert not any(f.kind == "gpuhealth" for f in out.findings)
+    clock.advance(30)
+    out = p.evaluate()  # failing for over 30 s: a critical self-alert
     assert out.actions == []
     assert p.policy.out_of_service == frozenset()
     assert any(f.kind == "gpuhealth" and f.code == "state_write_failed"
@@ -255,7 +258,8 @@ def test_full_disk_costs_no_audit_line_and_no_budget_slot(tmp_path: Path) -> Non
         assert out.actions == []
         assert p.policy.out_of_service == frozenset()
         assert p.remediation.failing_store()
-        clock.advance(5)
+        clock.advance(31)
+        p.evaluate()
         assert any(f.code == "state_write_failed" for f in p.evaluate().findings)
         filler.unlink()
         clock.advance(5)
