@@ -19,7 +19,7 @@ import click
 from core.errors import ConfigError, GpuHealthError
 from core.records import ActionPhase, AuditRecord, NodeName
 from remediation.actions import ActionStore, StoredAction
-from remediation.audit import AuditLog, AuditStore
+from remediation.audit import AuditLog, AuditStore, audit_to_json
 from remediation.engine import BREAKER, approve, cancel, summarize, undo
 from storage.sql import is_postgres
 
@@ -115,6 +115,39 @@ def actions_show(action_id: int, as_json: bool, config_path: str | None) -> None
         return
     for key, value in body.items():
         click.echo(f"{key:>16}: {value}")
+
+
+@actions.command("audit")
+@click.option("--node", default=None, help="Only records about this node.")
+@click.option("--decision", default=None,
+              help="Only this decision (requested, held, duplicate, resolved, submitted, "
+                   "succeeded, failed, escalated, marked_healthy...).")
+@click.option("--limit", type=int, default=50, show_default=True, help="Newest N records.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+@_config_option
+def actions_audit(node: str | None, decision: str | None, limit: int, as_json: bool,
+                  config_path: str | None) -> None:
+    """Show the audit trail: every decision taken or held back, and why (oldest first).
+
+    Reads the JSONL audit log of `run`, or a controller pair's trail in PostgreSQL
+    (`[controller] state`).
+    """
+    _, audit = _open(config_path)
+    records = [r for r in audit.read()
+               if (node is None or r.node == node)
+               and (decision is None or r.decision == decision)]
+    records = records[-limit:] if limit > 0 else records
+    for r in records:
+        if as_json:
+            click.echo(json.dumps(audit_to_json(r), sort_keys=True))
+            continue
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.at))
+        step = r.step.value if r.step is not None else "-"
+        dry = " (dry-run)" if r.dry_run else ""
+        click.echo(f"{when}  {r.decision:<15} {step:<9} {r.node:<20} {r.entity:<14} "
+                   f"{r.actor}: {r.reason[:90]}{dry}")
+    if not records and not as_json:
+        click.echo("no audit records")
 
 
 def _decide(config_path: str | None, action_id: int, who: str | None, verb: str) -> None:

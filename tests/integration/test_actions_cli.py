@@ -66,3 +66,33 @@ def test_list_approve_cancel_undo_breaker(tmp_path):
     assert {"alice", "bob", "carol", "dave"} <= actors
     out = runner.invoke(main, ["actions", "show", "999", "--config", str(config)])
     assert out.exit_code == 1
+
+
+def test_actions_audit_shows_the_trail_filtered(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json as _json
+
+    from click.testing import CliRunner as _Runner
+
+    from core.records import AuditRecord, EntityId, NodeName, RemediationStep
+    from gpuhealth.cli import main as _main
+    from remediation.actions import ActionStore
+    from remediation.audit import AuditLog
+
+    config = tmp_path / "g.toml"
+    config.write_text(f'[node]\ndata_dir = "{tmp_path}"\n')
+    ActionStore(tmp_path / "actions.db").close()
+    log = AuditLog(path=str(tmp_path / "audit.jsonl"))
+    for i, (node, decision) in enumerate([("n1", "requested"), ("n2", "held"),
+                                          ("n1", "succeeded")]):
+        log.append(AuditRecord(at=1_700_000_000.0 + i, actor="gpuhealth", decision=decision,
+                               step=RemediationStep.CORDON, node=NodeName(node),
+                               entity=EntityId("node"), reason=f"why {i}",
+                               idempotency_key=f"fp/{i}", dry_run=True))
+    out = _Runner().invoke(_main, ["actions", "audit", "--node", "n1", "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    lines = out.output.strip().splitlines()
+    assert [ln.split()[1] for ln in lines] == ["requested", "succeeded"]
+    assert "(dry-run)" in lines[0]
+    held = _Runner().invoke(_main, ["actions", "audit", "--decision", "held", "--json",
+                                    "--config", str(config)])
+    assert [_json.loads(ln)["node"] for ln in held.output.strip().splitlines()] == ["n2"]
