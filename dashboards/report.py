@@ -357,10 +357,15 @@ def _predictions(predictions: pd.DataFrame, incidents: pd.DataFrame, window: rel
 
 def _remediation(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
     steps: Counter[str] = Counter()
+    dry_steps: Counter[str] = Counter()
     approvals: Counter[str] = Counter()
-    budget = breaker = with_actions = 0
+    budget = breaker = with_actions = with_dry = 0
     for actions, attrs in zip(in_window["actions"], in_window["attrs"], strict=True):
-        if actions:
+        if actions and attrs.get("dry_run", "").lower() == "true":
+            # recorded only: nothing was done to the node (never read as done)
+            with_dry += 1
+            dry_steps.update(actions)
+        elif actions:
             with_actions += 1
             steps.update(actions)
         if attrs.get("approval"):
@@ -371,10 +376,15 @@ def _remediation(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
             breaker += 1
     out: dict[str, Any] = {
         "incidents_with_actions": with_actions, "actions": dict(sorted(steps.items())),
+        "incidents_with_dry_run_actions": with_dry,
+        "dry_run_actions": dict(sorted(dry_steps.items())),
         "approvals": dict(sorted(approvals.items())), "budget_blocked": budget,
         "circuit_breaker_events": breaker,
     }
-    if not with_actions and not approvals and not budget and not breaker:
+    if with_dry:
+        caveats.add(f"{with_dry} incident(s) had dry-run actions only: they were recorded, "
+                    "nothing was done to the nodes ([remediation] dry_run).")
+    if not with_actions and not with_dry and not approvals and not budget and not breaker:
         out["note"] = "no remediation recorded for the incidents of this window"
     return out
 
@@ -595,6 +605,8 @@ def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]
     blocks = [("", (["Figure", "Value"], [
         ["Incidents with actions", _num(rm["incidents_with_actions"])],
         ["Actions", ", ".join(f"{k} {v}" for k, v in rm["actions"].items()) or "none"],
+        ["Dry-run actions (recorded, not carried out)",
+         ", ".join(f"{k} {v}" for k, v in rm.get("dry_run_actions", {}).items()) or "none"],
         ["Approvals", ", ".join(f"{k} {v}" for k, v in rm["approvals"].items()) or "none"],
         ["Held back by the disruption budget", _num(rm["budget_blocked"])],
         ["Circuit-breaker events", _num(rm["circuit_breaker_events"])],

@@ -288,3 +288,26 @@ def test_schedule_weekly_report_adds_a_cron_job(tmp_path: Path) -> None:
         schedule_weekly_report(scheduler, history_path="h", folder="r", weekday="funday")
     with pytest.raises(ConfigError, match="HH:MM"):
         schedule_weekly_report(scheduler, history_path="h", folder="r", at="25:00")
+
+
+def test_dry_run_actions_are_labelled_never_counted_as_done(tmp_path: Path) -> None:
+    from dashboards.report import render_markdown
+
+    path = tmp_path / "history.sqlite"
+    store = IncidentHistory(path)
+    store.upsert_inventory([_gpu("GPU-10", "node1", "550.54.15", NOW - 30 * 24 * H)])
+    store.upsert_incidents([
+        _incident("d1", "node1", "GPU-10", WEEK_START + 10 * H, None, "gpu_lost", "79",
+                  actions=("cordon", "drain", "reboot"), attrs={"dry_run": "true"}),
+        _incident("l1", "node1", "GPU-10", WEEK_START + 60 * H, WEEK_START + 62 * H,
+                  "memory", "48", actions=("drain",)),
+    ])
+    store.close()
+    figures = _build(path)
+    rm = figures["sections"]["remediation"]
+    assert rm["actions"] == {"drain": 1}  # the old report said reboot 1: a reader believed it
+    assert rm["dry_run_actions"] == {"cordon": 1, "drain": 1, "reboot": 1}
+    assert rm["incidents_with_dry_run_actions"] == 1
+    text = render_markdown(figures)
+    assert "Dry-run actions (recorded, not carried out)" in text
+    assert "nothing was done to the nodes" in text
