@@ -43,6 +43,12 @@ from remediation.attribution import WorkAttribution
 from remediation.audit import AuditLog
 from remediation.dry_run import DryRunScheduler
 from remediation.protective import ProtectiveCordon
+from remediation.validation import (
+    LocalValidator,
+    NodeAgentValidator,
+    NodeValidator,
+    ValidationRunner,
+)
 from storage.journal import InputJournal
 
 logger = logging.getLogger(__name__)
@@ -280,6 +286,27 @@ def build_schedulers(settings: Settings, *, live: bool | None = None
     return scheduler, node_agent
 
 
+def build_validator(settings: Settings) -> NodeValidator | None:
+    """Build the validator of ``[remediation.validation]`` (``None`` when not configured).
+
+    Raises:
+        ConfigError: An unknown ``where`` or a bad option (names the key).
+    """
+    options = dict(settings.remediation.validation)
+    if not options:
+        return None
+    where = options.pop("where", "local")
+    try:
+        if where == "local":
+            return LocalValidator(runner=ValidationRunner(node=settings.node.name, **options))
+        if where == "node_agent":
+            return NodeAgentValidator(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{settings.source}: [remediation.validation]: {exc}") from exc
+    raise ConfigError(f"{settings.source}: [remediation.validation]: where must be 'local' or "
+                      f"'node_agent', got {where!r}")
+
+
 def build_pipeline(
     settings: Settings,
     *,
@@ -332,7 +359,9 @@ def build_pipeline(
             scheduler=scheduler, node_agent=node_agent,
             gpu_level_drain=_gpu_level_drain(scheduler),
             action_store_path=action_store_path,
-            engine_options=guard.engine_options(identity),
+            engine_options={**guard.engine_options(identity),
+                            "validator": build_validator(settings) if scheduler is not None
+                            else None},
             is_leader=is_leader, tick_inline=tick_inline,
             facts=dict(facts or {}), node_facts=node_facts, notifiers=notifiers,
             audit_log_path=audit_log_path, dry_run=guard.dry_run,

@@ -506,7 +506,19 @@ class RemediationSettings(BaseModel):
     signing secret; ``nvidia_smi``: the command; the other keys are
     :class:`remediation.gpu_reset.GpuResetter` arguments: ``systemctl``, ``services``,
     ``fabric_services``, ``domain_reset``, ``fallback``, the timeouts, ``verify_attempts``,
-    ``verify_interval_seconds``; ``docs/remediation-webhook.md`` §3). Empty: not served."""
+    ``verify_interval_seconds``; ``validation``: the checks this node runs when the
+    controller asks it to validate it, ``ValidationRunner`` arguments;
+    ``docs/remediation-webhook.md`` §3, §4). Empty: not served."""
+
+    validation: dict[str, Any] = Field(default_factory=dict)
+    """``[remediation.validation]``: validate a node after its fix (GPU reset, reboot) and
+    before it is resumed (``docs/remediation-webhook.md`` §4). ``where = "local"`` runs
+    the checks in this process (``gpuhealth run`` on one machine; the other keys are
+    :class:`remediation.validation.ValidationRunner` arguments: ``checks``,
+    ``dcgm_level``, ``load_command``, ``nccl_min_bus_gbps``, the timeouts);
+    ``where = "node_agent"`` asks the node's agent (``url_template``, ``secret_env`` or
+    ``secret_file``, ``deadline_seconds``), which runs the checks of its
+    ``[remediation.gpu_reset_agent.validation]``. Empty: no validation."""
 
     action_store: Path | None = None
     """SQLite file of actions and incidents; default ``<data_dir>/actions.db``. A standby

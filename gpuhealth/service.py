@@ -74,6 +74,7 @@ from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
 from remediation.metrics import RemediationCollector
 from remediation.policy import RemediationPolicy
 from remediation.protective import ProtectiveCordon
+from remediation.validation import ValidationRunner, ValidationService
 from remediation.webhook import resolve_secret
 from storage import open_store, store_stats
 from storage.factory import READ_ONLY_STORES
@@ -712,8 +713,12 @@ class Service:
             secret = resolve_secret(secret=None, secret_env=agent.pop("secret_env", None),
                                     secret_file=agent.pop("secret_file", None),
                                     what="[remediation.gpu_reset_agent]")
+            checks = agent.pop("validation", None)
+            validation = (ValidationService(runner=ValidationRunner(
+                node=self.settings.node.name, **dict(checks)))
+                if isinstance(checks, Mapping) else None)
             return GpuResetEndpoint(resetter=GpuResetter(**agent), secrets=(secret,),
-                                    node=self.settings.node.name)
+                                    node=self.settings.node.name, validation=validation)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{self.settings.source}: [remediation.gpu_reset_agent]: {exc}"
                               ) from exc

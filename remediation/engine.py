@@ -26,6 +26,11 @@ still*, and does it through the scheduler adapters:
   probation for ``probation_seconds``; if the fault recurs meanwhile it escalates
   (cordon, drain, hand off to hardware service, see
   :meth:`~remediation.policy.RemediationPolicy.escalate`), else the node is resumed.
+* **Validation.** With a ``validator`` (:mod:`remediation.validation`), an incident on
+  probation is validated first (NVML clean, ``dcgmi diag``, a load test, an NCCL
+  loopback, on the node): the node is resumed only after the validation passed (and
+  probation passed); a failed validation hands the node to hardware service (cordon,
+  drain, hand-off in the same incident) with the validation's evidence.
 * **Fail-over.** Actions and incidents live in the :class:`~remediation.actions.ActionStore`
   (SQLite). A controller that becomes leader re-submits the actions another controller
   left running, with the same idempotency key: adapters are idempotent in effect, so
@@ -40,6 +45,7 @@ incident goes out within milliseconds).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import uuid
@@ -55,6 +61,7 @@ from core.records import (
     ActionPhase,
     ActionRequest,
     AuditRecord,
+    EntityId,
     NodeName,
     NodeState,
     RemediationStep,
@@ -81,6 +88,7 @@ from remediation.policy import (
     PolicyResult,
     RemediationPolicy,
 )
+from remediation.validation import NodeValidator, ValidationRequest, ValidationStatus
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +130,11 @@ AWAITING_APPROVAL = "awaiting_approval"
 BREAKER_OPENED = "breaker_opened"
 PROBATION = "probation"
 ESCALATED = "escalated"
+
+VALIDATING = "validating"
+VALIDATED = "validated"
+VALIDATION_FAILED = "validation_failed"
+_VALIDATION_PASSED_NOTE = "validation passed"
 
 FOLLOWS = "follows"
 """Attribute of a follow-up step naming the id of the failed step it replaces (a failed
@@ -191,6 +204,9 @@ class RemediationEngine:
             doubling to ``retry_max_seconds`` (or the adapter's ``Retry-After``).
         retry_base_seconds: The first wait after a transient failure, seconds.
         retry_max_seconds: The longest wait between two tries, seconds.
+        validator: Validates a node after its fix, before the resume
+            (:class:`~remediation.validation.LocalValidator` or
+            :class:`~remediation.validation.NodeAgentValidator`); ``None``: no validation.
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -220,6 +236,7 @@ class RemediationEngine:
         step_attempts: int = 8,
         retry_base_seconds: float = 5.0,
         retry_max_seconds: float = 300.0,
+        validator: NodeValidator | None = None,
     ) -> None:
         if step_attempts < 1:
             raise ValueError(f"step_attempts must be >= 1, got {step_attempts}")
@@ -227,6 +244,9 @@ class RemediationEngine:
             raise ValueError("need 0 < retry_base_seconds <= retry_max_seconds, got "
                              f"{retry_base_seconds} and {retry_max_seconds}")
         self.step_attempts = step_attempts
+        self.validator = validator
+        self._validations: dict[str, str] = {}
+        """Incident -> the validator's ref of its validation in flight."""
         self.retry_base_seconds = retry_base_seconds
         self.retry_max_seconds = retry_max_seconds
         self._tries: dict[int, tuple[int, float]] = {}
@@ -486,6 +506,7 @@ class RemediationEngine:
             if not following:
                 break
             waiting = following
+        out.extend(await self._validate(now))
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         if now - self._placed_at >= self.placement_interval_seconds:
@@ -839,6 +860,8 @@ class RemediationEngine:
         for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
             if inc.probation_until is None or now < inc.probation_until:
                 continue
+            if self.validator is not None and not inc.note.startswith(_VALIDATION_PASSED_NOTE):
+                continue  # not resumed before its validation passed
             with self._lock:
                 result = self.policy.resolve(fingerprint=inc.fingerprint, node=inc.node)
             self.store.update_incident(inc.incident, state=INCIDENT_CLOSED if not
@@ -847,6 +870,89 @@ class RemediationEngine:
                                        note="probation passed without recurrence")
             out.extend(result.audit)
             out.extend(self._reparent(result, inc.incident))
+        return out
+
+    async def _validate(self, now: float) -> list[AuditRecord]:
+        """Start or poll the validation of each incident on probation (with a validator).
+
+        Passed: noted on the incident (``validation passed: ...``), audited ``validated``;
+        the probation's resume may follow. Failed: audited ``validation_failed`` and
+        ``escalated`` with the evidence, and the node is handed to hardware service.
+        """
+        validator = self.validator
+        if validator is None:
+            return []
+        out: list[AuditRecord] = []
+        for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
+            if inc.note.startswith(_VALIDATION_PASSED_NOTE):
+                continue
+            fix = next((a for a in reversed(self.store.actions(incident=inc.incident))
+                        if a.step in FIX_STEPS and a.phase == ActionPhase.SUCCEEDED), None)
+            if fix is None:
+                continue
+            ref = self._validations.get(inc.incident)
+            status: ValidationStatus | None = None
+            if ref is None:
+                request = ValidationRequest(
+                    node=inc.node, idempotency_key=f"{inc.incident}/validate",
+                    reason=fix.reason, since_at=fix.finished_at, dry_run=fix.dry_run)
+                out.append(self._audit(fix, VALIDATING, f"validating {inc.node} before it "
+                                       f"returns to service ({validator.name})", now))
+                try:
+                    ref = await validator.submit(request)
+                except TemporaryError as exc:
+                    logger.warning("validator %s unavailable: %s", validator.name, exc)
+                    continue
+                except GpuHealthError as exc:
+                    status = ValidationStatus(ref="", phase=ActionPhase.FAILED,
+                                              message=f"{validator.name} refused: {exc}")
+                else:
+                    self._validations[inc.incident] = ref
+            if status is None and ref is not None:
+                try:
+                    status = await validator.status(ref)
+                except TemporaryError as exc:
+                    logger.warning("validator %s unavailable: %s", validator.name, exc)
+                    continue
+                except GpuHealthError as exc:
+                    status = ValidationStatus(ref=ref, phase=ActionPhase.FAILED,
+                                              message=str(exc))
+            if status is None or status.phase not in (ActionPhase.SUCCEEDED,
+                                                      ActionPhase.FAILED):
+                continue
+            self._validations.pop(inc.incident, None)
+            report = json.dumps(status.report.to_json(), sort_keys=True) \
+                if status.report is not None else ""
+            if status.phase == ActionPhase.SUCCEEDED:
+                self.store.update_incident(inc.incident, note=f"{_VALIDATION_PASSED_NOTE}: "
+                                           f"{status.message}"[:1000])
+                record = self._audit(fix, VALIDATED, status.message, now)
+                out.append(replace(record, details={**record.details, "validation": "passed",
+                                                    "report": report}))
+                continue
+            back = {"out_of_service_at": None} if fix.step == RemediationStep.REBOOT else {}
+            # (a reboot may have returned the node to service itself, Slurm's
+            # nextstate=RESUME: taking it out again is not undoing a human's resume)
+            self.store.update_incident(inc.incident, state=INCIDENT_OPEN, probation_until=None,
+                                       note=f"validation failed: {status.message}"[:1000],
+                                       **back)
+            failed = self._audit(fix, VALIDATION_FAILED, status.message, now)
+            escalated = self._audit(fix, ESCALATED, "the node failed its validation after "
+                                    f"{fix.step.value}: hand-off to hardware service; "
+                                    f"{status.message}", now)
+            extra = {"validation": "failed", "report": report}
+            self._count(fix.step, VALIDATION_FAILED)
+            out.extend([replace(failed, details={**failed.details, **extra}),
+                        replace(escalated, details={**escalated.details, **extra})])
+            target = EntityId(fix.entity) if fix.entity != NODE_ENTITY else EntityId(inc.entity)
+            out.extend(self._follow_up(fix, now, why="failed validation: hand-off to hardware "
+                                       "service", evidence=status.message, plan=[
+                                           PlannedStep(step=RemediationStep.CORDON,
+                                                       entity=NODE_ENTITY),
+                                           PlannedStep(step=RemediationStep.DRAIN,
+                                                       entity=NODE_ENTITY, mode=MODE_EVICT),
+                                           PlannedStep(step=RemediationStep.HAND_OFF,
+                                                       entity=target)]))
         return out
 
     def _reparent(self, result: PolicyResult, incident: str) -> list[AuditRecord]:

@@ -67,6 +67,7 @@ from remediation.validation import (
     CommandRunner,
     GpuStateCheck,
     NvmlStateCheck,
+    ValidationService,
     run_command,
     tail,
 )
@@ -718,6 +719,8 @@ class GpuResetEndpoint:
             misrouted request never resets the wrong machine. ``None`` skips the check.
         tolerance_seconds: Largest accepted clock difference (and replay window), seconds.
         clock: Returns now, epoch seconds.
+        validation: Serves ``{"op": "validate"}`` requests (validation of the node before
+            it returns to service, :mod:`remediation.validation`); ``None``: 404.
 
     Raises:
         ValueError: No secret, or a malformed one.
@@ -731,9 +734,11 @@ class GpuResetEndpoint:
         node: str | None = None,
         tolerance_seconds: float = DEFAULT_TOLERANCE_SECONDS,
         clock: Clock = system_clock,
+        validation: ValidationService | None = None,
     ) -> None:
         self.resetter = resetter
         self.node = node
+        self.validation = validation
         self.verifier = WebhookVerifier(secrets=secrets, tolerance_seconds=tolerance_seconds,
                                         clock=clock)
 
@@ -756,14 +761,21 @@ class GpuResetEndpoint:
             return 400, {"error": "body: expected a JSON object"}
         gpu, key, node = data.get("gpu"), data.get("idempotency_key", ""), data.get("node")
         reason = data.get("reason", "")
-        if not isinstance(gpu, str):
-            return 400, {"error": "gpu: required string"}
-        if not isinstance(key, str):
-            return 400, {"error": "idempotency_key: expected a string"}
         if node is not None and not isinstance(node, str):
             return 400, {"error": "node: expected a string"}
         if self.node is not None and node is not None and node != self.node:
             return 409, {"error": f"node: this is {self.node!r}, the request is for {node!r}"}
+        op = data.get("op", "reset")
+        if op == "validate":
+            if self.validation is None:
+                return 404, {"error": "this node serves no validation"}
+            return self.validation.handle(data)
+        if op != "reset":
+            return 400, {"error": f"op: expected 'reset' or 'validate', got {op!r}"}
+        if not isinstance(gpu, str):
+            return 400, {"error": "gpu: required string"}
+        if not isinstance(key, str):
+            return 400, {"error": "idempotency_key: expected a string"}
         try:
             result = self.resetter.reset(gpu, idempotency_key=key,
                                          reason=reason if isinstance(reason, str) else "")

@@ -6,11 +6,32 @@ NVML is :class:`collectors.testing.FakeNvml` built from a recorded 8 x H100 ``nv
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from alerting.silences import SilenceStore
 from collectors.testing import FakeNvml, given_for_dump
-from remediation.validation import CommandResult, NvmlStateCheck, xids_by_gpu
+from core.clock import FakeClock
+from core.errors import ConfigError
+from core.records import ActionPhase
+from gpuhealth.api import AlertingApi, ApiServer
+from gpuhealth.pipeline import Pipeline
+from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
+from remediation.validation import (
+    CommandResult,
+    GpuState,
+    NodeAgentValidator,
+    NvmlStateCheck,
+    ValidationRequest,
+    ValidationRunner,
+    ValidationService,
+    xids_by_gpu,
+)
 
 DUMP = Path(__file__).parent.parent / "fixtures" / "nvidia-smi" / "h100-80gb-hbm3-x8-q.txt"
 
@@ -64,3 +85,109 @@ def test_nvml_state_names_recovery_action_remap_and_xids():
 def test_xids_by_gpu():
     assert xids_by_gpu(["NVRM: Xid (PCI:0000:B1:00): 48, pid=1, DBE", "unrelated"]) == {
         "0000:b1:00.0": ["48"]}
+
+
+# --------------------------------------------------------------------------- on the node agent
+
+SECRET = "whsec_" + base64.b64encode(b"node-agent-shared-secret-32bytes").decode()
+
+
+class Tools:
+    def __init__(self) -> None:
+        self.dcgm_rc = 0
+
+    def __call__(self, argv, timeout_seconds):
+        if argv[0] == "dcgmi":
+            return CommandResult(returncode=self.dcgm_rc,
+                                 stdout="| Memory | Fail |" if self.dcgm_rc else "| Pass |")
+        return CommandResult(returncode=0, stdout="# Avg bus bandwidth    : 300.0\n")
+
+
+def clean(gpus, since_at):
+    return [GpuState(gpu="0000:b1:00.0")]
+
+
+@pytest.fixture
+def served():
+    clock = FakeClock(now=1_800_000_000.0)
+    tools = Tools()
+    service = ValidationService(runner=ValidationRunner(
+        node="127.0.0.1", state_check=clean, runner=tools,
+        which=lambda name: f"/usr/bin/{name}"))
+    store = SilenceStore(clock=clock)
+    pipeline = Pipeline(facts={}, notifiers=[], page_notifiers=[], audit_log_path=None,
+                        clock=clock, silences=store, cluster_size=10)
+    endpoint = GpuResetEndpoint(resetter=GpuResetter(), secrets=(SECRET,), node="127.0.0.1",
+                                clock=clock, validation=service)
+    server = ApiServer(api=AlertingApi(pipeline=pipeline, silences=store, token="t",
+                                       gpu_reset=endpoint), port=0)
+    server.start()
+    try:
+        yield server, service, tools, clock
+    finally:
+        server.stop()
+
+
+def poll(ctl, ref, service, key):
+    status = asyncio.run(ctl.status(ref))
+    deadline = time.monotonic() + 10
+    while status.phase is ActionPhase.RUNNING and time.monotonic() < deadline:
+        service.wait(key, 5)
+        status = asyncio.run(ctl.status(ref))
+    return status
+
+
+def test_the_controller_validates_through_the_signed_node_agent(served):
+    server, service, tools, clock = served
+    ctl = NodeAgentValidator(secret=SECRET, clock=clock,
+                             url_template=f"http://{{node}}:{server.port}/api/v1/gpu-reset")
+    ref = asyncio.run(ctl.submit(ValidationRequest(node="127.0.0.1", idempotency_key="inc/v",
+                                                   since_at=clock())))
+    status = poll(ctl, ref, service, "inc/v")
+    assert status.phase is ActionPhase.SUCCEEDED, status
+    assert status.report is not None
+    assert [c.name for c in status.report.checks] == ["nvml", "dcgm_diag", "load", "nccl"]
+    tools.dcgm_rc = 226
+    ref = asyncio.run(ctl.submit(ValidationRequest(node="127.0.0.1", idempotency_key="inc/w")))
+    failed = poll(ctl, ref, service, "inc/w")
+    assert failed.phase is ActionPhase.FAILED
+    assert "dcgm_diag failed" in failed.message
+    # a wrong secret is refused before anything runs
+    wrong = NodeAgentValidator(secret="whsec_" + base64.b64encode(b"z" * 32).decode(),
+                               clock=clock,
+                               url_template=f"http://{{node}}:{server.port}/api/v1/gpu-reset")
+    ref = asyncio.run(wrong.submit(ValidationRequest(node="127.0.0.1", idempotency_key="x")))
+    refused = asyncio.run(wrong.status(ref))
+    assert refused.phase is ActionPhase.FAILED
+    assert "(401)" in refused.message
+    dry = asyncio.run(ctl.submit(ValidationRequest(node="127.0.0.1", idempotency_key="d",
+                                                   dry_run=True)))
+    assert asyncio.run(ctl.status(dry)).phase is ActionPhase.SUCCEEDED
+
+
+def test_settings_build_the_validators(tmp_path, monkeypatch):
+    from gpuhealth.compose import build_validator
+    from gpuhealth.config import load_settings
+    from remediation.validation import LocalValidator
+
+    local = tmp_path / "local.toml"
+    local.write_text('[node]\nname = "n1"\n[remediation.validation]\nwhere = "local"\n'
+                     'checks = ["nvml", "dcgm_diag"]\ndcgm_level = 1\n')
+    built = build_validator(load_settings(local, env={}))
+    assert isinstance(built, LocalValidator)
+    assert built.runner.checks == ("nvml", "dcgm_diag")
+    assert built.runner.dcgm_level == 1
+    agent = tmp_path / "agent.toml"
+    agent.write_text('[remediation.validation]\nwhere = "node_agent"\n'
+                     'secret_env = "GPUHEALTH_TEST_SECRET"\n')
+    monkeypatch.setenv("GPUHEALTH_TEST_SECRET", SECRET)
+    assert isinstance(build_validator(load_settings(agent, env={})), NodeAgentValidator)
+    assert build_validator(load_settings(None, env={})) is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[remediation.validation]\nwhere = "moon"\n')
+    with pytest.raises(ConfigError, match="where must be"):
+        build_validator(load_settings(bad, env={}))
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[remediation.validation]\nchecks = ["nvml", "burn"]\n')
+    with pytest.raises(ConfigError, match="unknown validation check"):
+        build_validator(load_settings(typo, env={}))
