@@ -44,7 +44,7 @@ class WorkAttribution:
         max_refs: Work items named per finding (the rest are counted).
     """
 
-    def __init__(self, locator: WorkLocator, *, timeout_seconds: float = 2.0,
+    def __init__(self, locator: WorkLocator, *, timeout_seconds: float = 0.5,
                  max_refs: int = 8) -> None:
         self.locator = locator
         self.timeout_seconds = timeout_seconds
