@@ -41,6 +41,7 @@ from gpuhealth.config import (
 from gpuhealth.pipeline import Pipeline
 from remediation.attribution import WorkAttribution
 from remediation.audit import AuditLog
+from remediation.bundle import BundleCollector, Bundler, LocalBundler, NodeAgentBundler
 from remediation.dry_run import DryRunScheduler
 from remediation.protective import ProtectiveCordon
 from remediation.validation import (
@@ -307,6 +308,28 @@ def build_validator(settings: Settings) -> NodeValidator | None:
                       f"'node_agent', got {where!r}")
 
 
+def build_bundler(settings: Settings) -> Bundler | None:
+    """Build the diagnostic-bundle collector of ``[remediation.bundle]`` (``None``: none).
+
+    Raises:
+        ConfigError: An unknown ``where`` or a bad option (names the key).
+    """
+    options = dict(settings.remediation.bundle)
+    if not options:
+        return None
+    where = options.pop("where", "local")
+    try:
+        if where == "local":
+            options.setdefault("directory", str(settings.node.data_dir / "bundles"))
+            return LocalBundler(collector=BundleCollector(node=settings.node.name, **options))
+        if where == "node_agent":
+            return NodeAgentBundler(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{settings.source}: [remediation.bundle]: {exc}") from exc
+    raise ConfigError(f"{settings.source}: [remediation.bundle]: where must be 'local' or "
+                      f"'node_agent', got {where!r}")
+
+
 def build_pipeline(
     settings: Settings,
     *,
@@ -361,6 +384,8 @@ def build_pipeline(
             action_store_path=action_store_path,
             engine_options={**guard.engine_options(identity),
                             "validator": build_validator(settings) if scheduler is not None
+                            else None,
+                            "bundler": build_bundler(settings) if scheduler is not None
                             else None},
             is_leader=is_leader, tick_inline=tick_inline,
             facts=dict(facts or {}), node_facts=node_facts, notifiers=notifiers,

@@ -507,8 +507,10 @@ class RemediationSettings(BaseModel):
     :class:`remediation.gpu_reset.GpuResetter` arguments: ``systemctl``, ``services``,
     ``fabric_services``, ``domain_reset``, ``fallback``, the timeouts, ``verify_attempts``,
     ``verify_interval_seconds``; ``validation``: the checks this node runs when the
-    controller asks it to validate it, ``ValidationRunner`` arguments;
-    ``docs/remediation-webhook.md`` §3, §4). Empty: not served."""
+    controller asks it to validate it, ``ValidationRunner`` arguments; ``bundle``: the
+    diagnostic bundle collected before each reset and on the controller's request,
+    ``BundleCollector`` arguments; ``docs/remediation-webhook.md`` §3-§5). Empty: not
+    served."""
 
     validation: dict[str, Any] = Field(default_factory=dict)
     """``[remediation.validation]``: validate a node after its fix (GPU reset, reboot) and
@@ -519,6 +521,16 @@ class RemediationSettings(BaseModel):
     ``where = "node_agent"`` asks the node's agent (``url_template``, ``secret_env`` or
     ``secret_file``, ``deadline_seconds``), which runs the checks of its
     ``[remediation.gpu_reset_agent.validation]``. Empty: no validation."""
+
+    bundle: dict[str, Any] = Field(default_factory=dict)
+    """``[remediation.bundle]``: collect a diagnostic bundle (``nvidia-bug-report.sh``,
+    ``nvidia-smi -q``, the kernel log window, gpuhealth's evidence) before a reboot or
+    hand-off (``docs/remediation-webhook.md`` §5). ``where = "local"``: on this machine
+    (:class:`remediation.bundle.BundleCollector` arguments: ``directory``, default
+    ``<data_dir>/bundles``; ``max_bytes``, ``timeout_seconds``, ``keep``,
+    ``kernel_window_seconds``); ``where = "node_agent"``: by the node's agent
+    (``url_template``, ``secret_env`` or ``secret_file``, ``timeout_seconds``). The step
+    waits at most ``timeout_seconds`` for it. Empty: no bundle."""
 
     action_store: Path | None = None
     """SQLite file of actions and incidents; default ``<data_dir>/actions.db``. A standby

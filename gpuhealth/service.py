@@ -70,6 +70,7 @@ from gpuhealth.history_sync import HistoryRecorder
 from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
+from remediation.bundle import BundleCollector
 from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
 from remediation.metrics import RemediationCollector
 from remediation.policy import RemediationPolicy
@@ -717,8 +718,14 @@ class Service:
             validation = (ValidationService(runner=ValidationRunner(
                 node=self.settings.node.name, **dict(checks)))
                 if isinstance(checks, Mapping) else None)
-            return GpuResetEndpoint(resetter=GpuResetter(**agent), secrets=(secret,),
-                                    node=self.settings.node.name, validation=validation)
+            bundling = agent.pop("bundle", None)
+            bundle = (BundleCollector(**{"directory": str(self.settings.node.data_dir /
+                                                          "bundles"),
+                                         "node": self.settings.node.name, **dict(bundling)})
+                      if isinstance(bundling, Mapping) else None)
+            return GpuResetEndpoint(resetter=GpuResetter(bundle=bundle, **agent),
+                                    secrets=(secret,), node=self.settings.node.name,
+                                    validation=validation, bundle=bundle)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{self.settings.source}: [remediation.gpu_reset_agent]: {exc}"
                               ) from exc

@@ -31,6 +31,10 @@ still*, and does it through the scheduler adapters:
   loopback, on the node): the node is resumed only after the validation passed (and
   probation passed); a failed validation hands the node to hardware service (cordon,
   drain, hand-off in the same incident) with the validation's evidence.
+* **Diagnostic bundle.** With a ``bundler`` (:mod:`remediation.bundle`), a reboot or a
+  hand-off waits (at most the bundler's ``timeout_seconds``) for a diagnostic bundle
+  collected on the node while its evidence is still there; the bundle's path goes with
+  the step (``attrs["bundle"]``) and into the audit log (``bundle``).
 * **Fail-over.** Actions and incidents live in the :class:`~remediation.actions.ActionStore`
   (SQLite). A controller that becomes leader re-submits the actions another controller
   left running, with the same idempotency key: adapters are idempotent in effect, so
@@ -77,6 +81,7 @@ from remediation.actions import (
     StoredAction,
     StoredIncident,
 )
+from remediation.bundle import Bundler, BundleRequest
 from remediation.gpu_reset import fallback_of
 from remediation.placement import reliability_scores
 from remediation.policy import (
@@ -109,6 +114,10 @@ _NODE_CHANGING = frozenset(
     }
 )
 
+_BUNDLE_BEFORE = frozenset({RemediationStep.REBOOT, RemediationStep.HAND_OFF})
+"""Steps a diagnostic bundle is collected before (a GPU reset's bundle is the node's own,
+collected by the reset procedure itself)."""
+
 _TAKING_OUT = frozenset(
     {
         RemediationStep.CORDON,
@@ -131,6 +140,8 @@ BREAKER_OPENED = "breaker_opened"
 PROBATION = "probation"
 ESCALATED = "escalated"
 
+BUNDLING = "bundling"
+BUNDLE = "bundle"
 VALIDATING = "validating"
 VALIDATED = "validated"
 VALIDATION_FAILED = "validation_failed"
@@ -207,6 +218,9 @@ class RemediationEngine:
         validator: Validates a node after its fix, before the resume
             (:class:`~remediation.validation.LocalValidator` or
             :class:`~remediation.validation.NodeAgentValidator`); ``None``: no validation.
+        bundler: Collects a diagnostic bundle before a reboot or hand-off
+            (:class:`~remediation.bundle.LocalBundler` or
+            :class:`~remediation.bundle.NodeAgentBundler`); ``None``: none.
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -237,6 +251,7 @@ class RemediationEngine:
         retry_base_seconds: float = 5.0,
         retry_max_seconds: float = 300.0,
         validator: NodeValidator | None = None,
+        bundler: Bundler | None = None,
     ) -> None:
         if step_attempts < 1:
             raise ValueError(f"step_attempts must be >= 1, got {step_attempts}")
@@ -245,6 +260,13 @@ class RemediationEngine:
                              f"{retry_base_seconds} and {retry_max_seconds}")
         self.step_attempts = step_attempts
         self.validator = validator
+        self.bundler = bundler
+        self._bundling: dict[int, float] = {}
+        """Per action id: when its diagnostic bundle was started."""
+        self._bundles: dict[int, str] = {}
+        """Per action id: the bundle's path (``""``: none) once collected or given up."""
+        self._bundle_records: dict[int, AuditRecord] = {}
+        """Per action id: the audit record of its finished bundle, written before the step's."""
         self._validations: dict[str, str] = {}
         """Incident -> the validator's ref of its validation in flight."""
         self.retry_base_seconds = retry_base_seconds
@@ -576,7 +598,9 @@ class RemediationEngine:
             if action.phase == ActionPhase.RUNNING:
                 out.extend(await self._poll(action, now))
             elif action.phase == ActionPhase.PENDING:
-                out.extend(await self._start(action, now, breaker, checked))
+                started = await self._start(action, now, breaker, checked)
+                bundled = self._bundle_records.pop(action.id, None)
+                out.extend([bundled, *started] if bundled is not None else started)
             return out
         return out
 
@@ -609,6 +633,11 @@ class RemediationEngine:
                 return verdict
             if checked is not None:
                 checked.add(action.node)
+        if (self.bundler is not None and not action.dry_run
+                and action.step in _BUNDLE_BEFORE and action.id not in self._bundles):
+            held = self._bundle(action, now)
+            if held is not None:
+                return held
         if not self._take_token(now):
             return self._wait(action, "rate limit: waits for the next slot", now,
                               held="rate_limit")
@@ -633,18 +662,56 @@ class RemediationEngine:
         self._inspected[action.id] = now  # the node was read just before: next read later
         self._count(action.step, SUBMITTED)
         out = [self._audit(action, SUBMITTED, f"{adapter.name} ref {ref}", now)]
+
         running = self.store.get(action.id)
         if running is not None:
             out.extend(await self._poll(running, now))  # quick steps finish in the same tick
         return out
 
+    def _bundle(self, action: StoredAction, now: float) -> list[AuditRecord] | None:
+        """Start or await ``action``'s diagnostic bundle; ``None`` once the step may go.
+
+        The step waits at most the bundler's ``timeout_seconds``; then it goes without.
+        """
+        bundler = self.bundler
+        assert bundler is not None
+        started = self._bundling.get(action.id)
+        if started is None:
+            self._bundling[action.id] = now
+            evidence = tuple(e for e in (action.reason, action.attrs.get("evidence", ""),
+                                         action.message) if e)
+            gpus = (action.entity,) if action.entity != NODE_ENTITY else ()
+            record = self._audit(action, BUNDLING, f"collecting a diagnostic bundle "
+                                 f"({bundler.name}) before {action.step.value}, at most "
+                                 f"{bundler.timeout_seconds:g} s", now)
+            bundler.start(BundleRequest(node=action.node, key=action.key,
+                                        reason=action.reason, gpus=gpus, evidence=evidence))
+            self.store.update(action.id, now=now, message="collecting a diagnostic bundle")
+            return [record]
+        result = bundler.result(action.key)
+        if result is None and now - started < bundler.timeout_seconds:
+            return []
+        self._bundling.pop(action.id, None)
+        path = result.path if result is not None else ""
+        self._bundles[action.id] = path
+        why = (result.message if result is not None else
+               f"not collected within {bundler.timeout_seconds:g} s: the step goes without")
+        record = self._audit(action, BUNDLE, why, now)
+        self._bundle_records[action.id] = replace(record, details={**record.details,
+                                                                   "bundle": path})
+        return None
+
     def _request(self, action: StoredAction) -> ActionRequest:
         """Return the adapter's request for ``action``.
 
         With ``taken_out`` when this incident took the node out already: the adapter then
-        leaves alone a node someone has returned to service since.
+        leaves alone a node someone has returned to service since. With ``bundle`` when a
+        diagnostic bundle was collected for it (the hand-off carries it).
         """
         request = action.request()
+        bundle = self._bundles.get(action.id)
+        if bundle:
+            request = replace(request, attrs={**request.attrs, "bundle": bundle})
         if action.step not in _TAKING_OUT or action.attrs.get("scope") == SCOPE_GPU:
             return request
         incident = self.store.incident(action.incident)

@@ -62,6 +62,7 @@ from core.clock import Clock, system_clock
 from core.errors import ConfigError, GpuHealthError, PermanentError
 from core.ids import normalize_pci_bus_id
 from core.records import ActionPhase, ActionRequest, ActionStatus, RemediationStep
+from remediation.bundle import BundleCollector
 from remediation.validation import (
     CommandResult,
     CommandRunner,
@@ -721,6 +722,8 @@ class GpuResetEndpoint:
         clock: Returns now, epoch seconds.
         validation: Serves ``{"op": "validate"}`` requests (validation of the node before
             it returns to service, :mod:`remediation.validation`); ``None``: 404.
+        bundle: Serves ``{"op": "bundle"}`` requests (a diagnostic bundle before a
+            reboot or hand-off, :mod:`remediation.bundle`); ``None``: 404.
 
     Raises:
         ValueError: No secret, or a malformed one.
@@ -735,10 +738,12 @@ class GpuResetEndpoint:
         tolerance_seconds: float = DEFAULT_TOLERANCE_SECONDS,
         clock: Clock = system_clock,
         validation: ValidationService | None = None,
+        bundle: BundleCollector | None = None,
     ) -> None:
         self.resetter = resetter
         self.node = node
         self.validation = validation
+        self.bundle = bundle
         self.verifier = WebhookVerifier(secrets=secrets, tolerance_seconds=tolerance_seconds,
                                         clock=clock)
 
@@ -770,8 +775,10 @@ class GpuResetEndpoint:
             if self.validation is None:
                 return 404, {"error": "this node serves no validation"}
             return self.validation.handle(data)
+        if op == "bundle":
+            return self._bundle(data)
         if op != "reset":
-            return 400, {"error": f"op: expected 'reset' or 'validate', got {op!r}"}
+            return 400, {"error": f"op: expected 'reset', 'validate' or 'bundle', got {op!r}"}
         if not isinstance(gpu, str):
             return 400, {"error": "gpu: required string"}
         if not isinstance(key, str):
@@ -784,6 +791,21 @@ class GpuResetEndpoint:
         logger.info("gpu-reset %s for %r: %s %s", result.gpu, key, result.outcome.value,
                     result.message)
         return _STATUS_OF[result.outcome], result.to_json()
+
+    def _bundle(self, data: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Collect a diagnostic bundle now (bounded by the collector's timeout)."""
+        if self.bundle is None:
+            return 404, {"error": "this node collects no diagnostic bundle"}
+        key, reason = data.get("idempotency_key", ""), data.get("reason", "")
+        gpus, evidence = data.get("gpus", []), data.get("evidence", [])
+        if not isinstance(key, str) or not isinstance(reason, str):
+            return 400, {"error": "idempotency_key, reason: expected strings"}
+        if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+            return 400, {"error": "gpus: expected a list of strings"}
+        if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+            return 400, {"error": "evidence: expected a list of strings"}
+        result = self.bundle.collect(reason=reason, gpus=gpus, key=key, evidence=evidence)
+        return 200, {"outcome": "ok" if result.path else "failed", **result.to_json()}
 
 
 # --------------------------------------------------------------------------- controller

@@ -71,9 +71,10 @@ class FailingAgent:
 
 def make(tmp_path: Path, cluster: FakeCluster, clock: FakeClock, **kw) -> Pipeline:
     options = kw.pop("engine_options", {})
+    scheduler = kw.pop("scheduler", None) or FakeScheduler(cluster)
     return Pipeline(
         facts={}, notifiers=[], audit_log_path=str(tmp_path / "audit.jsonl"), dry_run=False,
-        scheduler=FakeScheduler(cluster), clock=clock, rules=[],
+        scheduler=scheduler, clock=clock, rules=[],
         cluster_size=len(cluster.nodes), max_disrupted_fraction=1.0,
         action_store_path=str(tmp_path / "actions.db"),
         engine_options={"probation_seconds": 600.0, **options}, **kw,
