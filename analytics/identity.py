@@ -6,8 +6,9 @@ inventory by serial. :class:`EntityResolver` learns from the inventory records t
 collectors emit, ``gpu_info`` samples (labels ``uuid``, ``pci_bus_id``, ``serial``,
 ``index``) and ``gpu_identity`` events (entity: the PCI bus id, attr ``uuid``), that
 these name one GPU, and maps every alias to one entity: the UUID when it is known
-(architecture.md: "GPU UUID, or PCI bus id where the UUID is unknown"), else the
-canonical PCI bus id. InfiniBand ports are ``<device>:<port>`` (``mlx5_0:1``, as
+(architecture.md: "GPU UUID, or PCI bus id where the UUID is unknown"), else the PCI
+bus id as first seen (a recording keeps its own spelling; the other spellings of that
+address resolve to it). InfiniBand ports are ``<device>:<port>`` (``mlx5_0:1``, as
 :func:`collectors.infiniband.port_entity` and the port rules name them), whether a
 source wrote ``mlx5_0/1`` or gave the device and port as labels.
 
@@ -147,6 +148,11 @@ class EntityResolver:
             aliases.add(f"serial:{serial}")
         if index.isdigit():
             aliases.add(gpu_index_entity(index))
+        before = {self._alias.get((node, alias)) for alias in aliases} - {None, canonical}
+        if before:  # spellings resolved before the inventory named the GPU follow it
+            for key, value in self._alias.items():
+                if key[0] == node and value in before:
+                    self._alias[key] = canonical
         for alias in aliases:
             self._alias[(node, alias)] = canonical
 
@@ -158,7 +164,13 @@ class EntityResolver:
         if ":" in entity and not entity.startswith("gpu:"):
             pci = normalize_pci_bus_id(entity)
             if pci is not None:
-                return self._alias.get((node, pci), EntityId(pci))
+                # before the inventory: the first spelling seen of a PCI address is the GPU
+                # (a recording's own entity stays as it is), the others resolve to it
+                found = self._alias.get((node, pci))
+                if found is None:
+                    found = self._alias[(node, pci)] = EntityId(entity)
+                self._alias[(node, entity)] = found
+                return found
         return EntityId(entity)
 
     def finding(self, finding: Finding) -> EntityId:

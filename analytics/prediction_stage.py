@@ -28,6 +28,7 @@ from analytics.features import FeatureBuilder
 from analytics.hst import HalfSpaceTreesDetector
 from analytics.identity import EntityResolver
 from analytics.predictor import OnlineFailurePredictor
+from analytics.prior import load as load_prior
 from analytics.refit import BatchModel, RefitDecision, refit
 from core.records import Anomaly, Event, Finding, Prediction, Record, Sample
 
@@ -45,6 +46,9 @@ class PredictionStage:
         checkpoint_seconds: How often the state is saved, > 0.
         seed: Seed of the predictor's subsampling.
         refit_seconds: How often the scikit-learn batch model is refitted and compared, > 0.
+        prior: A prior model to start from when no checkpoint is restored
+            (:data:`analytics.prior.PRIOR_PATH` in ``run`` and ``replay``), or ``None``
+            (blind until ``min_positives`` failures are learned).
         vector_detector: Also score every feature vector with river's HalfSpaceTrees
             (:class:`~analytics.hst.HalfSpaceTreesDetector`, trees shared per feature set,
             seeded): a GPU or port whose whole feature vector is unusual gives an anomaly.
@@ -68,6 +72,7 @@ class PredictionStage:
         refit_seconds: float = 3600.0,
         vector_detector: bool = False,
         refit: bool = True,
+        prior: Path | None = None,
     ) -> None:
         if min_positives < 0 or checkpoint_seconds <= 0:
             raise ValueError("min_positives must be >= 0 and checkpoint_seconds > 0")
@@ -92,6 +97,15 @@ class PredictionStage:
                     checkpoint_path,
                     exc,
                 )
+        if prior is not None and not self.predictor.from_prior and (
+                self.predictor.learned_positive == 0):
+            loaded = load_prior(prior, horizon_seconds=horizon_seconds)
+            if loaded is None:
+                logger.info("no failure-predictor prior at %s for a %.0f s horizon: starting "
+                            "blind", prior, horizon_seconds)
+            else:
+                self.predictor.adopt_prior(*loaded)
+                logger.info("failure predictor starts from the prior %s", prior)
         self._saved_at: float | None = None
         self.withheld = 0
         self.refit_seconds = refit_seconds
@@ -106,8 +120,9 @@ class PredictionStage:
 
     @property
     def ready(self) -> bool:
-        """Whether predictions are published (enough failures learned)."""
-        return self.predictor.learned_positive >= self.min_positives
+        """Whether predictions are published (from the prior, or enough failures learned)."""
+        return (self.predictor.from_prior
+                or self.predictor.learned_positive >= self.min_positives)
 
     def observe(self, records: Iterable[Record]) -> None:
         """Take records (samples, and the inventory).

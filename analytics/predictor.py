@@ -224,6 +224,8 @@ class OnlineFailurePredictor:
         self.learned_positive = 0
         self.learned_negative = 0
         self._scored: dict[tuple[NodeName, EntityId, float], float] = {}
+        self.from_prior = False
+        """Whether the model started from the shipped prior rather than from zero."""
         self.unpredictable: dict[str, int] = {}
         """Failures without numeric precursor seen, by ``kind/code`` (never labels)."""
         self._unpredictable_seen: dict[tuple[NodeName, EntityId], set[float]] = {}
@@ -316,6 +318,16 @@ class OnlineFailurePredictor:
         else:
             self.learned_negative += 1
 
+    def model_state(self) -> tuple[RunningStandardScaler, SgdLogisticRegression]:
+        """The scaler and the logistic model (for :mod:`analytics.prior` to write)."""
+        return self._scaler, self._model
+
+    def adopt_prior(self, scaler: RunningStandardScaler, model: SgdLogisticRegression) -> None:
+        """Start from a prior's scaler and model (:mod:`analytics.prior`); they go on learning."""
+        self._scaler, self._model = scaler, model
+        model.learning_rate = self.learning_rate
+        self.from_prior = True
+
     def settle(self, now: float) -> None:
         """Learn what can be labelled at ``now`` (call when findings arrive between vectors)."""
         self._settle(now)
@@ -340,6 +352,7 @@ class OnlineFailurePredictor:
             "rng": self._rng.getstate(),
             "counts": (self.learned_positive, self.learned_negative),
             "unpredictable": dict(self.unpredictable),
+            "from_prior": self.from_prior,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -379,6 +392,7 @@ class OnlineFailurePredictor:
         predictor._rng.setstate(state["rng"])
         predictor.learned_positive, predictor.learned_negative = state["counts"]
         predictor.unpredictable = dict(state.get("unpredictable", {}))
+        predictor.from_prior = bool(state.get("from_prior", False))
         logger.info(
             "restored failure predictor from %s (%d positive, %d negative learned, %d pending)",
             path,

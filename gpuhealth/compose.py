@@ -26,6 +26,7 @@ from analytics.fault_model.site_rules import SiteRule, SiteRules
 from analytics.fleet import join_link_ends
 from analytics.online import OnlineAnalytics
 from analytics.prediction_stage import PredictionStage
+from analytics.prior import PRIOR_PATH
 from core import plugins
 from core.clock import Clock, system_clock
 from core.errors import ConfigError, PluginError
@@ -592,4 +593,5 @@ def build_prediction(settings: Settings, *, role: str = "run") -> PredictionStag
                            horizon_seconds=an.predictor_horizon_seconds,
                            interval_seconds=an.predictor_interval_seconds,
                            min_positives=an.predictor_min_positives,
-                           vector_detector=an.vector_detector, refit=refit)
+                           vector_detector=an.vector_detector, refit=refit,
+                           prior=PRIOR_PATH)  # not blind before its first failure

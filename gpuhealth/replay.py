@@ -282,6 +282,7 @@ class _Analyst:
 
     def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis) -> None:
         from analytics.prediction_stage import PredictionStage
+        from analytics.prior import PRIOR_PATH
 
         self.report = report
         self.now = 0.0
@@ -302,6 +303,7 @@ class _Analyst:
                 horizon_seconds=settings.predictor_horizon_seconds,
                 interval_seconds=settings.predictor_interval_seconds,
                 min_positives=settings.predictor_min_positives,
+                prior=PRIOR_PATH,  # not blind before the recording's first failure
             )
             if settings.predictor
             else None

@@ -290,3 +290,32 @@ def test_rates_over_hours_see_errors_that_come_more_often() -> None:
     assert a["dram_ce_rate_trend"] > 1.5
     assert b["dram_ce_rate_24h"] == pytest.approx(1.0, abs=0.1)
     assert abs(b["dram_ce_rate_trend"]) < 0.3
+
+
+def test_a_new_fleet_starts_from_the_shipped_prior(tmp_path) -> None:
+    """Issue #15 item 6: not blind until the fleet's own failures: the prior ranks a GPU
+    whose corrected errors rise above its healthy peers from the first vector."""
+    from analytics.prior import PRIOR_PATH, load
+
+    assert PRIOR_PATH.stat().st_size < 20_000  # a small file in the package
+    assert load(PRIOR_PATH) is not None
+    assert load(PRIOR_PATH, horizon_seconds=3600.0) is None  # trained for another horizon
+    stage = PredictionStage(checkpoint_path=tmp_path / "p.pkl", prior=PRIOR_PATH)
+    assert stage.ready  # min_positives 5, none learned: ready from the prior
+    start = 1_800_000_000.0
+    last: list[Prediction] = []
+    for minute in range(0, 181):
+        at = start + minute * 60.0
+        stage.observe(list(_nvml_minute(at, start)))
+        made = stage.step(at)
+        if made:
+            last = made
+    by_entity = {p.entity: p.probability for p in last}
+    failing = by_entity.pop(UUIDS[FAILING])
+    assert failing > max(by_entity.values())
+    stage.save()
+    again = PredictionStage(checkpoint_path=tmp_path / "p.pkl", prior=PRIOR_PATH)
+    assert again.predictor.from_prior  # the checkpoint, not a fresh copy of the prior
+    assert again.predictor.pending()  # the restored state
+    blind = PredictionStage(checkpoint_path=None)
+    assert not blind.ready  # without a prior, as before
