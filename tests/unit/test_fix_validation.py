@@ -27,6 +27,7 @@ from core.records import (
 )
 from gpuhealth.pipeline import Pipeline
 from remediation.audit import read_audit_log
+from remediation.bundle import BundleCollector, LocalBundler
 from remediation.gpu_reset import FALLBACK_MARK
 from remediation.validation import (
     CommandResult,
@@ -222,7 +223,7 @@ def test_nvml_problems_fail_the_validation():
 
 
 def test_drill_xid79_validation_fails_then_passes(tmp_path):
-    """Xid 79: drained, rebooted, validated (the in-memory scheduler stands in for Slurm).
+    """Xid 79: drained, bundle, reboot, validated (the in-memory scheduler stands in for Slurm).
 
     First run: dcgmi diag fails after the reboot, so the node is handed to hardware
     service with the evidence and never resumed. Second run (the node came back from
@@ -232,7 +233,11 @@ def test_drill_xid79_validation_fails_then_passes(tmp_path):
     cluster = FakeCluster(nodes={"n1": FakeNode(), "n2": FakeNode()})
     tools = FakeTools()
     tools.fail = {"dcgmi"}
-    p = make(tmp_path, cluster, clock, engine_options={"validator": validator(tools)})
+    bundler = LocalBundler(collector=BundleCollector(
+        directory=str(tmp_path / "bundles"), node="n1", runner=tools,
+        which=lambda name: None))  # no vendor tools here: evidence and manifest only
+    p = make(tmp_path, cluster, clock, engine_options={"validator": validator(tools),
+                                                       "bundler": bundler})
     p.observe_findings([finding("n1", code="79", action=Action.REBOOT_NODE)],
                        hold_seconds=1e6)
     p.evaluate()
@@ -253,6 +258,13 @@ def test_drill_xid79_validation_fails_then_passes(tmp_path):
                for r in records)
     hand_off = next(a for a in p.actions.actions() if a.step.value == "hand_off")
     assert "DBE error detected" in hand_off.attrs["evidence"]
+    # the bundle was collected before the reboot and before the hand-off
+    order = [(r.decision, r.step.value if r.step else "") for r in records]
+    for step in ("reboot", "hand_off"):
+        assert order.index(("bundle", step)) < order.index(("submitted", step))
+    bundles = [r.details["bundle"] for r in records if r.decision == "bundle"]
+    assert len(bundles) == 2
+    assert all(b.endswith(".tar.gz") for b in bundles)
     clock.advance(10_000)
     run_until(p, clock, lambda: True, ticks=3)
     assert "resume" not in [h[0] for h in cluster.history]  # handed off: a human resumes
