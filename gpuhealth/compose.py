@@ -297,6 +297,12 @@ def build_validator(settings: Settings) -> NodeValidator | None:
     options = dict(settings.remediation.validation)
     if not options:
         return None
+    r = settings.remediation
+    if r.scheduler == "slurm" and str(r.scheduler_options.get("reboot_nextstate", "RESUME")
+                                      ).upper() == "RESUME":
+        logger.warning("[remediation.validation] with Slurm's reboot_nextstate = RESUME: a "
+                       "rebooted node returns to service before its validation; set "
+                       "reboot_nextstate = \"DOWN\" in [remediation.scheduler_options]")
     where = options.pop("where", "local")
     try:
         if where == "local":

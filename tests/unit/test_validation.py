@@ -191,3 +191,15 @@ def test_settings_build_the_validators(tmp_path, monkeypatch):
     typo.write_text('[remediation.validation]\nchecks = ["nvml", "burn"]\n')
     with pytest.raises(ConfigError, match="unknown validation check"):
         build_validator(load_settings(typo, env={}))
+
+
+def test_slurm_reboot_resume_with_validation_is_warned(tmp_path, caplog):
+    from gpuhealth.compose import build_validator
+    from gpuhealth.config import load_settings
+
+    config = tmp_path / "slurm.toml"
+    config.write_text('[remediation]\nscheduler = "slurm"\n'
+                      '[remediation.validation]\nwhere = "local"\n')
+    with caplog.at_level("WARNING", logger="gpuhealth.compose"):
+        build_validator(load_settings(config, env={}))
+    assert "reboot_nextstate" in caplog.text
