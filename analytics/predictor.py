@@ -278,7 +278,10 @@ class OnlineFailurePredictor:
                 self.unpredictable[code] = self.unpredictable.get(code, 0) + 1
             return
         times = self._failed_at.setdefault(key, [])
-        if at not in times:
+        # a state held for days (a GPU at its slowdown temperature) is seen at every
+        # evaluation: times closer than this to one kept add nothing but work to _label
+        merge = min(600.0, self.horizon_seconds / 100.0)
+        if all(abs(at - t) >= merge for t in times[-8:]):
             times.append(at)
 
     def _label(self, x: FeatureVector) -> bool | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from analytics.fault_model import Context, Observations, evaluate
@@ -319,3 +320,17 @@ def test_a_new_fleet_starts_from_the_shipped_prior(tmp_path) -> None:
     assert again.predictor.pending()  # the restored state
     blind = PredictionStage(checkpoint_path=None)
     assert not blind.ready  # without a prior, as before
+
+
+def test_a_failure_state_seen_at_every_evaluation_keeps_few_label_times() -> None:
+    """A thermal state re-observed every second for a day labels as one, at bounded cost."""
+    from analytics.predictor import OnlineFailurePredictor
+
+    [hot] = _thermal(91.0)
+    predictor = OnlineFailurePredictor(seed=0)
+    at = hot.last_seen_at or 0.0
+    for second in range(0, 86_400, 1):
+        predictor.observe_finding(dataclasses.replace(hot, first_seen_at=at + second,
+                                                      last_seen_at=at + second))
+    kept = sum(len(v) for v in predictor._failed_at.values())
+    assert 0 < kept <= 24 * 6 + 1
