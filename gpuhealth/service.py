@@ -71,7 +71,12 @@ from gpuhealth.leader import build_leader_loop
 from gpuhealth.metrics import MetricsExporter, MetricsServer
 from gpuhealth.pipeline import Pipeline
 from remediation.bundle import BundleCollector
-from remediation.gpu_reset import GpuResetEndpoint, GpuResetter
+from remediation.gpu_reset import (
+    GpuResetEndpoint,
+    GpuResetter,
+    QuiescibleCollector,
+    quiesce_all,
+)
 from remediation.metrics import RemediationCollector
 from remediation.policy import RemediationPolicy
 from remediation.protective import ProtectiveCordon
@@ -723,6 +728,14 @@ class Service:
                                                           "bundles"),
                                          "node": self.settings.node.name, **dict(bundling)})
                       if isinstance(bundling, Mapping) else None)
+            # this process's own NVML collectors hold the GPUs: the reset pauses them
+            held = [name for name, collector in self.collectors.items()
+                    if getattr(self.settings.collectors.get(name), "type", name) == "nvml"
+                    and not isinstance(collector, QuiescibleCollector)]
+            for name in held:
+                self.collectors[name] = QuiescibleCollector(self.collectors[name])
+            paused = [c for c in self.collectors.values() if isinstance(c, QuiescibleCollector)]
+            agent.setdefault("quiesce", quiesce_all(paused) if paused else None)
             return GpuResetEndpoint(resetter=GpuResetter(bundle=bundle, **agent),
                                     secrets=(secret,), node=self.settings.node.name,
                                     validation=validation, bundle=bundle)

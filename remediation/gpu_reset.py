@@ -42,8 +42,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -90,8 +90,19 @@ MAX_STDERR_CHARS = 2000
 """Longest stderr kept in a result."""
 
 __all__ = [
-    "CommandResult", "CommandRunner", "GpuResetEndpoint", "GpuResetter", "NodeAgentResetter",
-    "ResetOutcome", "ResetResult", "ResetStep", "fallback_of", "run_command", "steps_summary",
+    "CommandResult",
+    "CommandRunner",
+    "GpuResetEndpoint",
+    "GpuResetter",
+    "NodeAgentResetter",
+    "QuiescibleCollector",
+    "ResetOutcome",
+    "ResetResult",
+    "ResetStep",
+    "fallback_of",
+    "quiesce_all",
+    "run_command",
+    "steps_summary",
     "validate_gpu",
 ]
 
@@ -704,6 +715,62 @@ def _read(path: str) -> str:
             return fh.read()
     except OSError:
         return ""
+
+
+class QuiescibleCollector:
+    """Wraps an in-process collector that holds the GPUs (NVML) so a reset can pause it.
+
+    While :meth:`quiesced` is entered, :meth:`collect` returns nothing and the wrapped
+    collector is closed (``close()``: NVML shut down, its device files released); it
+    reopens on the first collection after. Everything else is the wrapped collector's.
+
+    Args:
+        inner: The collector (``name``, ``collect()``, optionally ``close()``).
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._lock = threading.Lock()
+        self._paused = False
+
+    def collect(self) -> Any:
+        """Collect through the wrapped collector, or nothing while paused."""
+        with self._lock:
+            if self._paused:
+                return []
+            return self.inner.collect()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @contextmanager
+    def quiesced(self) -> Iterator[None]:
+        """Pause and close the wrapped collector (waits for a collection in flight)."""
+        with self._lock:
+            self._paused = True
+            close = getattr(self.inner, "close", None)
+            if callable(close):
+                close()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused = False
+
+
+def quiesce_all(collectors: Sequence[QuiescibleCollector]
+                ) -> Callable[[], AbstractContextManager[object]]:
+    """Return a ``quiesce`` hook for :class:`GpuResetter` pausing every one of ``collectors``."""
+
+    @contextmanager
+    def quiesce() -> Iterator[object]:
+        with ExitStack() as stack:
+            for collector in collectors:
+                stack.enter_context(collector.quiesced())
+            yield None
+
+    return quiesce
 
 
 _STATUS_OF = {ResetOutcome.OK: 200, ResetOutcome.BUSY: 409, ResetOutcome.FAILED: 422}

@@ -203,3 +203,56 @@ def test_slurm_reboot_resume_with_validation_is_warned(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="gpuhealth.compose"):
         build_validator(load_settings(config, env={}))
     assert "reboot_nextstate" in caplog.text
+
+
+def test_the_agents_own_nvml_collector_lets_go_during_a_reset():
+    """QuiescibleCollector: paused and closed inside ``quiesced()``, reopened after."""
+    from collectors.nvml import NvmlCollector
+    from remediation.gpu_reset import QuiescibleCollector, quiesce_all
+
+    fake = h100()
+    inner = NvmlCollector(node="n1", events=False, nvml=fake, deadline_seconds=0)
+    wrapped = QuiescibleCollector(inner)
+    assert wrapped.name == inner.name
+    assert list(wrapped.collect())
+    assert inner._lib is not None  # NVML open: the device files are held
+    with quiesce_all([wrapped])():
+        assert inner._lib is None  # shut down: released
+        assert list(wrapped.collect()) == []
+    assert wrapped.errors_total is inner.errors_total  # the rest is the collector's
+    assert list(wrapped.collect()) is not None
+    assert inner._lib is not None  # reopened on the first collection after
+    inner.close()
+
+
+def test_the_node_agent_service_wires_reset_validation_bundle_and_quiesce(tmp_path,
+                                                                          monkeypatch):
+    """``[remediation.gpu_reset_agent]`` with ``validation`` and ``bundle`` sub-tables."""
+    import threading
+
+    from collectors.nvml import NvmlCollector
+    from gpuhealth.config import load_settings
+    from gpuhealth.service import Service
+    from remediation.gpu_reset import QuiescibleCollector
+
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[node]\nname = "n1"\ndata_dir = "{tmp_path}"\n'
+                      '[remediation.gpu_reset_agent]\nsecret_env = "GH_TEST_S"\n'
+                      'services = ["nvidia-persistenced"]\n'
+                      '[remediation.gpu_reset_agent.validation]\nchecks = ["nvml", "nccl"]\n'
+                      '[remediation.gpu_reset_agent.bundle]\ntimeout_seconds = 30\n')
+    monkeypatch.setenv("GH_TEST_S", SECRET)
+    nvml = NvmlCollector(node="n1", events=False, nvml=h100())
+    service = Service(load_settings(config), stop=threading.Event(),
+                      collectors={"nvml": nvml}, role="agent")
+    service.collectors = {"nvml": nvml}
+    endpoint = service._gpu_reset_endpoint()
+    assert endpoint is not None
+    assert endpoint.validation is not None
+    assert endpoint.validation.runner.checks == ("nvml", "nccl")
+    assert endpoint.bundle is not None
+    assert endpoint.bundle.directory == str(tmp_path / "bundles")
+    assert endpoint.resetter.bundle is endpoint.bundle
+    assert endpoint.resetter.services == ("nvidia-persistenced",)
+    assert isinstance(service.collectors["nvml"], QuiescibleCollector)
+    assert endpoint.resetter.quiesce is not None
