@@ -704,6 +704,8 @@ class NodeAgentValidator:
         url_template: The node agent's endpoint; ``{node}`` is replaced by the node name.
         timeout_seconds: Timeout of one request, seconds (the node answers at once).
         deadline_seconds: A validation not finished this long after submission fails.
+        poll_interval_seconds: Least time between two requests for one validation,
+            seconds (the engine ticks every few seconds; a DCGM diagnostic takes minutes).
         verify: TLS verification: ``True``, a CA bundle path, or ``False``.
         clock: Returns now, epoch seconds.
         transport: An ``httpx`` transport (tests).
@@ -723,6 +725,7 @@ class NodeAgentValidator:
         url_template: str = "https://{node}:9836/api/v1/gpu-reset",
         timeout_seconds: float = 30.0,
         deadline_seconds: float = 7200.0,
+        poll_interval_seconds: float = 15.0,
         verify: bool | str = True,
         clock: Clock = system_clock,
         transport: httpx.BaseTransport | None = None,
@@ -730,8 +733,11 @@ class NodeAgentValidator:
         if "{node}" not in url_template or not url_template.startswith(("http://", "https://")):
             raise ConfigError(f"url_template must be an http(s) URL with {{node}}, "
                               f"got {url_template!r}")
-        if min(timeout_seconds, deadline_seconds) <= 0:
-            raise ConfigError("validation timeout and deadline must be > 0")
+        if min(timeout_seconds, deadline_seconds) <= 0 or poll_interval_seconds < 0:
+            raise ConfigError("validation timeout and deadline must be > 0, "
+                              "poll_interval_seconds >= 0")
+        self.poll_interval_seconds = poll_interval_seconds
+        self._asked: dict[str, tuple[float, ValidationStatus]] = {}
         secret = resolve_secret(secret=secret, secret_env=secret_env, secret_file=secret_file,
                                 what="node agent validation")
         try:
@@ -769,7 +775,12 @@ class NodeAgentValidator:
         if entry is None:
             raise PermanentError(f"unknown validation {ref!r}")
         request, submitted = entry
+        asked = self._asked.get(ref)
+        now = self.clock()
+        if asked is not None and now - asked[0] < self.poll_interval_seconds:
+            return asked[1]
         status = await asyncio.to_thread(self._post, ref, request)
+        self._asked[ref] = (now, status)
         if status.phase is ActionPhase.RUNNING and \
                 self.clock() - submitted > self.deadline_seconds:
             status = ValidationStatus(ref=ref, phase=ActionPhase.FAILED,
@@ -777,6 +788,7 @@ class NodeAgentValidator:
                                               f"({self.deadline_seconds:g} s): {status.message}")
         if status.phase is not ActionPhase.RUNNING:
             self._done[ref] = status
+            self._asked.pop(ref, None)
         return status
 
     def _post(self, ref: str, request: ValidationRequest) -> ValidationStatus:

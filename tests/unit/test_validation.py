@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,7 @@ def poll(ctl, ref, service, key):
 
 def test_the_controller_validates_through_the_signed_node_agent(served):
     server, service, tools, clock = served
-    ctl = NodeAgentValidator(secret=SECRET, clock=clock,
+    ctl = NodeAgentValidator(secret=SECRET, clock=clock, poll_interval_seconds=0,
                              url_template=f"http://{{node}}:{server.port}/api/v1/gpu-reset")
     ref = asyncio.run(ctl.submit(ValidationRequest(node="127.0.0.1", idempotency_key="inc/v",
                                                    since_at=clock())))
@@ -228,8 +229,6 @@ def test_the_agents_own_nvml_collector_lets_go_during_a_reset():
 def test_the_node_agent_service_wires_reset_validation_bundle_and_quiesce(tmp_path,
                                                                           monkeypatch):
     """``[remediation.gpu_reset_agent]`` with ``validation`` and ``bundle`` sub-tables."""
-    import threading
-
     from collectors.nvml import NvmlCollector
     from gpuhealth.config import load_settings
     from gpuhealth.service import Service
@@ -256,3 +255,19 @@ def test_the_node_agent_service_wires_reset_validation_bundle_and_quiesce(tmp_pa
     assert endpoint.resetter.services == ("nvidia-persistenced",)
     assert isinstance(service.collectors["nvml"], QuiescibleCollector)
     assert endpoint.resetter.quiesce is not None
+
+
+def test_the_node_agent_is_asked_at_most_every_poll_interval(served):
+    server, service, _tools, clock = served
+    gate = threading.Event()
+    service.runner.state_check = lambda gpus, since: (gate.wait(10), clean(gpus, since))[1]
+    ctl = NodeAgentValidator(secret=SECRET, clock=clock, poll_interval_seconds=15,
+                             url_template=f"http://{{node}}:{server.port}/api/v1/gpu-reset")
+    ref = asyncio.run(ctl.submit(ValidationRequest(node="127.0.0.1", idempotency_key="p")))
+    first = asyncio.run(ctl.status(ref))
+    assert first.phase is ActionPhase.RUNNING
+    gate.set()
+    service.wait("p", 5)
+    assert asyncio.run(ctl.status(ref)) is first  # not asked again yet
+    clock.advance(15)
+    assert asyncio.run(ctl.status(ref)).phase is ActionPhase.SUCCEEDED
