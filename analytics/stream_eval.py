@@ -45,7 +45,7 @@ import numpy as np
 from analytics import synthetic
 from analytics.gaps import TelemetryGapDetector
 from analytics.online import signal_of
-from analytics.peers import PeerComparison
+from analytics.peers import PeerComparison, PeerEpisodes
 from analytics.predictor import OnlineFailurePredictor
 from analytics.rates import CounterRates
 from analytics.thresholds import (
@@ -55,7 +55,7 @@ from analytics.thresholds import (
     SpotDetector,
 )
 from analytics.windowing import BoolArray, FloatArray, IntArray, SeriesBatch, VectorDetector
-from core.records import Action, Event, FeatureVector, Finding, Severity
+from core.records import Action, EntityId, Event, FeatureVector, Finding, NodeName, Severity
 
 REPORTING_SEED = 61_708_293
 """Seed of the reported scores: picked 2026-11-30 before anything was scored, never run in
@@ -188,6 +188,7 @@ class Harness:
         self.rates = CounterRates()
         self.gaps = TelemetryGapDetector() if "gaps" in only else None
         self.peers = PeerComparison(min_scale=1.0, min_peers=3) if "peers" in only else None
+        self.peer_episodes = PeerEpisodes(open_z=self.peers.z_threshold if self.peers else 5.0)
         self.river: dict[str, Any] = {}
         if "hst" in only or "sad" in only:
             from analytics.hst import HalfSpaceTreesDetector, StandardAbsoluteDeviationDetector
@@ -309,8 +310,12 @@ class Harness:
                 group=np.zeros(rows.size, dtype=np.int64),
                 covariate=power[rows],
             )
-            flagged = rows[np.flatnonzero(verdict.flagged)]
-            self.scorers["peers"].add_codes(flagged.astype(np.int64), at)
+            # one alarm per episode, as run reports them (PeerEpisodes, issue #15)
+            episodes = self.peer_episodes
+            opened = [r for r, z in zip(rows.tolist(), verdict.z_node.tolist(), strict=True)
+                      if episodes.update((NodeName(""), EntityId(str(r))), z, at)]
+            flagged = np.asarray(opened, dtype=np.int64)
+            self.scorers["peers"].add_codes(flagged, at)
             self.seconds["peers"] += time.perf_counter() - started
         if not (self.river or self.predictors):
             return
