@@ -38,17 +38,24 @@ Key = tuple[str, str, str, str]
 class WorkAttribution:
     """Attach the work each new finding hit (module docstring).
 
+    Bounded, so a burst of thousands of new findings costs the scheduler little and holds
+    up no decision: at most ``max_targets`` (node, GPU) pairs are asked per evaluation (the
+    rest at the next ones), each answer serves every finding of that pair, and within
+    ``timeout_seconds``.
+
     Args:
         locator: The scheduler adapter.
         timeout_seconds: Longest wait for the scheduler per evaluation, seconds.
         max_refs: Work items named per finding (the rest are counted).
+        max_targets: (node, entity) pairs asked per evaluation.
     """
 
     def __init__(self, locator: WorkLocator, *, timeout_seconds: float = 0.5,
-                 max_refs: int = 8) -> None:
+                 max_refs: int = 8, max_targets: int = 16) -> None:
         self.locator = locator
         self.timeout_seconds = timeout_seconds
         self.max_refs = max_refs
+        self.max_targets = max_targets
         self._work: dict[Key, tuple[WorkRef, ...]] = {}
         self._said = False
 
@@ -60,7 +67,8 @@ class WorkAttribution:
         """Ask about the findings seen for the first time; return all with their work line."""
         wanted = [f for f in findings if f.key not in self._work
                   and f.kind not in SKIPPED_KINDS and f.severity.rank >= Severity.WARNING.rank]
-        targets = sorted({(f.node, f.entity) for f in wanted})
+        targets = sorted({(f.node, f.entity) for f in wanted})[: self.max_targets]
+        wanted = [f for f in wanted if (f.node, f.entity) in set(targets)]
         if targets:
             try:
                 answers = await asyncio.wait_for(
