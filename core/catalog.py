@@ -745,7 +745,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         type=C,
         unit="1",
         help="Remediation actions that reached a phase, by step and phase",
-        labels=("step", "phase"),
+        labels=("step", "phase", "dry_run"),
     ),
     MetricSpec(
         name="gpuhealth_remediation_held_total",

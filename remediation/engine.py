@@ -168,8 +168,9 @@ def fingerprint_of(incident: str) -> str:
 class EngineStats:
     """Counters for the Prometheus metrics (read by the service)."""
 
-    transitions: dict[tuple[str, str], int] = field(default_factory=dict)
-    """``(step, decision)`` -> count of engine transitions since start."""
+    transitions: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    """``(step, decision, dry_run)`` -> count of engine transitions since start (``dry_run``
+    ``"true"``: recorded only, nothing was done)."""
     held: dict[str, int] = field(default_factory=dict)
     """Reason class -> steps held back (breaker, rate limit, approval, human, opt-out)."""
     remediate_seconds: list[float] = field(default_factory=list)
@@ -660,7 +661,7 @@ class RemediationEngine:
             return []  # a human cancelled it meanwhile
         self._said.pop(action.id, None)
         self._inspected[action.id] = now  # the node was read just before: next read later
-        self._count(action.step, SUBMITTED)
+        self._count(action.step, SUBMITTED, action.dry_run)
         out = [self._audit(action, SUBMITTED, f"{adapter.name} ref {ref}", now)]
 
         running = self.store.get(action.id)
@@ -759,7 +760,7 @@ class RemediationEngine:
                 message=status.message, finished_at=now,
             ):
                 return []
-            self._count(action.step, SUCCEEDED)
+            self._count(action.step, SUCCEEDED, action.dry_run)
             return [self._audit(action, SUCCEEDED, status.message, now),
                     *self._after_success(action, now)]
         if status.phase == ActionPhase.CANCELLED:
@@ -771,7 +772,7 @@ class RemediationEngine:
         if status.phase == ActionPhase.CANCELLED:
             self.store.update(action.id, now=now, phase=status.phase, finished_at=now,
                               message=status.message)
-            self._count(action.step, FAILED)
+            self._count(action.step, FAILED, action.dry_run)
             return [self._audit(action, FAILED, status.message, now)]
         started = action.started_at if action.started_at is not None else now
         if now - started > self.step_timeout_seconds:
@@ -1008,7 +1009,7 @@ class RemediationEngine:
                                     f"{fix.step.value}: hand-off to hardware service; "
                                     f"{status.message}", now)
             extra = {"validation": "failed", "report": report}
-            self._count(fix.step, VALIDATION_FAILED)
+            self._count(fix.step, VALIDATION_FAILED, fix.dry_run)
             out.extend([replace(failed, details={**failed.details, **extra}),
                         replace(escalated, details={**escalated.details, **extra})])
             target = EntityId(fix.entity) if fix.entity != NODE_ENTITY else EntityId(inc.entity)
@@ -1117,7 +1118,7 @@ class RemediationEngine:
                                  expect=(expect,) if expect is not None else None,
                                  message=why, finished_at=now):
             return []
-        self._count(action.step, FAILED)
+        self._count(action.step, FAILED, action.dry_run)
         self._fail_count(action.step, classification)
         failed = self._audit(action, FAILED, why, now)
         escalated = self._audit(action, ESCALATED, f"{action.step.value} failed "
@@ -1173,8 +1174,8 @@ class RemediationEngine:
         key = (step.value, classification)
         self.stats.failures[key] = self.stats.failures.get(key, 0) + 1
 
-    def _count(self, step: RemediationStep, decision: str) -> None:
-        key = (step.value, decision)
+    def _count(self, step: RemediationStep, decision: str, dry_run: bool) -> None:
+        key = (step.value, decision, "true" if dry_run else "false")
         self.stats.transitions[key] = self.stats.transitions.get(key, 0) + 1
 
     def _count_held(self, why: str) -> None:

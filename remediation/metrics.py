@@ -3,7 +3,8 @@
 Read at each scrape from the engine, its policy and the action store, so the figures are
 the engine's own, not copies the service keeps in step:
 
-- ``gpuhealth_remediation_actions_total{step,phase}``: engine transitions since start;
+- ``gpuhealth_remediation_actions_total{step,phase,dry_run}``: engine transitions since
+  start (``dry_run="true"``: recorded only, nothing was done to the node);
 - ``gpuhealth_remediation_held_total{reason}``: steps held back (breaker, rate limit,
   approval, human, opt-out, budget);
 - ``gpuhealth_remediation_failures_total{step,classification}``: failed attempts of a
@@ -70,7 +71,8 @@ class RemediationCollector:
         engine, stats = self.engine, self.engine.stats
         policy = engine.policy
         yield family("gpuhealth_remediation_actions_total",
-                     [({"step": s, "phase": p}, n) for (s, p), n in stats.transitions.items()])
+                     [({"step": s, "phase": p, "dry_run": d}, n)
+                      for (s, p, d), n in stats.transitions.items()])
         yield family("gpuhealth_remediation_held_total",
                      [({"reason": r}, n) for r, n in stats.held.items()])
         yield family("gpuhealth_remediation_failures_total",
