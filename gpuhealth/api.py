@@ -236,9 +236,9 @@ def ingest(
                 accepted_at=pipeline.clock(), node=node, file=file, facts=dict(facts or {}),
                 body=data))
         except WRITE_ERRORS as exc:
-            logger.error("ingest for node %s not accepted: the journal cannot be written: %s",  # noqa: TRY400
-                         node, exc)
+            pipeline.remediation.report("journal", exc, f"ingest for node {node} refused")
             raise IngestNotRecorded(f"cannot record the artifact now ({exc}); retry") from exc
+        pipeline.remediation.report("journal", None)
     if facts:
         pipeline.set_node_facts(node, facts)
     healthy = pipeline.observe_snapshot(node, records, received_at=accepted_at)

@@ -465,8 +465,10 @@ class Pipeline:
                 try:
                     self.journal.hold(kept, at=now, source=source)
                 except WRITE_ERRORS as exc:
-                    logger.error("cannot journal %d held finding(s): %s (they hold until "  # noqa: TRY400
-                                 "a restart)", len(kept), exc)
+                    self._stage.report("journal", exc, f"{len(kept)} held finding(s) are "
+                                       "not journaled (they hold until a restart)")
+                else:
+                    self._stage.report("journal", None)
 
     def recover(self) -> list[tuple[Finding, str]]:
         """Open again the held findings the journal has (after a restart or a take-over).
@@ -512,7 +514,8 @@ class Pipeline:
                 try:
                     self.journal.clear(keys)
                 except WRITE_ERRORS as exc:
-                    logger.error("cannot journal %d cleared finding(s): %s", len(keys), exc)  # noqa: TRY400
+                    self._stage.report("journal", exc, f"{len(keys)} cleared finding(s) "
+                                       "are not journaled")
 
     def mark_healthy(self, node: str, entity: str | None, *, reason: str, by: str
                      ) -> list[Finding]:
@@ -662,6 +665,10 @@ class Pipeline:
             else:  # the leader notifies; a new leader sends what the old one did not
                 notified, pages = [], []
                 self._routing = False
+        unsaved = self._router.outbox.unsaved()
+        self._stage.report("outbox", TemporaryError(
+            f"the notification outbox {self._router.outbox.where} cannot be written; "
+            f"{unsaved} notification(s) wait in memory") if unsaved else None)
         output = PipelineOutput(
             findings=findings,
             alerts=changed,

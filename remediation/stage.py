@@ -334,8 +334,25 @@ class RemediationStage:
         if isinstance(self.audit, AuditStore):
             self.audit.close()
 
+    def report(self, store: str, exc: BaseException | None, what: str = "") -> None:
+        """Another state store's write result (the input journal, the notification outbox).
+
+        All state stores share one registry of failures: a store failing for
+        :data:`SELF_ALERT_AFTER_SECONDS` is a critical self-alert, every failure counts in
+        ``gpuhealth_state_write_failures_total{store}``.
+
+        Args:
+            store: The store's name (``journal``, ``outbox``).
+            exc: The write's error, or ``None`` when it succeeded.
+            what: What waits or was lost, for the log.
+        """
+        if exc is None:
+            self._ok(store)
+        else:
+            self._failed(store, exc, what)
+
     def _failed(self, store: str, exc: BaseException, what: str) -> None:
-        self.write_failures[store] += 1
+        self.write_failures[store] = self.write_failures.get(store, 0) + 1
         first = store not in self._failing
         self._failing[store] = _why(exc)
         self._failing_since.setdefault(store, self.engine.clock())

@@ -275,3 +275,25 @@ def test_full_disk_costs_no_audit_line_and_no_budget_slot(tmp_path: Path) -> Non
         assert again.policy.out_of_service == frozenset({"n1"})
         assert {a.request().idempotency_key for a in again.actions.actions()} == stored
         again.close()
+
+
+def test_any_state_store_that_cannot_be_written_is_a_self_alert(tmp_path: Path) -> None:
+    from storage.journal import InputJournal
+
+    class FullJournal(InputJournal):
+        def hold(self, findings, *, at, source=""):  # type: ignore[no-untyped-def]
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "j.sqlite"))
+
+    clock = FakeClock(now=0.0)
+    p = make(clock, tmp_path)
+    p.journal = FullJournal(tmp_path / "j.sqlite")
+    p.observe_findings([finding("n1", "94")], hold_seconds=3600)
+    p.evaluate()
+    assert p.remediation.failing_store()["journal"].startswith("no space left on the device")
+    clock.advance(31)
+    p.observe_findings([finding("n1", "94")], hold_seconds=3600)
+    out = p.evaluate()
+    (self_alert,) = [f for f in out.findings if f.kind == "gpuhealth"]
+    assert (self_alert.entity, self_alert.severity) == ("journal", Severity.CRITICAL)
+    assert p.remediation.write_failures["journal"] == 2
+    p.close()
