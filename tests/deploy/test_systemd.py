@@ -34,17 +34,18 @@ def analyze() -> str:
 
 
 def units(tmp_path: Path) -> list[Path]:
+    """Copies of the shipped units in ``tmp_path`` (a test may break its copy, never the
+    shipped file), with ExecStart's path replaced unless the documented install exists."""
     shipped = [ROOT / "deploy" / "systemd" / name for name in UNITS]
-    if Path(INSTALLED).is_file():
-        return shipped
-    here = Path(sys.executable).with_name("gpuhealth")
-    assert here.is_file()
+    here = INSTALLED if Path(INSTALLED).is_file() else str(
+        Path(sys.executable).with_name("gpuhealth"))
+    assert Path(here).is_file()
     out = []
     for unit in shipped:
         text = unit.read_text()
         assert text.count(INSTALLED) == 1
         copy = tmp_path / unit.name
-        copy.write_text(text.replace(INSTALLED, str(here)))
+        copy.write_text(text.replace(INSTALLED, here))
         out.append(copy)
     return out
 
