@@ -40,11 +40,11 @@ from typing import Any, Protocol
 
 import httpx
 
-from alerting.webhook import _ssl_context, secret_key, sign
+from alerting.webhook import _ssl_context, sign
 from core.clock import Clock, system_clock
 from core.errors import ConfigError
 from remediation.validation import CommandRunner, run_command, tail
-from remediation.webhook import resolve_secret
+from remediation.webhook import node_agent_key
 
 logger = logging.getLogger(__name__)
 
@@ -444,17 +444,10 @@ class NodeAgentBundler(_Threaded):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__()
-        if "{node}" not in url_template or not url_template.startswith(("http://", "https://")):
-            raise ConfigError(f"url_template must be an http(s) URL with {{node}}, "
-                              f"got {url_template!r}")
         if timeout_seconds <= 0:
             raise ConfigError("bundle timeout_seconds must be > 0")
-        secret = resolve_secret(secret=secret, secret_env=secret_env, secret_file=secret_file,
-                                what="node agent bundle")
-        try:
-            self._key = secret_key(secret)
-        except ValueError as exc:
-            raise ConfigError(f"node agent secret: {exc}") from None
+        self._key = node_agent_key(url_template, secret=secret, secret_env=secret_env,
+                                   secret_file=secret_file, what="node agent bundle")
         self.url_template = url_template
         self.timeout_seconds = timeout_seconds
         self.verify = verify

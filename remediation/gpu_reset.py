@@ -55,7 +55,6 @@ from alerting.webhook import (
     SignatureError,
     WebhookVerifier,
     _ssl_context,
-    secret_key,
     sign,
 )
 from core.clock import Clock, system_clock
@@ -72,7 +71,7 @@ from remediation.validation import (
     run_command,
     tail,
 )
-from remediation.webhook import resolve_secret
+from remediation.webhook import node_agent_key
 
 logger = logging.getLogger(__name__)
 
@@ -968,17 +967,10 @@ class NodeAgentResetter:
         id_factory: Callable[[], str] | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if "{node}" not in url_template or not url_template.startswith(("http://", "https://")):
-            raise ConfigError(f"url_template must be an http(s) URL with {{node}}, "
-                              f"got {url_template!r}")
         if min(timeout_seconds, retry_interval_seconds, deadline_seconds) <= 0:
             raise ConfigError("node agent timeouts, retry interval and deadline must be > 0")
-        secret = resolve_secret(secret=secret, secret_env=secret_env, secret_file=secret_file,
-                                what="node_agent")
-        try:
-            self._key = secret_key(secret)
-        except ValueError as exc:
-            raise ConfigError(f"node agent secret: {exc}") from None
+        self._key = node_agent_key(url_template, secret=secret, secret_env=secret_env,
+                                   secret_file=secret_file, what="node_agent")
         self.url_template = url_template
         self.timeout_seconds = timeout_seconds
         self.retry_interval_seconds = retry_interval_seconds

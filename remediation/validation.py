@@ -44,13 +44,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from alerting.webhook import _ssl_context, secret_key, sign
+from alerting.webhook import _ssl_context, sign
 from collectors.nvml import NvmlCollector
 from core.clock import Clock, system_clock
 from core.errors import ConfigError, GpuHealthError, PermanentError
 from core.ids import normalize_pci_bus_id
 from core.records import ActionPhase, Event, Sample
-from remediation.webhook import resolve_secret
+from remediation.webhook import node_agent_key
 
 logger = logging.getLogger(__name__)
 
@@ -730,20 +730,13 @@ class NodeAgentValidator:
         clock: Clock = system_clock,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if "{node}" not in url_template or not url_template.startswith(("http://", "https://")):
-            raise ConfigError(f"url_template must be an http(s) URL with {{node}}, "
-                              f"got {url_template!r}")
         if min(timeout_seconds, deadline_seconds) <= 0 or poll_interval_seconds < 0:
             raise ConfigError("validation timeout and deadline must be > 0, "
                               "poll_interval_seconds >= 0")
         self.poll_interval_seconds = poll_interval_seconds
         self._asked: dict[str, tuple[float, ValidationStatus]] = {}
-        secret = resolve_secret(secret=secret, secret_env=secret_env, secret_file=secret_file,
-                                what="node agent validation")
-        try:
-            self._key = secret_key(secret)
-        except ValueError as exc:
-            raise ConfigError(f"node agent secret: {exc}") from None
+        self._key = node_agent_key(url_template, secret=secret, secret_env=secret_env,
+                                   secret_file=secret_file, what="node agent validation")
         self.url_template = url_template
         self.timeout_seconds = timeout_seconds
         self.deadline_seconds = deadline_seconds

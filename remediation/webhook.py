@@ -132,6 +132,27 @@ def resolve_secret(
     return lines[0].strip()
 
 
+def node_agent_key(url_template: str, *, secret: str | None, secret_env: str | None,
+                   secret_file: str | None, what: str) -> bytes:
+    """Check a node agent's URL template and return the key that signs requests to it.
+
+    The GPU-reset, validation and bundle clients of the node agent share this check.
+
+    Raises:
+        ConfigError: The template is not an http(s) URL with ``{node}``, or the secret is
+            missing, unreadable or malformed (names ``what``).
+    """
+    if "{node}" not in url_template or not url_template.startswith(("http://", "https://")):
+        raise ConfigError(f"url_template must be an http(s) URL with {{node}}, "
+                          f"got {url_template!r}")
+    value = resolve_secret(secret=secret, secret_env=secret_env, secret_file=secret_file,
+                           what=what)
+    try:
+        return secret_key(value)
+    except ValueError as exc:
+        raise ConfigError(f"node agent secret: {exc}") from None
+
+
 def action_ref(idempotency_key: str) -> str:
     """Return the ref of an action: ``webhook-`` + 20 hex digits of SHA-256 of its key.
 
