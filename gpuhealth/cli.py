@@ -238,10 +238,13 @@ def controller(ctx: click.Context, config_path: str | None) -> None:
               show_default=True, help="With --live: seconds to wait for the steps to finish.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               envvar="GPUHEALTH_CONFIG", help="TOML settings (the scheduler for --live).")
+@click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True),
+              default=None, help="Also stream every prediction, anomaly, finding, alert and "
+              "warning to this file as JSON lines, in the recording's time ('-': stdout).")
 def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
            audit_log: str | None, max_disrupted_fraction: float,
            cluster_size: int | None, node_facts: str | None, live: bool,
-           wait_seconds: float, config_path: str | None) -> None:
+           wait_seconds: float, config_path: str | None, events_path: str | None) -> None:
     """Feed recorded files through the run pipeline; print findings, alerts and actions.
 
     Each file is its own node (named after the file) unless --context node=NAME is given.
@@ -252,6 +255,8 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     Exit status, as diagnose: 0 worst finding at the end is info, 1 warning, 2 major,
     3 critical, 4 nothing could be read, 64 usage error.
     """
+    import contextlib
+
     from gpuhealth.replay import load_node_facts, render_errors, render_text, to_json
     from gpuhealth.replay import replay as run_replay
 
@@ -260,18 +265,23 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
         live_options = _live_remediation(config_path, cluster_size=cluster_size,
                                          max_disrupted_fraction=max_disrupted_fraction)
         audit_log = audit_log or live_options.pop("audit_log")
-    report = run_replay(
-        list(paths),
-        facts=_parse_context(context),
-        audit_log_path=audit_log,
-        max_disrupted_fraction=(max_disrupted_fraction if max_disrupted_fraction is not None
-                                else 0.10),
-        cluster_size=cluster_size,
-        node_facts=load_node_facts(node_facts) if node_facts else None,
-        wait_seconds=wait_seconds if live else 0.0,
-        analytics=_analytics_settings(config_path),
-        **live_options,
-    )
+    analytics = _analytics_settings(config_path)
+    with contextlib.ExitStack() as stack:
+        events = (stack.enter_context(click.open_file(events_path, "w", encoding="utf-8"))
+                  if events_path else None)
+        report = run_replay(
+            list(paths),
+            facts=_parse_context(context),
+            audit_log_path=audit_log,
+            max_disrupted_fraction=(max_disrupted_fraction if max_disrupted_fraction is not None
+                                    else 0.10),
+            cluster_size=cluster_size,
+            node_facts=load_node_facts(node_facts) if node_facts else None,
+            wait_seconds=wait_seconds if live else 0.0,
+            analytics=analytics,
+            events=events,
+            **live_options,
+        )
     if as_json:
         click.echo(json.dumps(to_json(report), indent=2))
     else:

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
@@ -47,6 +47,7 @@ from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
 from core.clock import Clock, system_clock
 from core.codec import finding_to_json
+from core.ids import gpu_index_entity, normalize_pci_bus_id
 from core.protocols import AsyncCloseable, Closeable, Notifier, SchedulerAdapter
 from core.records import (
     ActionPhase,
@@ -84,6 +85,9 @@ class NodeReplay:
         node: The node name.
         files: Input files attributed to the node.
         findings: Findings about the node at the end of the replay, worst first.
+        findings_seen: Every finding the node had at any evaluation, one per episode (from
+            the evaluation that first saw it to the last one), in the order they opened;
+            the open ones as of the end.
         alerts: Alerts sent for the node, in order.
         actions: Dry-run action requests for the node, in order.
         held: Audit records of steps held back for the node (budget, opt-out...).
@@ -94,6 +98,7 @@ class NodeReplay:
     node: str
     files: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    findings_seen: list[Finding] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
     actions: list[ActionRequest] = field(default_factory=list)
     held: list[AuditRecord] = field(default_factory=list)
@@ -121,13 +126,15 @@ class StreamAnalysis:
         samples: Samples analysed.
         anomalies: Count per ``"<kind> <detector> <metric>"`` (kinds as in
             :class:`~analytics.online.OnlineResult`; gap closures not counted).
-        listed: The first ``max_listed`` anomalies and gaps (JSON-ready dicts).
+        listed: Every anomaly, gap and peer outlier, in time order (JSON-ready dicts).
         predictions: Published predictions at or above ``threshold``, in time order.
         predictions_made: Predictions published (any probability).
         withheld: Predictions withheld while the model had learned too few failures.
         positives_learned: Failure-labelled vectors the predictor learned.
         threshold: Probability from which a prediction is listed (the warning alert's 0.5).
-        max_listed: Anomalies kept in ``listed``.
+        aliases: Other names of a GPU per ``(node, entity)`` (UUID, PCI bus id, ``gpu:N``,
+            ``serial:S``), from the recording's inventory (``gpu_info`` samples,
+            ``gpu_identity`` events); empty when it has none.
     """
 
     samples: int = 0
@@ -138,7 +145,7 @@ class StreamAnalysis:
     withheld: int = 0
     positives_learned: int = 0
     threshold: float = 0.5
-    max_listed: int = 1000
+    aliases: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -277,15 +284,209 @@ def _time_steps(records: Iterable[Record]) -> Iterator[list[Record]]:
         yield step
 
 
+class RecordClock:
+    """The replay's clock: the recording's own time while a recording plays.
+
+    A line-protocol recording sets :attr:`at` to each time step's time stamp, so alerts,
+    audit records, held findings and the remediation engine run in the recording's time, as
+    ``run`` would have when it was recorded; other inputs (case files, logs) leave it
+    unset and ``fallback`` gives the time. After the last file, :meth:`release` lets it run
+    on from the recording's last time with the real time that passes (a live replay waits
+    for its steps to finish).
+
+    Args:
+        fallback: The clock when no recording is playing.
+
+    Examples:
+        >>> clock = RecordClock(lambda: 5.0)
+        >>> clock()
+        5.0
+        >>> clock.follow(1_700_000_000.0)
+        >>> clock.follow(1_699_999_000.0)  # never backwards
+        >>> clock()
+        1700000000.0
+        >>> clock.recording
+        True
+    """
+
+    def __init__(self, fallback: Clock) -> None:
+        self.fallback = fallback
+        self.at: float | None = None
+        self._released_at: float | None = None
+
+    @property
+    def recording(self) -> bool:
+        """Whether the time is a recording's."""
+        return self.at is not None
+
+    def follow(self, at: float) -> None:
+        """Move to ``at``, a recording's time stamp (epoch seconds), if it is later."""
+        if self.at is None or at > self.at:
+            self.at = at
+        self._released_at = None
+
+    def leave(self) -> None:
+        """Go back to ``fallback`` (an input without its own times comes next)."""
+        self.at = None
+        self._released_at = None
+
+    def release(self) -> None:
+        """From now on, run on from the recording's last time with the real time passing."""
+        if self.at is not None:
+            self._released_at = time.monotonic()
+
+    def __call__(self) -> float:
+        """Return now, epoch seconds."""
+        if self.at is None:
+            return self.fallback()
+        if self._released_at is None:
+            return self.at
+        return self.at + (time.monotonic() - self._released_at)
+
+
+EVENT_TYPES = ("prediction", "anomaly", "finding", "alert", "warning")
+"""The ``type`` of the lines of ``replay --events``."""
+
+
+class EventStream:
+    """Writes what a replay produces as JSON lines, as it comes (``replay --events FILE``).
+
+    One object per line, each with ``type`` (one of :data:`EVENT_TYPES`), ``at`` (the
+    recording's time, epoch seconds; ``null`` for a warning), ``node`` and ``entity``, then
+    the payload, as ``--json`` spells it:
+
+    - ``prediction``: every published prediction (:func:`prediction_to_json`, with
+      ``aliases``); ``at`` is ``predicted_at``;
+    - ``anomaly``: every anomaly, telemetry gap and peer outlier (``kind``, ``detector``,
+      ``metric``, ``observed_at``, ``score``, ``threshold``); ``at`` is ``observed_at``;
+    - ``finding``: a finding opening (``state`` ``open``) or gone (``cleared``) at an
+      evaluation (:func:`~core.codec.finding_to_json`, times stamped as in the report);
+      ``at`` is the evaluation's time;
+    - ``alert``: every alert that changed (:func:`~alerting.alerts.alert_to_json`);
+    - ``warning``: an input problem (``file``, ``line``, ``reason``), as ``errors`` in
+      ``--json``.
+
+    Args:
+        handle: A text file open for writing; flushed, never closed, by the stream.
+    """
+
+    def __init__(self, handle: IO[str]) -> None:
+        self.handle = handle
+        self.written = 0
+        self._encode = json.JSONEncoder(separators=(",", ":")).encode
+
+    def write(self, kind: str, at: float | None, node: str | None, entity: str | None,
+              payload: Mapping[str, Any]) -> None:
+        """Write one line."""
+        line = {"type": kind, "at": at, "node": node, "entity": entity}
+        line.update(payload)
+        self.handle.write(self._encode(line))
+        self.handle.write("\n")
+        self.written += 1
+
+    def flush(self) -> None:
+        """Flush the file."""
+        self.handle.flush()
+
+
+class _FindingLog:
+    """Episodes of findings over the replay's evaluations, in the recording's time.
+
+    A finding from the fault model's states (a sample past a threshold, a counter that
+    rose) carries no time of its own; while a recording plays, it is stamped with the time
+    of the first evaluation of its episode (``first_seen_at``) and of the latest one that
+    still saw it (``last_seen_at``). A finding with times of its own (an event's) keeps them.
+    """
+
+    def __init__(self, events: EventStream | None) -> None:
+        self.events = events
+        self._open: dict[tuple[str, str, str, str], list[Any]] = {}  # key -> [first, Finding]
+        self.closed: list[Finding] = []
+
+    def update(self, findings: Sequence[Finding], now: float, *, stamp: bool) -> list[Finding]:
+        """Account for one evaluation's findings; return them stamped."""
+        out: list[Finding] = []
+        current: set[tuple[str, str, str, str]] = set()
+        for finding in findings:
+            key = finding.key
+            current.add(key)
+            episode = self._open.get(key)
+            fresh = episode is None
+            if episode is None:
+                episode = self._open[key] = [now, finding]
+            if stamp and (finding.first_seen_at is None or finding.last_seen_at is None):
+                finding = dataclasses.replace(
+                    finding,
+                    first_seen_at=(finding.first_seen_at if finding.first_seen_at is not None
+                                   else episode[0]),
+                    last_seen_at=(finding.last_seen_at if finding.last_seen_at is not None
+                                  else now))
+            episode[1] = finding
+            out.append(finding)
+            if fresh and self.events is not None:
+                self.events.write("finding", now, finding.node, finding.entity,
+                                  {"state": "open", **finding_to_json(finding)})
+        for key in [k for k in self._open if k not in current]:
+            gone: Finding = self._open.pop(key)[1]
+            self.closed.append(gone)
+            if self.events is not None:
+                self.events.write("finding", now, gone.node, gone.entity,
+                                  {"state": "cleared", **finding_to_json(gone)})
+        return out
+
+    def seen(self) -> list[Finding]:
+        """Every episode, closed or still open, in the order they opened."""
+        episodes = [*self.closed, *(f for _, f in self._open.values())]
+        return sorted(episodes, key=lambda f: (
+            f.first_seen_at if f.first_seen_at is not None else float("inf")))
+
+
+class _Aliases:
+    """Other names of each GPU, from the inventory records of a recording."""
+
+    def __init__(self) -> None:
+        self.of: dict[tuple[str, str], list[str]] = {}
+
+    def learn(self, record: Record, resolve: Callable[[str, str], str]) -> None:
+        if isinstance(record, Sample) and record.metric == "gpu_info":
+            names = record.labels
+            pci = names.get("pci_bus_id", "")
+        elif isinstance(record, Event) and record.kind == "gpu_identity":
+            names = record.attrs
+            pci = record.entity
+        else:
+            return
+        canonical = resolve(record.node, record.entity)
+        spellings = {record.entity, names.get("uuid", "")}
+        if pci:
+            spellings.add(normalize_pci_bus_id(pci) or pci)
+        if names.get("serial"):
+            spellings.add(f"serial:{names['serial']}")
+        index = names.get("index", "")
+        if index.isdigit():
+            spellings.add(gpu_index_entity(index))
+        key = (str(record.node), str(canonical))
+        known = set(self.of.get(key, ()))
+        spellings |= known
+        spellings.discard("")
+        spellings.discard(canonical)
+        if spellings != known:
+            self.of[key] = sorted(spellings)
+
+
 class _Analyst:
     """Runs the online detectors and the failure predictor over recorded time steps."""
 
-    def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis) -> None:
+    def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis,
+                 events: EventStream | None = None) -> None:
         from analytics.prediction_stage import PredictionStage
         from analytics.prior import PRIOR_PATH
 
         self.report = report
+        self.events = events
         self.now = 0.0
+        self.aliases = _Aliases()
+        report.aliases = self.aliases.of
         self.online = (
             OnlineAnalytics(
                 detector=settings.detector,
@@ -321,17 +522,27 @@ class _Analyst:
         if self.online is not None and samples:
             for result in self.online.observe(samples):
                 self._note(result)
-        if self.stage is not None:
-            self.stage.observe(step)  # samples, and the inventory's identities
+        stage = self.stage
+        if stage is not None:
+            stage.observe(step)  # samples, and the inventory's identities
+            for record in step:
+                if (record.metric == "gpu_info" if isinstance(record, Sample)
+                        else isinstance(record, Event) and record.kind == "gpu_identity"):
+                    self.aliases.learn(record, stage.identity.gpu)
             if self._stepped_at is None or self.now - self._stepped_at >= self.interval:
                 self._stepped_at = self.now
-                made = self.stage.step(self.now)
+                made = stage.step(self.now)
                 self.report.predictions_made += len(made)
-                self.report.predictions.extend(
-                    p for p in made if p.probability >= self.report.threshold
-                )
-                self.report.withheld = self.stage.withheld
-                self.report.positives_learned = self.stage.predictor.learned_positive
+                threshold = self.report.threshold
+                self.report.predictions.extend(p for p in made if p.probability >= threshold)
+                self.report.withheld = stage.withheld
+                self.report.positives_learned = stage.predictor.learned_positive
+                if self.events is not None:
+                    of = self.aliases.of
+                    write = self.events.write
+                    for p in made:
+                        write("prediction", p.predicted_at, p.node, p.entity,
+                              prediction_to_json(p, of.get((p.node, p.entity), ())))
 
     def _note(self, result: OnlineResult) -> None:
         if result.kind == "gap_closed":
@@ -339,19 +550,19 @@ class _Analyst:
         a = result.anomaly
         key = f"{result.kind} {a.detector} {result.metric or '-'}"
         self.report.anomalies[key] = self.report.anomalies.get(key, 0) + 1
-        if len(self.report.listed) < self.report.max_listed:
-            self.report.listed.append(
-                {
-                    "kind": result.kind,
-                    "detector": a.detector,
-                    "metric": result.metric,
-                    "node": a.node,
-                    "entity": a.entity,
-                    "observed_at": a.observed_at,
-                    "score": a.score,
-                    "threshold": a.threshold,
-                }
-            )
+        listed = {
+            "kind": result.kind,
+            "detector": a.detector,
+            "metric": result.metric,
+            "node": a.node,
+            "entity": a.entity,
+            "observed_at": a.observed_at,
+            "score": a.score,
+            "threshold": a.threshold,
+        }
+        self.report.listed.append(listed)
+        if self.events is not None:
+            self.events.write("anomaly", a.observed_at, a.node, a.entity, listed)
 
     def label(self, findings: Iterable[Finding]) -> None:
         """Give the predictor the failures it has not seen (its labels: failure_kind)."""
@@ -399,6 +610,8 @@ def replay(
     analytics: AnalyticsSettings | None = None,
     analyse: bool = True,
     guard: Guards | None = None,
+    events: IO[str] | None = None,
+    evaluate_seconds: float = 300.0,
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -408,7 +621,10 @@ def replay(
         facts: Machine facts; ``node`` puts every file on that node.
         audit_log_path: JSONL audit log to append to; an existing log makes
             a replay of the same incidents request nothing twice.
-        clock: Returns now, epoch seconds (alert and audit times).
+        clock: Returns now, epoch seconds: the alert and audit times of inputs without
+            their own times, the far-future check of line-protocol lines. While a
+            line-protocol recording plays, the pipeline runs on the recording's time
+            (:class:`RecordClock`).
         notifiers: Where alerts go (none by default).
         max_disrupted_fraction: Disruption budget as a fleet share, in (0, 1].
         cluster_size: Fleet size for the budget; the number of replayed nodes by default.
@@ -440,13 +656,26 @@ def replay(
             :func:`gpuhealth.compose.guards` of the configuration, as ``run`` builds them);
             when given, ``max_disrupted_fraction``, ``cluster_size``, ``opt_out_nodes``,
             ``dry_run`` and ``engine_options`` are not used.
+        events: Where to stream every prediction, anomaly, finding, alert and warning as
+            JSON lines (:class:`EventStream`), or ``None``.
+        evaluate_seconds: While a recording plays, the pipeline is evaluated at every time
+            step that holds an event and at least every this many seconds of the
+            recording's time (> 0), so a state finding's times are the recording's to
+            within this.
+
+    Raises:
+        ValueError: ``evaluate_seconds`` is not > 0.
 
     Returns:
         Per-node findings, alerts, pages, dry-run actions and held-back steps, and for
         recorded telemetry what the detectors and the predictor found.
     """
+    if not evaluate_seconds > 0:
+        raise ValueError(f"evaluate_seconds must be > 0, got {evaluate_seconds!r}")
     facts = dict(facts or {})
     files = list(expand_paths(list(paths)))
+    record_clock = RecordClock(clock)
+    stream = EventStream(events) if events is not None else None
     fixed_node = facts.get("node")
     if not fixed_node:
         node_facts = {**folder_node_facts(paths), **(node_facts or {})} or None
@@ -463,7 +692,7 @@ def replay(
         notifiers=notifiers,
         audit_log_path=audit_log_path,
         min_alert_severity=min_alert_severity,
-        clock=clock,
+        clock=record_clock,
         rules=rules,
         page_notifiers=page_notifiers,
         node_facts=node_facts,
@@ -503,11 +732,17 @@ def replay(
 
     findings: list[Finding] = []
     analyst: _Analyst | None = None
+    log = _FindingLog(stream)
+    reported = 0
 
-    def collect(output: Any, node: str) -> None:
+    def collect(output: Any, node: str) -> list[Finding]:
         output.audit.extend(tick())
+        now = record_clock()
         for alert in output.alerts:
             slot(alert.labels.get("node", node)).alerts.append(alert)
+            if stream is not None:
+                stream.write("alert", now, alert.labels.get("node", node),
+                             alert.labels.get("entity"), alert_to_json(alert))
         for page in output.pages:
             slot(page.labels.get("node", node)).pages.append(page)
         for request in output.actions:
@@ -516,19 +751,21 @@ def replay(
             if record.decision == DECISION_HELD:
                 slot(record.node).held.append(record)
         report.audit.extend(output.audit)
+        return log.update(output.findings, now, stamp=record_clock.recording)
 
     for index, path in enumerate(files):
         node = NodeName(fixed_node or node_of_file(path))
         if path.endswith(LINE_PROTOCOL_SUFFIXES):
             # Recorded telemetry (gpuhealth export, a fleet's history): its records keep
-            # their own nodes and timestamps, and go in time step by time step.
+            # their own nodes and timestamps, and go in time step by time step, the
+            # pipeline on the recording's clock.
             if (
                 analyse
                 and analyst is None
                 and (analytics is None or analytics.detectors or analytics.predictor)
             ):
                 report.analysis = StreamAnalysis()
-                analyst = _Analyst(analytics or AnalyticsSettings(), report.analysis)
+                analyst = _Analyst(analytics or AnalyticsSettings(), report.analysis, stream)
             # The same checks as `gpuhealth import` (read_records): a line without its
             # own time, a cut-off last line, a NaN, a far-future or pre-2000 time is
             # counted and listed with its line number, never fed to the pipeline.
@@ -538,18 +775,26 @@ def replay(
                 lp_iter = _on_node(lp_iter, NodeName(fixed_node))
             count = 0
             seen: set[str] = set()
+            evaluated_at: float | None = None
             for step in _time_steps(lp_iter):
                 count += len(step)
                 for name in dict.fromkeys(r.node for r in step):
                     if name not in seen:
                         seen.add(name)
                         slot(name).files.append(path)
+                at = step[-1].observed_at
+                if at is not None:
+                    record_clock.follow(at)
                 pipeline.observe(step)
                 if analyst is not None:
                     analyst.observe(step)
-                    if any(isinstance(r, Event) for r in step):
-                        mid = pipeline.evaluate()
-                        collect(mid, node)
+                now = record_clock()
+                if (any(isinstance(r, Event) for r in step) or evaluated_at is None
+                        or now - evaluated_at >= evaluate_seconds):
+                    evaluated_at = now
+                    mid = pipeline.evaluate()
+                    collect(mid, node)
+                    if analyst is not None:
                         analyst.label(mid.findings)
             report.parsed_lines += count
             for reason, skipped in sorted(decoded.skipped.items()):
@@ -566,6 +811,7 @@ def replay(
             if not count and not decoded.skipped:
                 report.issues.append(ParseIssue(file=path, line=None, reason="no records"))
         else:
+            record_clock.leave()  # a file without a recording's times: the given clock
             result = ArtifactResult()
             ctx = ParseContext(file=path, node=node, default_year=default_year)
             # a bundle (sosreport, must-gather) is one snapshot of its node, read member
@@ -579,12 +825,18 @@ def replay(
                 slot(node).healthy_files.append(path)
             report.issues.extend(result.issues)
         output = pipeline.evaluate()
-        findings = output.findings
-        collect(output, node)
+        findings = collect(output, node)
         if analyst is not None:
-            analyst.label(findings)
+            analyst.label(output.findings)
+        if stream is not None:
+            for issue in report.issues[reported:]:
+                stream.write("warning", None, None, None,
+                             {"file": issue.file, "line": issue.line, "reason": issue.reason})
+            stream.flush()
+        reported = len(report.issues)
         if on_file is not None:
             on_file(path, index)
+    record_clock.release()
     deadline = time.monotonic() + wait_seconds
     while wait_seconds > 0 and time.monotonic() < deadline:
         live = pipeline.actions.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING))
@@ -606,6 +858,10 @@ def replay(
     pipeline.close()
     for finding in findings:
         slot(finding.node).findings.append(finding)
+    for finding in log.seen():
+        slot(finding.node).findings_seen.append(finding)
+    if stream is not None:
+        stream.flush()
     return report
 
 
@@ -709,11 +965,16 @@ def _render_analysis(a: StreamAnalysis) -> list[str]:
     return lines
 
 
-def prediction_to_json(p: Prediction) -> dict[str, Any]:
-    """Return one prediction as a JSON object."""
+def prediction_to_json(p: Prediction, aliases: Sequence[str] = ()) -> dict[str, Any]:
+    """Return one prediction as a JSON object.
+
+    ``aliases`` are the entity's other names (UUID, PCI bus id, ``gpu:N``, ``serial:S``)
+    where the recording's inventory gave them, so a scorer can match any spelling.
+    """
     return {
         "node": p.node,
         "entity": p.entity,
+        "aliases": list(aliases),
         "probability": p.probability,
         "horizon_seconds": p.horizon_seconds,
         "predicted_at": p.predicted_at,
@@ -731,7 +992,8 @@ def analysis_to_json(a: StreamAnalysis) -> dict[str, Any]:
         "predictions_made": a.predictions_made,
         "withheld": a.withheld,
         "positives_learned": a.positives_learned,
-        "predictions": [prediction_to_json(p) for p in a.predictions],
+        "predictions": [prediction_to_json(p, a.aliases.get((p.node, p.entity), ()))
+                        for p in a.predictions],
     }
 
 
@@ -762,6 +1024,7 @@ def to_json(report: ReplayReport) -> dict[str, Any]:
                 "files": n.files,
                 "worst_severity": n.worst_severity.value,
                 "findings": [finding_to_json(f) for f in n.findings],
+                "findings_seen": [finding_to_json(f) for f in n.findings_seen],
                 "alerts": [alert_to_json(a) for a in n.alerts],
                 "pages": [alert_to_json(a) for a in n.pages],
                 "healthy_files": n.healthy_files,
