@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from analytics.identity import port_identity
+from analytics.precursors import EVIDENCE_CAP, HourlyCounter, HourlyGauge
 from core.records import EntityId, FeatureVector, NodeName, Sample
 
 HOUR = 3600.0
@@ -64,6 +65,30 @@ _IB_COUNTERS = {
     "ib_link_downed_total": "ib_link_downed_rate",
     "ib_port_rcv_errors_total": "ib_rcv_error_rate",
 }
+PRECURSOR_FAMILIES = {
+    "dram_ce": "ce",
+    "sram_ce": "ce",
+    "pcie_replay_rate": "pcie_replay",
+    "nvlink_error_rate": "nvlink_error",
+    "ib_symbol_rate": "ib_symbol",
+    "ib_link_recovery_rate": "ib_link_recovery",
+    "ib_rcv_error_rate": "ib_rcv_error",
+}
+"""Counter features whose rise over the entity's own baseline is precursor evidence
+(:mod:`analytics.precursors`), by family. Xids (application errors among them) and the
+failures' own signals (uncorrected errors, link downed) are not precursors."""
+
+_REMAP_GAUGES = ("gpu_remapped_rows", "gpu_retired_pages")
+"""Gauges that only grow on a healthy GPU: their increases are the ``remap`` family."""
+
+GPU_MODEL_INPUT = "gpu_precursor"
+PORT_MODEL_INPUT = "port_precursor"
+MODEL_INPUTS = (GPU_MODEL_INPUT, PORT_MODEL_INPUT, "kind_gpu", "kind_port")
+"""What the failure predictor's model reads (:mod:`analytics.predictor` ``inputs``): the
+strongest precursor evidence of the entity over 10 (0 to 3), and which kind of entity it
+is (one intercept per kind). The other features are reported, refitted on, never modelled
+online: raw rates encode a fleet's units and a GPU's static offset (issue #15)."""
+
 _GAUGES = {
     "gpu_row_remap_pending": "remap_pending",
     "gpu_row_remap_failure": "remap_failure",
@@ -84,17 +109,21 @@ class _Series:
     """Start of the newest bucket of :attr:`hours`."""
     first_at: float | None = None
 
-    def add(self, at: float, value: float, horizon: float) -> None:
+    def add(self, at: float, value: float, horizon: float) -> float | None:
+        """Add a reading; return its increase since the last one (``None``: first or stale)."""
+        step: float | None = None
         if self.points:
             before_at, before = self.points[-1]
             if at > before_at:
-                self._bucket(at, value - before if value >= before else value)
+                step = value - before if value >= before else value
+                self._bucket(at, step)
         else:
             self.first_at = at
             self._bucket(at, 0.0)
         self.points.append((at, value))
         while len(self.points) > 2 and self.points[0][0] < at - horizon:
             self.points.popleft()
+        return step
 
     def _bucket(self, at: float, step: float) -> None:
         hour = at - at % HOUR
@@ -135,6 +164,11 @@ class _Entity:
     counters: dict[str, _Series] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
     last_at: float = 0.0
+    precursors: dict[str, HourlyCounter] = field(default_factory=dict)
+    """Hourly increases per precursor family (``ce``, ``pcie_replay``, ``ib_symbol``...)."""
+    remap_seen: dict[str, float] = field(default_factory=dict)
+    temp_excess: HourlyGauge | None = None
+    """Hourly means of the temperature excess over the node's other GPUs at equal power."""
 
 
 class FeatureBuilder:
@@ -155,6 +189,9 @@ class FeatureBuilder:
         self.window_seconds = window_seconds
         self._entities: dict[tuple[str, str], _Entity] = {}
         self._emitted: dict[tuple[str, str], float] = {}
+        self._slope = [0.0, 0.0]
+        """Decayed sums of ``power_dev * temp_dev`` and ``power_dev ** 2`` over the fleet:
+        the slope that puts temperature excesses at equal power."""
 
     def observe(self, samples: Iterable[Sample]) -> None:
         """Take samples (any order of entities; per series in time order)."""
@@ -183,21 +220,47 @@ class FeatureBuilder:
                 where = "sram" if "sram" in s.labels.get("location", "").lower() else "dram"
                 name = f"{where}_{kind}" if kind == "ce" else "ue"
                 series_key = f"{name}|{s.labels.get('location', '')}|{s.labels.get('scope', '')}"
-                ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+                step = ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+                self._precursor(ent, name, at, step)
             elif metric in _GPU_COUNTERS or metric in _IB_COUNTERS:
                 name = _GPU_COUNTERS.get(metric) or _IB_COUNTERS[metric]
                 series_key = f"{name}|{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}"
-                ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+                step = ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+                self._precursor(ent, name, at, step)
             elif metric in ("gpu_thermal_violation_seconds_total",
                             "gpu_power_violation_seconds_total"):
                 ent.counters.setdefault(f"throttle|{metric}", _Series()).add(at, s.value,
                                                                              horizon)
             elif metric in _GAUGES:
                 ent.gauges[_GAUGES[metric]] = s.value
+                if metric in _REMAP_GAUGES:
+                    before = ent.remap_seen.get(metric)
+                    ent.remap_seen[metric] = s.value
+                    family = ent.precursors.setdefault("remap", HourlyCounter())
+                    family.add(at, max(s.value - before, 0.0) if before is not None else 0.0)
             elif metric == "gpu_temperature_celsius":
                 ent.gauges["temp"] = s.value
             elif metric == "gpu_power_watts":
                 ent.gauges["power"] = s.value
+
+    def forget_history(self, node: str, entity: str) -> None:
+        """Start an entity's precursor history again (it failed: repaired or replaced).
+
+        Its evidence is judged again only once it has a new baseline
+        (:data:`analytics.precursors.MIN_BASELINE_HOURS`): the errors before a repair say
+        nothing about the part after it.
+        """
+        ent = self._entities.get((node, entity))
+        if ent is not None:
+            ent.precursors.clear()
+            ent.temp_excess = None
+
+    @staticmethod
+    def _precursor(ent: _Entity, name: str, at: float, step: float | None) -> None:
+        family = PRECURSOR_FAMILIES.get(name)
+        if family is not None:
+            ent.precursors.setdefault(family, HourlyCounter()).add(
+                at, step if step is not None else 0.0)
 
     def vectors(self, now: float) -> list[FeatureVector]:
         """Return one vector per entity whose last one is ``interval_seconds`` old or more.
@@ -276,4 +339,39 @@ class FeatureBuilder:
             others = [p.gauges[gauge] for p in peers if p is not ent and gauge in p.gauges]
             if own is not None and others:
                 values[feature] = own - statistics.median(others)
+        self._evidence(ent, now, values)
         return values
+
+    def _evidence(self, ent: _Entity, now: float, values: dict[str, float]) -> None:
+        """Add the precursor evidence (:mod:`analytics.precursors`) and the model inputs."""
+        strongest = 0.0
+        for family, counter in ent.precursors.items():
+            since = counter.hours_since_error(now)
+            if since is not None:
+                values[f"{family}_hours_since"] = min(since, 72.0)
+            found = counter.evidence(now)
+            if found is not None:
+                values[f"{family}_evidence"], values[f"{family}_fold"] = found
+                strongest = max(strongest, found[0])
+        temp_dev, power_dev = values.get("temp_dev"), values.get("power_dev")
+        if temp_dev is not None:
+            excess = temp_dev
+            if power_dev is not None:
+                slope = self._slope
+                slope[0] = slope[0] * 0.9999 + power_dev * temp_dev
+                slope[1] = slope[1] * 0.9999 + power_dev * power_dev
+                per_watt = min(max(slope[0] / slope[1], 0.0), 1.0) if slope[1] > 0 else 0.0
+                excess -= per_watt * power_dev
+            if ent.temp_excess is None:
+                ent.temp_excess = HourlyGauge()
+            ent.temp_excess.add(now, excess)
+            found = ent.temp_excess.evidence()
+            if found is not None:
+                values["temp_evidence"], values["temp_excess"] = found
+                strongest = max(strongest, found[0])
+        if ent.is_link:
+            values[PORT_MODEL_INPUT] = min(strongest, EVIDENCE_CAP) / 10.0
+            values["kind_port"] = 1.0
+        else:
+            values[GPU_MODEL_INPUT] = min(strongest, EVIDENCE_CAP) / 10.0
+            values["kind_gpu"] = 1.0

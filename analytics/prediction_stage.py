@@ -21,12 +21,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from analytics.features import FeatureBuilder
+from analytics.features import MODEL_INPUTS, FeatureBuilder
 from analytics.hst import HalfSpaceTreesDetector
-from analytics.identity import EntityResolver
+from analytics.identity import EntityResolver, failure_kind
+from analytics.precursors import EvidenceCalibration
 from analytics.predictor import OnlineFailurePredictor
 from analytics.prior import load as load_prior
 from analytics.refit import BatchModel, RefitDecision, refit
@@ -82,7 +83,9 @@ class PredictionStage:
         self.features = FeatureBuilder(interval_seconds=interval_seconds)
         self.identity = EntityResolver()
         """One entity per GPU (UUID, PCI bus id, index, serial), learned from the inventory."""
-        self.predictor = OnlineFailurePredictor(horizon_seconds=horizon_seconds, seed=seed)
+        self.predictor = OnlineFailurePredictor(
+            horizon_seconds=horizon_seconds, seed=seed, inputs=MODEL_INPUTS, scale=False,
+            negative_rate=1.0, model=EvidenceCalibration())
         if checkpoint_path is not None and checkpoint_path.exists():
             try:
                 self.predictor = OnlineFailurePredictor.restore(checkpoint_path)
@@ -104,7 +107,8 @@ class PredictionStage:
                 logger.info("no failure-predictor prior at %s for a %.0f s horizon: starting "
                             "blind", prior, horizon_seconds)
             else:
-                self.predictor.adopt_prior(*loaded)
+                self.predictor.adopt_prior(loaded.scaler, loaded.model, inputs=loaded.inputs,
+                                           scale=loaded.scale, monotone=loaded.monotone)
                 logger.info("failure predictor starts from the prior %s", prior)
         self._saved_at: float | None = None
         self.withheld = 0
@@ -117,6 +121,9 @@ class PredictionStage:
         self.vector_detector = HalfSpaceTreesDetector(seed=0) if vector_detector else None
         self.anomalies: list[Anomaly] = []
         """Anomalies of the vector detector since the last :meth:`take_anomalies`."""
+        self.episodes = WarningEpisodes()
+        self.warnings: list[Prediction] = []
+        """Warnings opened since the last :meth:`take_warnings` (:class:`WarningEpisodes`)."""
 
     @property
     def ready(self) -> bool:
@@ -152,13 +159,16 @@ class PredictionStage:
         """Take findings; failures label the entity's recent vectors.
 
         Which findings are failures: :func:`analytics.identity.failure_kind`; the entity is
-        resolved to its one identity first.
+        resolved to its one identity first. A failed entity's precursor history starts again
+        (:meth:`~analytics.features.FeatureBuilder.forget_history`).
         """
         for finding in findings:
             entity = self.identity.finding(finding)
             if entity != finding.entity:
                 finding = dataclasses.replace(finding, entity=entity)
             self.predictor.observe_finding(finding)
+            if failure_kind(finding) is not None:  # repaired or replaced after it
+                self.features.forget_history(finding.node, finding.entity)
 
     def step(self, now: float) -> list[Prediction]:
         """Score every entity due; return the predictions to publish (none until ready)."""
@@ -180,10 +190,16 @@ class PredictionStage:
                 if anomaly is not None:
                     self.anomalies.append(anomaly)
             prediction = self.predictor.predict(vector)
+            if self.predictor.inputs is not None:  # name the signals, not the pooled input
+                prediction = dataclasses.replace(
+                    prediction, top_features=_evidence_of(vector.values, prediction))
             if batch is not None:
                 prediction = dataclasses.replace(prediction, probability=batch[k])
             if self.ready:
                 out.append(prediction)
+                warning = self.episodes.update(prediction)
+                if warning is not None:
+                    self.warnings.append(warning)
             else:
                 self.withheld += 1
         self.predictor.settle(now)
@@ -192,6 +208,11 @@ class PredictionStage:
         elif now - self._saved_at >= self.checkpoint_seconds:
             self.save()
             self._saved_at = now
+        return out
+
+    def take_warnings(self) -> list[Prediction]:
+        """Return and forget the warnings opened since the last call (one per episode)."""
+        out, self.warnings = self.warnings, []
         return out
 
     def take_anomalies(self) -> list[Anomaly]:
@@ -220,3 +241,67 @@ class PredictionStage:
                 self.checkpoint_path,
                 exc,
             )
+
+
+def _evidence_of(values: Mapping[str, float], prediction: Prediction, top: int = 5
+                 ) -> dict[str, float]:
+    """Return the precursor evidence behind a prediction, strongest first.
+
+    The model's own terms when the entity shows no evidence.
+    """
+    found = sorted(((k, v) for k, v in values.items() if k.endswith("_evidence") and v > 0),
+                   key=lambda kv: -kv[1])[:top]
+    return dict(found) if found else dict(prediction.top_features)
+
+
+class WarningEpisodes:
+    """One warning per episode of high failure probability, with hysteresis.
+
+    An entity's episode opens when a prediction reaches ``open_at`` (the warning alert's
+    level) and closes once its predictions have stayed below ``close_below`` for
+    ``close_after_seconds``: a probability wavering around the alert level is one warning,
+    not one per crossing (issue #15 item 4).
+
+    Args:
+        open_at: Probability that opens an episode, in (0, 1].
+        close_below: Probability under which an episode may close, in [0, ``open_at``].
+        close_after_seconds: Time below ``close_below`` that closes it, >= 0.
+
+    Raises:
+        ValueError: An argument out of range.
+    """
+
+    def __init__(self, *, open_at: float = 0.5, close_below: float = 0.3,
+                 close_after_seconds: float = 3600.0) -> None:
+        if not 0.0 < open_at <= 1.0 or not 0.0 <= close_below <= open_at:
+            raise ValueError("need 0 < open_at <= 1 and 0 <= close_below <= open_at")
+        if close_after_seconds < 0:
+            raise ValueError("close_after_seconds must be >= 0")
+        self.open_at = open_at
+        self.close_below = close_below
+        self.close_after_seconds = close_after_seconds
+        self._open: dict[tuple[str, str], float | None] = {}
+        """Open episodes: entity -> since when its predictions are below ``close_below``."""
+
+    def update(self, prediction: Prediction) -> Prediction | None:
+        """Take a prediction; return it when it opens a new episode, else ``None``."""
+        key = (prediction.node, prediction.entity)
+        at, p = prediction.predicted_at, prediction.probability
+        if key not in self._open:
+            if p >= self.open_at:
+                self._open[key] = None
+                return prediction
+            return None
+        if p >= self.close_below:
+            self._open[key] = None
+            return None
+        below = self._open[key]
+        if below is None:
+            self._open[key] = at
+        elif at - below >= self.close_after_seconds:
+            del self._open[key]
+        return None
+
+    def open(self) -> list[tuple[str, str]]:
+        """The entities with an open episode, as ``(node, entity)``."""
+        return list(self._open)

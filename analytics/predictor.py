@@ -10,7 +10,9 @@ vector until its label is known:
   positive: a critical finding, a port taken out of service, a thermal fault
   (:func:`analytics.identity.failure_kind`); failures without numeric precursor (a GPU
   fallen off the bus) label nothing and are counted in ``unpredictable``;
-* a vector that reaches ``horizon_seconds`` of age with no such finding is labelled negative.
+* a vector that reaches ``horizon_seconds`` of age with no such finding is labelled negative;
+* a vector within ``horizon_seconds`` after a failure of its entity (of any kind) is not
+  learned at all: the entity is out of service, its errors say nothing of health.
 
 Labels therefore arrive late, as they do in production, and the model learns each vector once,
 in time order, after it was scored (prequential evaluation). Negatives are subsampled by
@@ -43,7 +45,7 @@ import tempfile
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from analytics.identity import UNPREDICTABLE, failure_kind
 from core.records import EntityId, FeatureVector, Finding, NodeName, Prediction
@@ -175,6 +177,23 @@ def _from_river(scaler: Any, model: Any, learning_rate: float
     return ours, logistic
 
 
+class ProbabilityModel(Protocol):
+    """What the predictor needs of its model.
+
+    :class:`SgdLogisticRegression` and :class:`~analytics.precursors.EvidenceCalibration`.
+    """
+
+    weights: dict[str, float]
+    intercept: float
+    learning_rate: float
+
+    def predict_proba_one(self, x: dict[str, float]) -> float:
+        """Return the probability that ``x`` is positive, in [0, 1]."""
+
+    def learn_one(self, x: dict[str, float], y: bool) -> None:
+        """Learn one labelled example."""
+
+
 class OnlineFailurePredictor:
     """Shared online logistic regression over per-entity features, with delayed labels.
 
@@ -186,6 +205,14 @@ class OnlineFailurePredictor:
         top_features: Features reported per prediction, >= 1.
         seed: Seed of the negative subsampling; always set in tests.
         history_size: Labelled vectors kept for the batch refit (oldest dropped first).
+        inputs: The features the model reads (all of a vector's when ``None``); the others
+            are kept in the history for the batch refit.
+        scale: Standardise the inputs with running estimates; ``False`` for inputs that
+            already mean the same on every fleet (precursor evidence,
+            :mod:`analytics.precursors`).
+        monotone: Inputs whose weights are kept >= 0: more evidence never lowers the risk.
+        model: The model (a logistic regression by SGD when ``None``); the prediction
+            stage gives :class:`~analytics.precursors.EvidenceCalibration`.
 
     Raises:
         ValueError: An argument is out of range.
@@ -202,6 +229,10 @@ class OnlineFailurePredictor:
         top_features: int = 5,
         seed: int | None = None,
         history_size: int = 50_000,
+        inputs: Sequence[str] | None = None,
+        scale: bool = True,
+        monotone: Sequence[str] = (),
+        model: ProbabilityModel | None = None,
     ) -> None:
         if horizon_seconds <= 0:
             raise ValueError(f"horizon_seconds must be > 0, got {horizon_seconds!r}")
@@ -216,10 +247,23 @@ class OnlineFailurePredictor:
         self.negative_rate = negative_rate
         self.top_features = top_features
         self.seed = seed
+        self.history_size = history_size
+        self.inputs = tuple(inputs) if inputs is not None else None
+        self.scale = scale
+        self.monotone = tuple(monotone)
         self._scaler = RunningStandardScaler()
-        self._model = SgdLogisticRegression(learning_rate=learning_rate)
+        self._model: ProbabilityModel = (
+            model if model is not None else SgdLogisticRegression(learning_rate=learning_rate))
         self._pending: deque[FeatureVector] = deque()
         self._failed_at: dict[tuple[NodeName, EntityId], list[float]] = {}
+        self._ended: dict[tuple[NodeName, EntityId], list[float]] = {}
+        """Failure times of any kind, per entity, for :meth:`_censored`."""
+        self.censor_seconds = horizon_seconds
+        """After a failure an entity is out of service (drained, reset, replaced): its
+        vectors for this long are neither positive nor negative (issue #15: the errors of a
+        GPU that has already failed taught the model that evidence precedes health)."""
+        self.censored = 0
+        """Vectors not learned because they came after a failure of their entity."""
         self._rng = random.Random(seed)
         self.learned_positive = 0
         self.learned_negative = 0
@@ -237,13 +281,14 @@ class OnlineFailurePredictor:
 
     def predict(self, x: FeatureVector) -> Prediction:
         """Predict failure of ``x``'s entity within the horizon, then queue ``x`` for labelling."""
-        features = dict(x.values)
-        scaled = self._scaler.transform_one(features)
+        features = self._inputs(x)
+        scaled = self._scaler.transform_one(features) if self.scale else features
         probability = self._model.predict_proba_one(scaled)
         weights = self._model.weights
         terms = {f: float(weights.get(f, 0.0)) * v for f, v in scaled.items()}
         top = sorted(terms.items(), key=lambda kv: -abs(kv[1]))[: self.top_features]
-        self._scaler.learn_one(features)
+        if self.scale:
+            self._scaler.learn_one(features)
         self._pending.append(x)
         self._scored[(x.node, x.entity, x.window_end_at)] = probability
         self._settle(x.window_end_at)
@@ -270,6 +315,9 @@ class OnlineFailurePredictor:
         if at is None:
             return
         key = (finding.node, finding.entity)
+        ended = self._ended.setdefault(key, [])
+        if not ended or abs(at - ended[-1]) >= 600.0:
+            ended.append(at)
         if kind == UNPREDICTABLE:
             seen = self._unpredictable_seen.setdefault(key, set())
             if at not in seen:
@@ -299,7 +347,9 @@ class OnlineFailurePredictor:
                 break  # the oldest is still open; later ones are younger
             self._pending.popleft()
             scored = self._scored.pop((x.node, x.entity, x.window_end_at), None)
-            if label:
+            if self._censored(x):
+                self.censored += 1
+            elif label:
                 self._learn(x, True, scored)
             elif self._rng.random() < self.negative_rate:
                 self._learn(x, False, scored)
@@ -311,24 +361,56 @@ class OnlineFailurePredictor:
                 self._failed_at[key] = kept
             else:
                 del self._failed_at[key]
+        for key, times in list(self._ended.items()):
+            kept = [t for t in times if t >= oldest - self.censor_seconds]
+            if kept:
+                self._ended[key] = kept
+            else:
+                del self._ended[key]
+
+    def _censored(self, x: FeatureVector) -> bool:
+        """Whether ``x`` comes within :attr:`censor_seconds` after a failure of its entity."""
+        at = x.window_end_at
+        return any(t < at <= t + self.censor_seconds
+                   for t in self._ended.get((x.node, x.entity), ()))
+
+    def _inputs(self, x: FeatureVector) -> dict[str, float]:
+        if self.inputs is None:
+            return dict(x.values)
+        values = x.values
+        return {f: values[f] for f in self.inputs if f in values}
 
     def _learn(self, x: FeatureVector, label: bool, scored: float | None = None) -> None:
         if scored is not None:
             self.history.append((dict(x.values), label, scored, x.window_end_at))
-        self._model.learn_one(self._scaler.transform_one(dict(x.values)), label)
+        features = self._inputs(x)
+        model = self._model
+        model.learn_one(self._scaler.transform_one(features) if self.scale else features, label)
+        for f in self.monotone:
+            if model.weights.get(f, 0.0) < 0.0:
+                model.weights[f] = 0.0
         if label:
             self.learned_positive += 1
         else:
             self.learned_negative += 1
 
-    def model_state(self) -> tuple[RunningStandardScaler, SgdLogisticRegression]:
+    def model_state(self) -> tuple[RunningStandardScaler, ProbabilityModel]:
         """The scaler and the logistic model (for :mod:`analytics.prior` to write)."""
         return self._scaler, self._model
 
-    def adopt_prior(self, scaler: RunningStandardScaler, model: SgdLogisticRegression) -> None:
-        """Start from a prior's scaler and model (:mod:`analytics.prior`); they go on learning."""
+    def adopt_prior(self, scaler: RunningStandardScaler, model: ProbabilityModel, *,
+                    inputs: Sequence[str] | None = None, scale: bool = True,
+                    monotone: Sequence[str] = ()) -> None:
+        """Start from a prior's model and what it reads (:mod:`analytics.prior`).
+
+        The model goes on learning from the fleet's own labels at this predictor's
+        learning rate.
+        """
         self._scaler, self._model = scaler, model
         model.learning_rate = self.learning_rate
+        self.inputs = tuple(inputs) if inputs is not None else None
+        self.scale = scale
+        self.monotone = tuple(monotone)
         self.from_prior = True
 
     def settle(self, now: float) -> None:
@@ -345,6 +427,9 @@ class OnlineFailurePredictor:
                 "negative_rate": self.negative_rate,
                 "top_features": self.top_features,
                 "seed": self.seed,
+                "inputs": self.inputs,
+                "scale": self.scale,
+                "monotone": self.monotone,
             },
             "scaler": self._scaler,
             "model": self._model,
@@ -352,6 +437,7 @@ class OnlineFailurePredictor:
             "scored": dict(self._scored),
             "history": list(self.history),
             "failed_at": self._failed_at,
+            "ended": self._ended,
             "rng": self._rng.getstate(),
             "counts": (self.learned_positive, self.learned_negative),
             "unpredictable": dict(self.unpredictable),
@@ -392,6 +478,7 @@ class OnlineFailurePredictor:
         predictor._scored = dict(state.get("scored", {}))
         predictor.history.extend(state.get("history", []))
         predictor._failed_at = state["failed_at"]
+        predictor._ended = state.get("ended", {})
         predictor._rng.setstate(state["rng"])
         predictor.learned_positive, predictor.learned_negative = state["counts"]
         predictor.unpredictable = dict(state.get("unpredictable", {}))

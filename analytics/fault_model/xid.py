@@ -131,6 +131,10 @@ First register: bits 0, 23, 30 "can be safely ignored"; fifth register: bits 20,
 """
 
 LOST_KINDS = frozenset({"gpu_lost", "gpu_init_failure"})
+
+FOLD_WINDOW_SECONDS = 3600.0
+"""Symptoms (Xid 43, 45, driver and CUDA errors) fold into a root fault of their GPU only
+when they are this close in time to it (both times known)."""
 _ROOT_PRIORITY = (
     "unsupported_gpu",
     "firmware_missing",
@@ -176,6 +180,20 @@ class _Root:
         years = group.attr_values.get("year_assumed")
         if years and self.year is None:
             self.year = min(years)
+
+    def near(self, group: EventGroup, window: float = FOLD_WINDOW_SECONDS) -> bool:
+        """Whether ``group`` happened within ``window`` of this root (unknown times: yes).
+
+        A symptom folds into a root only when they belong to one incident: an application's
+        Xid 43 a day and a half before a double-bit error is not part of it, and folding it
+        put the double-bit error's first time 36 h early (issue #15: its label with it).
+        """
+        if self.first is None or self.last is None:
+            return True
+        first, last = group.first_seen_at, group.last_seen_at
+        if first is None or last is None:
+            return True
+        return first <= self.last + window and last >= self.first - window
 
     def finding(self) -> Finding:
         return Finding(
@@ -559,7 +577,8 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     # into another fault on the same GPU, else its own info finding
     for g in xid43:
         entity = ent(g)
-        target = _worst([r for r in roots.get((g.node, entity), []) if r.code not in ("43", "45")])
+        target = _worst([r for r in roots.get((g.node, entity), [])
+                         if r.code not in ("43", "45") and r.near(g)])
         if target is not None:
             target.take(g)
             continue
@@ -575,7 +594,8 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     for g in xid45:
         entity = ent(g)
         caused = sorted(attr(g, "caused_by"))
-        target = _worst([r for r in roots.get((g.node, entity), []) if r.code != "45"])
+        target = _worst([r for r in roots.get((g.node, entity), [])
+                         if r.code != "45" and r.near(g)])
         if target is not None:
             target.take(g)
             continue
@@ -598,7 +618,7 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
 
     # --- symptoms
     for g, entity in symptoms:
-        target = _worst(roots.get((g.node, entity), []))
+        target = _worst([r for r in roots.get((g.node, entity), []) if r.near(g)])
         if target is None and (entity == NODE_ENTITY or entity.startswith("gpu:")):
             target = _worst(
                 [
@@ -606,7 +626,7 @@ def gpu_driver_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
                     for (n, _e), rs in roots.items()
                     if n == g.node
                     for r in rs
-                    if r.severity.rank >= Severity.MAJOR.rank
+                    if r.severity.rank >= Severity.MAJOR.rank and r.near(g)
                 ]
             )
         if target is not None and target.severity.rank >= Severity.WARNING.rank:

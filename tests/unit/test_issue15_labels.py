@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 from analytics.fault_model import Context, Observations, evaluate
@@ -293,27 +294,53 @@ def test_rates_over_hours_see_errors_that_come_more_often() -> None:
     assert abs(b["dram_ce_rate_trend"]) < 0.3
 
 
+def _rising_minute(at: float, start: float, rise_from_hours: float) -> Iterator[Sample]:
+    """NVML samples keyed by UUID; every GPU has a few corrected errors, GPU 3 a noisy
+    steady many (a static offset), and the failing GPU's rate doubles every hour from
+    ``rise_from_hours``."""
+    hours = (at - start) / 3600.0
+    for i, uuid in enumerate(UUIDS):
+        entity = EntityId(uuid)
+        if at == start:
+            yield Sample(metric="gpu_info", value=1.0, observed_at=at, node=NODE, entity=entity,
+                         labels={"uuid": uuid, "pci_bus_id": BUSES[i], "index": str(i),
+                                 "serial": f"16549000000{i}", "model": "NVIDIA H100"})
+        ce = hours * (300.0 if i == 3 else 0.5)
+        if i == FAILING and hours > rise_from_hours:
+            ce += 0.5 * (2.0 ** (hours - rise_from_hours) - 1.0) / math.log(2.0)
+        yield Sample(metric="gpu_ecc_errors_total", value=float(int(ce)), observed_at=at,
+                     node=NODE, entity=entity,
+                     labels={"type": "corrected", "scope": "volatile", "location": "dram"})
+        yield Sample(metric="gpu_temperature_celsius", value=60.0 + i, observed_at=at, node=NODE,
+                     entity=entity)
+
+
 def test_a_new_fleet_starts_from_the_shipped_prior(tmp_path) -> None:
-    """Issue #15 item 6: not blind until the fleet's own failures: the prior ranks a GPU
-    whose corrected errors rise above its healthy peers from the first vector."""
+    """Issue #15 item 6: not blind until the fleet's own failures. From the shipped prior,
+    with no failure learned, a GPU whose corrected errors rise over hours reaches the warning
+    level, and neither the healthy GPUs nor one with a steady high error count do (the old
+    prior ranked GPUs by raw rates: the steady noisy GPU first)."""
     from analytics.prior import PRIOR_PATH, load
 
     assert PRIOR_PATH.stat().st_size < 20_000  # a small file in the package
     assert load(PRIOR_PATH) is not None
     assert load(PRIOR_PATH, horizon_seconds=3600.0) is None  # trained for another horizon
-    stage = PredictionStage(checkpoint_path=tmp_path / "p.pkl", prior=PRIOR_PATH)
+    stage = PredictionStage(checkpoint_path=tmp_path / "p.pkl", prior=PRIOR_PATH,
+                            interval_seconds=300.0, refit=False)
     assert stage.ready  # min_positives 5, none learned: ready from the prior
     start = 1_800_000_000.0
-    last: list[Prediction] = []
-    for minute in range(0, 181):
-        at = start + minute * 60.0
-        stage.observe(list(_nvml_minute(at, start)))
-        made = stage.step(at)
-        if made:
-            last = made
-    by_entity = {p.entity: p.probability for p in last}
-    failing = by_entity.pop(UUIDS[FAILING])
-    assert failing > max(by_entity.values())
+    peak: dict[str, float] = {}
+    for step in range(0, 22 * 12 + 1):
+        at = start + step * 300.0
+        stage.observe(list(_rising_minute(at, start, rise_from_hours=15.0)))
+        for p in stage.step(at):
+            peak[p.entity] = max(peak.get(p.entity, 0.0), p.probability)
+    failing = peak.pop(UUIDS[FAILING])
+    assert failing >= 0.5
+    assert max(peak.values()) < 0.05
+    [warning] = stage.take_warnings()  # one warning, for the failing GPU
+    assert warning.entity == UUIDS[FAILING]
+    assert next(iter(warning.top_features)) == "ce_evidence"
     stage.save()
     again = PredictionStage(checkpoint_path=tmp_path / "p.pkl", prior=PRIOR_PATH)
     assert again.predictor.from_prior  # the checkpoint, not a fresh copy of the prior
@@ -334,3 +361,22 @@ def test_a_failure_state_seen_at_every_evaluation_keeps_few_label_times() -> Non
                                                       last_seen_at=at + second))
     kept = sum(len(v) for v in predictor._failed_at.values())
     assert 0 < kept <= 24 * 6 + 1
+
+
+def test_an_application_xid_long_before_a_double_bit_error_keeps_its_own_time() -> None:
+    """An Xid 43 (an application's channel reset) 36 h before an Xid 48 folded into it and
+    gave the double-bit error the Xid 43's first time: its label came 36 h early. Folded
+    only within an hour of the fault; a 43 a minute after still folds."""
+    xid48 = _xid_event(XID48)
+    assert xid48.observed_at is not None
+    old43 = dataclasses.replace(
+        _xid_event("Nov 30 23:38:47 gpu-a kernel: [  100.000000] NVRM: Xid (PCI:0000:b1:00): "
+                   "43, pid=1482211, name=python, Ch 00000010"))
+    assert old43.observed_at == xid48.observed_at - 36 * 3600.0
+    [dbe] = _critical_findings([old43, xid48], xid48.observed_at)
+    assert dbe.code == "48"
+    assert dbe.first_seen_at == xid48.observed_at
+    near43 = dataclasses.replace(old43, observed_at=xid48.observed_at + 60.0)
+    [folded] = _critical_findings([xid48, near43], xid48.observed_at + 60.0)
+    assert folded.first_seen_at == xid48.observed_at
+    assert folded.occurrences == 2

@@ -1,0 +1,226 @@
+"""Precursor evidence (analytics/precursors.py) through the feature builder, issue #15 item 3.
+
+The streams are hand-made: a GPU whose corrected errors rise hour after hour, confounders a
+fleet really has (a GPU always noisy, one burst, a lifetime counter already high at start,
+a GPU always warmer than its peers, a node whose cooling fails, one GPU working harder than
+its node) and a GPU whose temperature creeps up at equal power. The old features (raw rates,
+``temp_dev``) saw every confounder as strongly as the precursor.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from analytics.features import GPU_MODEL_INPUT, MODEL_INPUTS, PORT_MODEL_INPUT, FeatureBuilder
+from analytics.precursors import HourlyCounter, gaussian_tail, poisson_rise
+from analytics.prediction_stage import WarningEpisodes
+from analytics.predictor import OnlineFailurePredictor
+from core.records import EntityId, FeatureVector, NodeName, Prediction, Sample
+
+HOUR = 3600.0
+CE = {"type": "corrected", "scope": "volatile", "location": "dram"}
+
+
+def _sample(metric: str, value: float, at: float, entity: str, **labels: str) -> Sample:
+    return Sample(metric=metric, value=value, observed_at=at, node=NodeName("n1"),
+                  entity=EntityId(entity), labels=labels)
+
+
+def _poisson(rng: random.Random, mu: float) -> int:
+    # Knuth for small mu, normal approximation above
+    if mu > 30:
+        return max(0, round(rng.gauss(mu, math.sqrt(mu))))
+    limit, k, p = math.exp(-mu), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def _ce_stream(rate_per_hour, hours: float, *, start_value: float = 0.0,
+               seed: int = 0, entity: str = "GPU-a") -> tuple[FeatureBuilder, dict[float, dict]]:
+    """Corrected-error counter sampled every minute; returns vectors every 10 minutes."""
+    rng = random.Random(seed)
+    fb = FeatureBuilder(interval_seconds=600.0)
+    value = start_value
+    out: dict[float, dict] = {}
+    for minute in range(int(hours * 60) + 1):
+        at = minute * 60.0
+        value += _poisson(rng, rate_per_hour(at / HOUR) / 60.0)
+        fb.observe([_sample("gpu_ecc_errors_total", value, at, entity, **CE)])
+        if minute % 10 == 0:
+            for v in fb.vectors(at):
+                out[at] = dict(v.values)
+    return fb, out
+
+
+def _peak(out: dict[float, dict], key: str, since_hours: float = 0.0) -> float:
+    return max((v.get(key, 0.0) for at, v in out.items() if at >= since_hours * HOUR),
+               default=0.0)
+
+
+def test_poisson_rise_and_gaussian_tail_follow_their_bounds() -> None:
+    assert poisson_rise(3.0, 3.0) == 0.0
+    # the Chernoff bound is above the exact tail: 10**-rise >= P(N >= 20 | 3)
+    exact = 1.0 - sum(math.exp(-3.0) * 3.0**k / math.factorial(k) for k in range(20))
+    assert 10 ** -poisson_rise(20.0, 3.0) >= exact
+    assert gaussian_tail(0.0) == 0.0
+    assert gaussian_tail(40.0) > gaussian_tail(29.0) > 100
+
+
+def test_a_rising_corrected_error_rate_is_evidence_and_a_steady_noisy_one_is_not() -> None:
+    """Liu et al. (SYSTOR 2023): corrected errors that come more and more often precede an
+    uncorrectable one; a GPU that always had many does not fail for it."""
+    def rising(h: float) -> float:
+        return 0.5 if h < 30 else 0.5 * 2.0 ** (h - 30)  # doubling every hour from hour 30
+
+    _, rise = _ce_stream(rising, 36)
+    _, noisy = _ce_stream(lambda h: 400.0, 72, seed=1)  # steady, high, all along
+    assert _peak(rise, "ce_evidence", 33) > 10
+    assert _peak(rise, GPU_MODEL_INPUT, 33) > 1.0
+    assert _peak(noisy, "ce_evidence") < 1.0
+    assert _peak(noisy, GPU_MODEL_INPUT) < 0.1
+
+
+def test_one_burst_is_not_a_rise() -> None:
+    _, burst = _ce_stream(lambda h: 2000.0 if 30 <= h < 30.5 else 0.3, 40, seed=2)
+    assert _peak(burst, "ce_evidence") < 3.0
+
+
+def test_clumpy_errors_are_judged_by_their_own_dispersion() -> None:
+    """Errors that always come in clumps (hours of 0 and hours of 50) are no surprise."""
+    def clumps(h: float) -> float:
+        return 300.0 if int(h) % 5 == 0 else 0.0
+
+    _, out = _ce_stream(clumps, 72, seed=3)
+    assert _peak(out, "ce_evidence", 20) < 3.0
+
+
+def test_no_evidence_without_a_baseline_nor_from_a_lifetime_counter() -> None:
+    """Issue #15 item 9 for the model: a counter already at 50,000 at start is not a rise,
+    and nothing is judged before MIN_BASELINE_HOURS."""
+    _, out = _ce_stream(lambda h: 1.0, 48, start_value=50_000.0, seed=4)
+    early = [v for at, v in out.items() if at < 11 * HOUR]
+    assert early
+    assert all("ce_evidence" not in v for v in early)
+    assert _peak(out, "ce_evidence") < 3.0
+
+
+def test_hourly_counter_forgets_past_its_history() -> None:
+    counter = HourlyCounter()
+    counter.add(0.0, 0.0)
+    counter.add(10.0, 5.0)
+    counter.add(100 * HOUR, 1.0)  # longer than the history: starts again
+    assert list(counter.hours) == [1.0]
+    assert counter.hours_since_error(100 * HOUR + 1800) == pytest.approx(0.5, abs=0.01)
+
+
+def _thermal_fleet(hours: float, *, creep_from: float | None, seed: int = 0
+                   ) -> dict[str, dict[float, dict]]:
+    """Eight GPUs of a node every minute: workload phases move all of them; GPU-1 always
+    6 degC warmer; GPU-2 works harder than the others for hours (power and temperature
+    together); the node's cooling fails for 4 h; GPU-0 creeps 0.4 degC/h from ``creep_from``."""
+    rng = random.Random(seed)
+    fb = FeatureBuilder(interval_seconds=600.0)
+    out: dict[str, dict[float, dict]] = {f"GPU-{i}": {} for i in range(8)}
+    for minute in range(int(hours * 60) + 1):
+        at = minute * 60.0
+        h = at / HOUR
+        load = 0.9 if int(h / 3) % 2 == 0 else 0.3
+        batch = []
+        for i in range(8):
+            busy = load + (0.5 if i == 2 and 40 <= h < 46 else 0.0)
+            power = 150 + 400 * busy + rng.gauss(0, 5)
+            temp = 35 + 0.08 * power + rng.gauss(0, 0.7)
+            if i == 1:
+                temp += 6.0
+            if 50 <= h < 54:
+                temp += 12.0  # the node's cooling: every GPU
+            if i == 0 and creep_from is not None and h >= creep_from:
+                temp += 0.4 * (h - creep_from)
+            batch.append(_sample("gpu_temperature_celsius", temp, at, f"GPU-{i}"))
+            batch.append(_sample("gpu_power_watts", power, at, f"GPU-{i}"))
+        fb.observe(batch)
+        if minute % 10 == 0:
+            for v in fb.vectors(at):
+                out[v.entity][at] = dict(v.values)
+    return out
+
+
+def test_temperature_creep_at_equal_power_is_evidence_and_the_confounders_are_not() -> None:
+    fleet = _thermal_fleet(72, creep_from=56)
+    assert _peak(fleet["GPU-0"], "temp_evidence", 68) > 5  # +4.8 degC by hour 68
+    for gpu in ("GPU-1", "GPU-2", "GPU-3"):  # always warm, busy for hours, a plain one
+        assert _peak(fleet[gpu], "temp_evidence") < 2.0, gpu
+    quiet = _thermal_fleet(72, creep_from=None)
+    assert _peak(quiet["GPU-0"], "temp_evidence") < 2.0  # the cooling failure moved all 8
+
+
+def test_ports_judge_symbol_errors_against_their_own_past() -> None:
+    fb = FeatureBuilder(interval_seconds=600.0)
+    rng = random.Random(5)
+    values = {"rise": 0.0, "burst": 0.0}
+    peaks = {"rise": 0.0, "burst": 0.0}
+    for minute in range((40 * 60) + 1):
+        at = minute * 60.0
+        h = at / HOUR
+        rates = {"rise": 2.0 * (3.0 ** max(h - 34, 0.0)),
+                 "burst": 3000.0 if 30 <= h < 30.7 else 2.0}
+        batch = []
+        for name, rate in rates.items():
+            values[name] += _poisson(rng, rate / 60.0)
+            device = "mlx5_0" if name == "rise" else "mlx5_1"
+            batch.append(_sample("ib_symbol_errors_total", values[name], at, "node",
+                                 device=device, port="1"))
+        fb.observe(batch)
+        if minute % 10 == 0:
+            for v in fb.vectors(at):
+                name = "rise" if v.entity == "mlx5_0:1" else "burst"
+                peaks[name] = max(peaks[name], v.values.get(PORT_MODEL_INPUT, 0.0))
+    assert peaks["rise"] > 1.0
+    assert peaks["burst"] < 0.3
+
+
+def _prediction(p: float, at: float, entity: str = "GPU-a") -> Prediction:
+    return Prediction(node=NodeName("n1"), entity=EntityId(entity), probability=p,
+                      horizon_seconds=86_400.0, top_features={}, predicted_at=at)
+
+
+def test_a_probability_wavering_around_the_alert_level_is_one_warning() -> None:
+    """Issue #15 item 4: one warning per episode, with hysteresis (open at 0.5, close after
+    an hour below 0.3); the old stage published a warning at every crossing."""
+    episodes = WarningEpisodes()
+    waver = [0.55, 0.45, 0.52, 0.31, 0.6, 0.2, 0.7]
+    opened = [episodes.update(_prediction(p, i * 60.0)) for i, p in enumerate(waver)]
+    assert sum(o is not None for o in opened) == 1
+    # an hour below 0.3 ends it; the next rise is a new warning
+    for minute in range(10, 80):
+        assert episodes.update(_prediction(0.1, minute * 60.0)) is None
+    assert episodes.open() == []
+    assert episodes.update(_prediction(0.9, 90 * 60.0)) is not None
+    assert episodes.update(_prediction(0.9, 90 * 60.0, entity="GPU-b")) is not None
+    with pytest.raises(ValueError, match="open_at"):
+        WarningEpisodes(open_at=0.5, close_below=0.6)
+
+
+def test_the_evidence_model_keeps_more_evidence_from_lowering_the_risk() -> None:
+    """Monotone inputs: a fleet whose noisy links are labelled negative can weigh port
+    evidence down to zero, never below (more evidence never lowers the risk)."""
+    predictor = OnlineFailurePredictor(horizon_seconds=600.0, seed=0, inputs=MODEL_INPUTS,
+                                       scale=False, monotone=(PORT_MODEL_INPUT,),
+                                       negative_rate=1.0, learning_rate=0.5)
+    for i in range(400):
+        at = i * 60.0
+        predictor.predict(FeatureVector(node=NodeName("n1"), entity=EntityId("mlx5_0:1"),
+                                        values={PORT_MODEL_INPUT: 2.0, "kind_port": 1.0,
+                                                "ib_symbol_rate": 1e6},
+                                        window_end_at=at))
+    predictor.settle(1e9)
+    weights = predictor.model_state()[1].weights
+    assert weights[PORT_MODEL_INPUT] == 0.0
+    assert "ib_symbol_rate" not in weights  # not a model input: kept for the refit only
+    assert predictor.history[0][0]["ib_symbol_rate"] == 1e6
