@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from analytics.windowing import FloatArray, SeriesIndex, SeriesKey, grow
+from analytics.windowing import FloatArray, IntArray, SeriesIndex, SeriesKey, grow
 from core.records import Anomaly, EntityId, FeatureVector, NodeName
 
 _NODE = EntityId("node")
@@ -79,6 +79,10 @@ class TelemetryGapDetector:
         self._node_open: set[NodeName] = set()
         self._pending: list[Anomaly] = []
 
+    def slot(self, node: NodeName, entity: EntityId) -> int:
+        """Return the slot of one entity (for :meth:`arrive_slots`), assigning it if new."""
+        return self._slot(node, entity)
+
     def _slot(self, node: NodeName, entity: EntityId) -> int:
         before = len(self._index)
         slot = self._index.slot(SeriesKey(node, entity, ""))
@@ -94,7 +98,11 @@ class TelemetryGapDetector:
 
     def arrive(self, entities: Iterable[tuple[NodeName, EntityId]], observed_at: float) -> None:
         """Record that samples of ``entities`` arrived at ``observed_at`` (epoch seconds)."""
-        slots = np.fromiter((self._slot(n, e) for n, e in entities), dtype=np.int64)
+        self.arrive_slots(np.fromiter((self._slot(n, e) for n, e in entities), dtype=np.int64),
+                          observed_at)
+
+    def arrive_slots(self, slots: IntArray, observed_at: float) -> None:
+        """:meth:`arrive` for entities given by their :meth:`slot`."""
         slots = np.unique(slots)
         count = self._count[slots]
         dt = observed_at - self._last[slots]

@@ -229,6 +229,43 @@ def _is_gpu(sample: Sample) -> bool:
     return sample.metric.startswith("gpu_") and sample.entity != _NODE
 
 
+class _Series:
+    """What :meth:`OnlineAnalytics.observe` knows of one series once it has seen it.
+
+    Attributes:
+        key: The series' key in the detectors' and the rates' indexes.
+        counter: Whether the metric is a counter (scored as a rate).
+        detector: The detector that scores it (``none``: not scored).
+        detector_slot: Its slot in that detector's index, ``-1`` until scored once.
+        counter_slot: Its slot in the rates' index, ``-1`` until a rate was asked once.
+        gpu: ``(node, entity)`` for a GPU's series (arrivals for the gaps), else ``None``.
+        gap_slot: The GPU's slot in the gap detector, ``-1`` for other series.
+        latest: The GPU's latest temperature and power (peer comparison), for those two
+            metrics only.
+    """
+
+    __slots__ = ("counter", "counter_slot", "detector", "detector_slot", "gap_slot", "gpu",
+                 "key", "latest")
+
+    def __init__(self, key: SeriesKey, *, counter: bool, detector: str) -> None:
+        self.key = key
+        self.counter = counter
+        self.detector = detector
+        self.detector_slot = -1
+        self.counter_slot = -1
+        self.gpu: tuple[NodeName, EntityId] | None = None
+        self.gap_slot = -1
+        self.latest: dict[str, float] | None = None
+
+
+_UNCATALOGUED = _Series(SeriesKey(NodeName(""), EntityId(""), ""), counter=False,
+                        detector=NO_DETECTOR)
+"""The series of a metric the catalog does not know: not analysed."""
+
+_MAX_SERIES = 1_000_000
+"""Series :class:`OnlineAnalytics` remembers (:class:`_Series`) before it starts over."""
+
+
 class OnlineAnalytics:
     """Vectorised per-series detection, counter rates, telemetry gaps and peer comparison.
 
@@ -301,6 +338,7 @@ class OnlineAnalytics:
         self._peer_episodes = PeerEpisodes(open_z=peer_z_threshold,
                                            close_z=max(0.0, peer_z_threshold - 2.0))
         self._gap_open: set[tuple[NodeName, EntityId]] = set()
+        self._series: dict[tuple[object, ...], _Series] = {}
 
     def observe(self, samples: Iterable[Sample]) -> list[OnlineResult]:
         """Score then learn ``samples``; return anomalies, newly opened gaps and peer outliers.
@@ -309,41 +347,80 @@ class OnlineAnalytics:
         call :meth:`check` on a timer when no samples arrive.
         """
         now = self.clock()
-        gauges: list[tuple[SeriesKey, float, float]] = []
-        counters: list[tuple[SeriesKey, float, float]] = []
-        arrivals: dict[float, set[tuple[NodeName, EntityId]]] = {}
+        series = self._series
+        learn = self._learn_series
+        isfinite = math.isfinite
+        counters: list[tuple[_Series, float, float]] = []
+        gauges: list[tuple[_Series, float, float]] = []
+        arrivals: dict[float, dict[tuple[NodeName, EntityId], int]] = {}
         touched: set[NodeName] = set()
         for sample in samples:
-            spec = BY_NAME.get(sample.metric)
-            if spec is None or not math.isfinite(sample.value):
+            labels = sample.labels
+            key = ((sample.metric, sample.node, sample.entity, *labels.items()) if labels
+                   else (sample.metric, sample.node, sample.entity))
+            info = series.get(key)
+            if info is None:
+                info = learn(key, sample)
+            if info is _UNCATALOGUED:
+                continue
+            value = sample.value
+            if not isfinite(value):
                 continue
             at = now if sample.observed_at is None else sample.observed_at
-            key = SeriesKey(sample.node, sample.entity, _series_name(sample))
-            is_counter = spec.type is MetricType.COUNTER
-            (counters if is_counter else gauges).append((key, sample.value, at))
-            if _is_gpu(sample):
-                arrivals.setdefault(at, set()).add((sample.node, sample.entity))
-                if sample.metric in (TEMPERATURE, POWER):
-                    self._latest.setdefault(sample.node, {}).setdefault(sample.entity, {})[
-                        sample.metric
-                    ] = sample.value
+            (counters if info.counter else gauges).append((info, value, at))
+            if info.gpu is not None:
+                arrived = arrivals.get(at)
+                if arrived is None:
+                    arrived = arrivals[at] = {}
+                arrived[info.gpu] = info.gap_slot
+                if info.latest is not None:
+                    info.latest[sample.metric] = value
                     touched.add(sample.node)
-        gauges.extend(self._counter_rates(counters))
+        if counters:
+            gauges.extend(self._counter_rates(counters))
         out: list[OnlineResult] = []
-        by_detector: dict[str, list[tuple[SeriesKey, float, float]]] = {}
+        by_detector: dict[str, list[tuple[_Series, float, float]]] = {}
         for item in gauges:
-            name = self._detector_for(item[0].metric)
+            name = item[0].detector
             if name != NO_DETECTOR:
-                by_detector.setdefault(name, []).append(item)
+                found = by_detector.get(name)
+                if found is None:
+                    by_detector[name] = [item]
+                else:
+                    found.append(item)
         for name in sorted(by_detector):
             out.extend(self._score(name, by_detector[name]))
         for at in sorted(arrivals):
-            self._gaps.arrive(arrivals[at], at)
-            out.extend(self._close_gaps(arrivals[at], at))
+            arrived = arrivals[at]
+            self._gaps.arrive_slots(
+                np.fromiter(arrived.values(), dtype=np.int64, count=len(arrived)), at)
+            out.extend(self._close_gaps(arrived, at))
         out.extend(self.check())
         for node in sorted(touched):
             out.extend(self._compare_peers(node, now))
         return out
+
+    def _learn_series(self, key: tuple[object, ...], sample: Sample) -> _Series:
+        """Everything :meth:`observe` needs of a series, worked out once (see :class:`_Series`)."""
+        series = self._series
+        if len(series) >= _MAX_SERIES:
+            series.clear()  # bounded memory; the slots stay in the detectors' indexes
+        spec = BY_NAME.get(sample.metric)
+        if spec is None:
+            series[key] = _UNCATALOGUED
+            return _UNCATALOGUED
+        name = _series_name(sample)
+        info = _Series(SeriesKey(sample.node, sample.entity, name),
+                       counter=spec.type is MetricType.COUNTER,
+                       detector=self._detector_for(name))
+        if _is_gpu(sample):
+            info.gpu = (sample.node, sample.entity)
+            info.gap_slot = self._gaps.slot(sample.node, sample.entity)
+            if sample.metric in (TEMPERATURE, POWER):
+                info.latest = self._latest.setdefault(sample.node, {}).setdefault(
+                    sample.entity, {})
+        series[key] = info
+        return info
 
     def _detector_for(self, series: str) -> str:
         found = self._choice.get(series)
@@ -359,18 +436,27 @@ class OnlineAnalytics:
         return found
 
     def _score(
-        self, name: str, gauges: Sequence[tuple[SeriesKey, float, float]]
+        self, name: str, gauges: Sequence[tuple[_Series, float, float]]
     ) -> list[OnlineResult]:
         detector = self._detectors.get(name)
         if detector is None:
             detector = self._detectors[name] = _make_detector(name, self.warmup_samples)
         index = detector.index
+        slots = []
+        for info, _, _ in gauges:
+            slot = info.detector_slot
+            if slot < 0:
+                slot = info.detector_slot = index.slot(info.key)
+            slots.append(slot)
+        n = len(gauges)
         batch = SeriesBatch(
-            series=index.slots(k for k, _, _ in gauges),
-            values=np.fromiter((v for _, v, _ in gauges), dtype=np.float64, count=len(gauges)),
-            observed_at=np.fromiter((t for _, _, t in gauges), dtype=np.float64, count=len(gauges)),
+            series=np.array(slots, dtype=np.int64),
+            values=np.fromiter((v for _, v, _ in gauges), dtype=np.float64, count=n),
+            observed_at=np.fromiter((t for _, _, t in gauges), dtype=np.float64, count=n),
         )
         verdict = detector.score_many(batch)
+        if not verdict.flagged.any():
+            return []
         return [OnlineResult(kind="anomaly", metric=key.metric.partition("{")[0], anomaly=anomaly)
                 for key, anomaly in detector.flagged(batch, verdict)]
 
@@ -408,32 +494,29 @@ class OnlineAnalytics:
         return out
 
     def _counter_rates(
-        self, counters: Sequence[tuple[SeriesKey, float, float]]
-    ) -> list[tuple[SeriesKey, float, float]]:
-        if not counters:
-            return []
-        before = len(self._counters)
-        slots = self._counters.slots(k for k, _, _ in counters)
-        for slot in range(before, len(self._counters)):
-            bits = IB_SATURATING_BITS.get(self._counters.key(slot).metric.partition("{")[0])
-            if bits is not None:
-                self._rates.configure(np.array([slot]), bits=bits, saturating=True)
+        self, counters: Sequence[tuple[_Series, float, float]]
+    ) -> list[tuple[_Series, float, float]]:
+        index = self._counters
+        slots = []
+        for info, _, _ in counters:
+            slot = info.counter_slot
+            if slot < 0:
+                slot = info.counter_slot = index.slot(info.key)
+                bits = IB_SATURATING_BITS.get(info.key.metric.partition("{")[0])
+                if bits is not None:
+                    self._rates.configure(np.array([slot]), bits=bits, saturating=True)
+            slots.append(slot)
+        n = len(counters)
         rates = self._rates.rate_many(
             SeriesBatch(
-                series=slots,
-                values=np.fromiter(
-                    (v for _, v, _ in counters), dtype=np.float64, count=len(counters)
-                ),
-                observed_at=np.fromiter(
-                    (t for _, _, t in counters), dtype=np.float64, count=len(counters)
-                ),
+                series=np.array(slots, dtype=np.int64),
+                values=np.fromiter((v for _, v, _ in counters), dtype=np.float64, count=n),
+                observed_at=np.fromiter((t for _, _, t in counters), dtype=np.float64, count=n),
             )
         )
-        return [
-            (key, float(rates.rates[i]), at)
-            for i, (key, _, at) in enumerate(counters)
-            if rates.valid[i]
-        ]
+        values = rates.rates.tolist()
+        return [(counters[i][0], values[i], counters[i][2])
+                for i in np.flatnonzero(rates.valid).tolist()]
 
     def _compare_peers(self, node: NodeName, now: float) -> list[OnlineResult]:
         gpus = sorted(
