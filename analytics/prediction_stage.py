@@ -180,7 +180,7 @@ class PredictionStage:
             self.refresh_batch_model()
         vectors = list(self.features.vectors(now))
         batch = (
-            self.batch.probabilities([dict(v.values) for v in vectors])
+            self.batch.probabilities([unit_free(v.values) for v in vectors])
             if self.batch is not None
             else None
         )
@@ -222,7 +222,7 @@ class PredictionStage:
 
     def refresh_batch_model(self) -> RefitDecision:
         """Refit the batch model now; adopt it only if it beats the online model."""
-        decision = refit(list(self.predictor.history),
+        decision = refit([(unit_free(v), y, p, t) for v, y, p, t in self.predictor.history],
                          gap_seconds=self.predictor.horizon_seconds)
         self.last_refit = decision
         self.batch = decision.model if decision.adopted else None
@@ -241,6 +241,22 @@ class PredictionStage:
                 self.checkpoint_path,
                 exc,
             )
+
+
+UNIT_FREE_SUFFIXES = ("_evidence", "_fold", "_hours_since", "_precursor")
+"""Features that mean the same on every fleet (:mod:`analytics.precursors`): what the batch
+refit may learn from. Raw rates and deviations encode a fleet's units and a GPU's static
+offset, which a model fitted on one fleet's recent hours would learn as risk (issue #15)."""
+
+
+def unit_free(values: Mapping[str, float]) -> dict[str, float]:
+    """Return the unit-free features of a vector.
+
+    Those ending in :data:`UNIT_FREE_SUFFIXES`, the ``kind_*`` indicators and
+    ``temp_excess`` (degC over the node's peers at equal power: a difference, not a level).
+    """
+    return {k: v for k, v in values.items()
+            if k.endswith(UNIT_FREE_SUFFIXES) or k.startswith("kind_") or k == "temp_excess"}
 
 
 def _evidence_of(values: Mapping[str, float], prediction: Prediction, top: int = 5

@@ -168,6 +168,11 @@ def refit(
     from sklearn.metrics import average_precision_score
 
     features = tuple(sorted({k for r in rows for k in r[0]}))
+    if not features:
+        return RefitDecision(adopted=False, batch_ap=math.nan, online_ap=math.nan,
+                             train_rows=len(train), holdout_rows=len(hold),
+                             holdout_positives=pos_hold, model=None,
+                             why="no feature to refit on")
 
     def matrix(part: Sequence[Labelled]) -> Any:
         return np.array([[r[0].get(f, math.nan) for f in features] for r in part], dtype=np.float64)
