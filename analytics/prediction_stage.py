@@ -210,6 +210,18 @@ class PredictionStage:
             self._saved_at = now
         return out
 
+    def for_alerts(self, predictions: Iterable[Prediction]) -> list[Prediction]:
+        """Return the predictions the alert pipeline should see, with hysteresis.
+
+        A prediction below the warning level of an entity whose episode is still open
+        (:class:`WarningEpisodes`) is held back, so the alert it raised stays until the
+        episode closes instead of resolving and firing again at every wobble around 0.5.
+        """
+        episodes = self.episodes
+        held = set(episodes.open())
+        return [p for p in predictions
+                if p.probability >= episodes.open_at or (p.node, p.entity) not in held]
+
     def take_warnings(self) -> list[Prediction]:
         """Return and forget the warnings opened since the last call (one per episode)."""
         out, self.warnings = self.warnings, []

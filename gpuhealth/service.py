@@ -583,7 +583,7 @@ class Service:
                 for a in anomalies:
                     self.exporter.inc("gpuhealth_anomalies_total", {"detector": a.detector})
             if predictions:
-                pipeline.observe_predictions(predictions)
+                pipeline.observe_predictions(stage.for_alerts(predictions))
                 if self.recorder is not None:
                     self.recorder.record_predictions(predictions)
             horizon = f"{self.settings.analytics.predictor_horizon_seconds:.0f}s"

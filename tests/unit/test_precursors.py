@@ -16,7 +16,7 @@ import pytest
 
 from analytics.features import GPU_MODEL_INPUT, MODEL_INPUTS, PORT_MODEL_INPUT, FeatureBuilder
 from analytics.precursors import HourlyCounter, gaussian_tail, poisson_rise
-from analytics.prediction_stage import WarningEpisodes
+from analytics.prediction_stage import PredictionStage, WarningEpisodes
 from analytics.predictor import OnlineFailurePredictor
 from core.records import EntityId, FeatureVector, NodeName, Prediction, Sample
 
@@ -205,6 +205,23 @@ def test_a_probability_wavering_around_the_alert_level_is_one_warning() -> None:
     assert episodes.update(_prediction(0.9, 90 * 60.0, entity="GPU-b")) is not None
     with pytest.raises(ValueError, match="open_at"):
         WarningEpisodes(open_at=0.5, close_below=0.6)
+
+
+def test_the_alert_of_an_open_episode_holds_through_a_dip() -> None:
+    """What the alert pipeline sees: a dip to 0.45 inside an episode is held back (the
+    alert stays), an hour below 0.3 closes the episode and its low prediction clears it."""
+    stage = PredictionStage(checkpoint_path=None, min_positives=0, refit=False)
+    first = _prediction(0.6, 0.0)
+    assert stage.episodes.update(first) is not None
+    dip = _prediction(0.45, 60.0)
+    stage.episodes.update(dip)
+    assert stage.for_alerts([dip]) == []
+    other = _prediction(0.45, 60.0, entity="GPU-b")  # no episode: passes
+    assert stage.for_alerts([other]) == [other]
+    for minute in range(2, 70):
+        low = _prediction(0.1, minute * 60.0)
+        stage.episodes.update(low)
+    assert stage.for_alerts([low]) == [low]
 
 
 def test_the_evidence_model_keeps_more_evidence_from_lowering_the_risk() -> None:
