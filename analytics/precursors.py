@@ -43,6 +43,7 @@ of a 256-GPU fleet costs the same memory as a day.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import statistics
 from collections import deque
@@ -78,6 +79,7 @@ TEMP_PERSIST_HOURS = 3
 TEMP_MIN_SPREAD = 1.0
 """Smallest spread of a GPU's hourly temperature excess, degC."""
 
+_EXPOSURES = [1.0] * RECENT_HOURS
 _PRIOR_COUNT = 0.5
 _PRIOR_HOURS = 4.0
 _LN10 = math.log(10.0)
@@ -113,6 +115,8 @@ class HourlyCounter:
     """Start of the newest bucket."""
     first_at: float | None = None
     last_error_at: float | None = None
+    _baseline: tuple[float, float, float, float] | None = None
+    """``(hour it was fitted in, hours, rate, dispersion)`` of the baseline."""
 
     def add(self, at: float, increase: float) -> None:
         """Add ``increase`` (>= 0) at ``at`` (epoch seconds, non-decreasing per counter)."""
@@ -134,28 +138,25 @@ class HourlyCounter:
         """Return ``(evidence, fold)`` of the recent hours against the baseline, or ``None``.
 
         ``None`` while the baseline is shorter than :data:`MIN_BASELINE_HOURS`. ``fold`` is
-        the recent rate over the baseline rate of the window that gave the evidence.
+        the recent rate over the baseline rate. The baseline (rate, dispersion) is worked
+        out once per clock hour; only the recent window is judged at every call.
         """
         if self.first_at is None or not self.hours:
             return None
-        buckets = list(self.hours)
-        while len(buckets) < HISTORY_HOURS:
-            buckets.insert(0, 0.0)
         # exposure of the newest (current) bucket, and of the baseline hours observed
         current = min(max(now - self.hour_at, 1.0), HOUR) / HOUR
-        observed = max(now - self.first_at, 0.0) / HOUR
-        recent = buckets[-RECENT_HOURS:]
-        exposures = [1.0] * (RECENT_HOURS - 1) + [current]
-        base = buckets[:-RECENT_HOURS]
-        base_hours = min(float(BASELINE_HOURS), observed - sum(exposures))
+        baseline = self._baseline
+        if baseline is None or baseline[0] != self.hour_at:
+            baseline = self._baseline = (self.hour_at, *self._fit_baseline(now, current))
+        _, base_hours, rate, dispersion = baseline
         if base_hours < MIN_BASELINE_HOURS:
             return None
-        used = base[-math.ceil(base_hours):]
-        rate = (sum(used) + _PRIOR_COUNT) / (base_hours + _PRIOR_HOURS)
-        # robust dispersion (a rise already under way in the baseline is not noise)
-        centre = statistics.median(used)
-        spread = 1.4826 * statistics.median(abs(c - centre) for c in used)
-        dispersion = max(1.0, spread * spread / max(centre, rate))
+        if self.last_error_at is None:
+            return 0.0, 0.0  # never an error: nothing rose
+        hours = self.hours
+        recent = [hours[i] if i >= 0 else 0.0
+                  for i in range(len(hours) - RECENT_HOURS, len(hours))]
+        exposures = [*_EXPOSURES[:-1], current]
         # each hour's count is capped at WINSOR times the window's median hourly rate (at
         # least MIN_FOLD times the baseline's): one or two hours of burst add little, a rise
         # over most of the window all of itself
@@ -168,6 +169,22 @@ class HourlyCounter:
         if fold < MIN_FOLD:
             return 0.0, fold
         return min(poisson_rise(n / dispersion, mu / dispersion), EVIDENCE_CAP), fold
+
+    def _fit_baseline(self, now: float, current: float) -> tuple[float, float, float]:
+        """Return ``(hours, rate per hour, dispersion)`` of the hours before the window."""
+        assert self.first_at is not None
+        observed = max(now - self.first_at, 0.0) / HOUR
+        base_hours = min(float(BASELINE_HOURS), observed - (RECENT_HOURS - 1) - current)
+        if base_hours < MIN_BASELINE_HOURS:
+            return base_hours, 0.0, 1.0
+        buckets = list(self.hours)[:-RECENT_HOURS]
+        used = ([0.0] * max(0, math.ceil(base_hours) - len(buckets))
+                + buckets[-math.ceil(base_hours):])
+        rate = (sum(used) + _PRIOR_COUNT) / (base_hours + _PRIOR_HOURS)
+        # robust dispersion (a rise already under way in the baseline is not noise)
+        centre = statistics.median(used)
+        spread = 1.4826 * statistics.median(abs(c - centre) for c in used)
+        return base_hours, rate, max(1.0, spread * spread / max(centre, rate))
 
     def hours_since_error(self, now: float) -> float | None:
         """Hours since the last increase, or ``None`` if none was seen."""
@@ -183,6 +200,8 @@ class HourlyGauge:
     sums: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_HOURS))
     counts: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_HOURS))
     hour_at: float = 0.0
+    _baseline: tuple[float, float, float] | None = None
+    """``(hour it was fitted in, median, spread)`` of the baseline."""
 
     def add(self, at: float, value: float) -> None:
         """Add a reading at ``at`` (epoch seconds)."""
@@ -208,20 +227,35 @@ class HourlyGauge:
         of the baseline's robust spread. ``None`` while the baseline has fewer than
         :data:`MIN_BASELINE_HOURS` hours with readings.
         """
-        means = [s / c if c else None for s, c in zip(self.sums, self.counts, strict=True)]
-        recent = means[-TEMP_PERSIST_HOURS:]
-        base = [m for m in means[:-RECENT_HOURS] if m is not None]
-        if len(base) < MIN_BASELINE_HOURS or len(recent) < TEMP_PERSIST_HOURS:
+        sums, counts = self.sums, self.counts
+        if len(sums) < RECENT_HOURS + MIN_BASELINE_HOURS:
             return None
-        if any(m is None for m in recent):
+        recent: list[float] = []
+        for i in range(len(sums) - TEMP_PERSIST_HOURS, len(sums)):
+            if not counts[i]:
+                return None
+            recent.append(sums[i] / counts[i])
+        baseline = self._baseline
+        if baseline is None or baseline[0] != self.hour_at:
+            baseline = self._baseline = (self.hour_at, *self._fit_baseline())
+        _, centre, spread = baseline
+        if math.isnan(centre):
             return None
-        centre = statistics.median(base)
-        spread = max(1.4826 * statistics.median(abs(m - centre) for m in base),
-                     TEMP_MIN_SPREAD)
-        excess = min(m for m in recent if m is not None) - centre
+        excess = min(recent) - centre
         if excess <= 0:
             return 0.0, excess
         return min(gaussian_tail(excess / spread), EVIDENCE_CAP), excess
+
+    def _fit_baseline(self) -> tuple[float, float]:
+        """Return ``(median, robust spread)`` of the baseline hours (NaN: too few)."""
+        base = [s / c for s, c in itertools.islice(zip(self.sums, self.counts, strict=True),
+                                                   len(self.sums) - RECENT_HOURS) if c]
+        if len(base) < MIN_BASELINE_HOURS:
+            return math.nan, math.nan
+        centre = statistics.median(base)
+        spread = max(1.4826 * statistics.median(abs(m - centre) for m in base),
+                     TEMP_MIN_SPREAD)
+        return centre, spread
 
 
 def gaussian_tail(z: float) -> float:
