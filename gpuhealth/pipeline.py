@@ -40,7 +40,14 @@ from alerting.outbox import Outbox
 from alerting.router import DEFAULT_INHIBIT_RULES, InhibitRule
 from alerting.routing import MAX_BACKLOG, AlertRouter
 from alerting.silences import SilenceStore
-from analytics.fault_model import Context, Observations, Rule, evaluate, merge_findings
+from analytics.fault_model import (
+    Context,
+    Observations,
+    Rule,
+    all_rules,
+    evaluate,
+    merge_findings,
+)
 from analytics.fault_model.boot import (
     BOOT_KINDS,
     DEFAULT_BOOT_WINDOW_SECONDS,
@@ -613,8 +620,9 @@ class Pipeline:
 
     def _judge(self, now: float) -> list[Finding]:
         found: list[Finding] = self._stage.self_findings(self.facts.get("node", "gpuhealth"))
+        rules = self.rules if self.rules is not None else all_rules()  # once, not per node
         for node, obs in self._nodes.items():
-            found.extend(evaluate(obs, self._context(node, now), self.rules))
+            found.extend(evaluate(obs, self._context(node, now), rules))
         if self._held:
             self._held = {k: v for k, v in self._held.items() if v[1] > now}
         if self._predicted or self._held:

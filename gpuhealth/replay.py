@@ -71,8 +71,7 @@ from gpuhealth.diagnose import (
     expand_paths,
 )
 from remediation.policy import DECISION_HELD, describe, describe_request
-from storage import read_records
-from storage.lineprotocol import CONVERSIONS, DecodeReport
+from storage.lineprotocol import CONVERSIONS, DecodeReport, read_lines
 
 SCHEMA_VERSION = 1
 
@@ -268,19 +267,44 @@ def _on_node(records: Iterable[Record], node: NodeName) -> Iterator[Record]:
         yield record if record.node == node else dataclasses.replace(record, node=node)
 
 
-def _time_steps(records: Iterable[Record]) -> Iterator[list[Record]]:
-    """Group consecutive records of one time stamp (a recording is written in time order)."""
-    step: list[Record] = []
-    at: float | None = None
-    for record in records:
-        when = record.observed_at
-        if step and when is not None and when != at:
-            yield step
-            step = []
-        if when is not None:
-            at = when
-        step.append(record)
-    if step:
+@dataclass(slots=True)
+class _Step:
+    """The records of one time stamp of a recording, in file order."""
+
+    at: float
+    records: list[Record] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    has_event: bool = False
+    nodes: dict[str, None] = field(default_factory=dict)
+
+
+def _time_steps(lines: Iterable[Sequence[Record]], node: NodeName | None = None
+                ) -> Iterator[_Step]:
+    """Group consecutive lines of one time stamp (a recording is written in time order).
+
+    ``lines`` are :func:`storage.lineprotocol.read_lines`' (each line's records share a
+    node and a time stamp, and an event is alone on its line); ``node`` moves every record
+    onto that node (:func:`_on_node`).
+    """
+    step: _Step | None = None
+    for line in lines:
+        if node is not None:
+            line = list(_on_node(line, node))
+        first = line[0]
+        at = first.observed_at
+        if at is None:  # never from read_lines; grouped with what came before
+            at = step.at if step is not None else 0.0
+        if step is None or at != step.at:
+            if step is not None:
+                yield step
+            step = _Step(at=at)
+        step.records.extend(line)
+        if isinstance(first, Event):
+            step.has_event = True
+        else:
+            step.samples.extend(line)  # type: ignore[arg-type]
+        step.nodes[first.node] = None
+    if step is not None:
         yield step
 
 
@@ -513,19 +537,17 @@ class _Analyst:
         self._stepped_at: float | None = None
         self._labels: set[tuple[str, str, str, str, float | None]] = set()
 
-    def observe(self, step: Sequence[Record]) -> None:
-        samples = [r for r in step if isinstance(r, Sample)]
-        times = [r.observed_at for r in step if r.observed_at is not None]
-        if times:
-            self.now = max(self.now, max(times))
+    def observe(self, step: _Step) -> None:
+        samples = step.samples
+        self.now = max(self.now, step.at)
         self.report.samples += len(samples)
         if self.online is not None and samples:
             for result in self.online.observe(samples):
                 self._note(result)
         stage = self.stage
         if stage is not None:
-            stage.observe(step)  # samples, and the inventory's identities
-            for record in step:
+            stage.observe(step.records)  # samples, and the inventory's identities
+            for record in step.records:
                 if (record.metric == "gpu_info" if isinstance(record, Sample)
                         else isinstance(record, Event) and record.kind == "gpu_identity"):
                     self.aliases.learn(record, stage.identity.gpu)
@@ -770,26 +792,22 @@ def replay(
             # own time, a cut-off last line, a NaN, a far-future or pre-2000 time is
             # counted and listed with its line number, never fed to the pipeline.
             decoded = DecodeReport()
-            lp_iter: Iterable[Record] = read_records([path], report=decoded, clock=clock)
-            if fixed_node:
-                lp_iter = _on_node(lp_iter, NodeName(fixed_node))
+            lines = read_lines([path], report=decoded, clock=clock)
             count = 0
             seen: set[str] = set()
             evaluated_at: float | None = None
-            for step in _time_steps(lp_iter):
-                count += len(step)
-                for name in dict.fromkeys(r.node for r in step):
+            for step in _time_steps(lines, NodeName(fixed_node) if fixed_node else None):
+                count += len(step.records)
+                for name in step.nodes:
                     if name not in seen:
                         seen.add(name)
                         slot(name).files.append(path)
-                at = step[-1].observed_at
-                if at is not None:
-                    record_clock.follow(at)
-                pipeline.observe(step)
+                record_clock.follow(step.at)
+                pipeline.observe(step.records)
                 if analyst is not None:
                     analyst.observe(step)
                 now = record_clock()
-                if (any(isinstance(r, Event) for r in step) or evaluated_at is None
+                if (step.has_event or evaluated_at is None
                         or now - evaluated_at >= evaluate_seconds):
                     evaluated_at = now
                     mid = pipeline.evaluate()

@@ -207,6 +207,8 @@ class Observations:
     def __init__(self) -> None:
         self.groups: dict[tuple[str, str, str, str], EventGroup] = {}
         self.samples: dict[SeriesKey, Sample] = {}
+        self.by_metric: dict[str, dict[SeriesKey, Sample]] = {}
+        """:attr:`samples` per metric, in the same order (rules read one metric at a time)."""
         self.counter_increase: dict[SeriesKey, float] = {}
         """How much each timed counter (``*_total``) rose since its first reading (resets
         counted as Prometheus ``increase()`` counts them); absent after one reading."""
@@ -230,10 +232,14 @@ class Observations:
             if received_at is not None:
                 group.received_at = max(group.received_at or received_at, received_at)
         else:
-            labels = tuple(sorted(record.labels.items()))
+            labels = tuple(sorted(record.labels.items())) if record.labels else ()
             series: SeriesKey = (record.node, record.entity, record.metric, labels)
             previous = self.samples.get(series)
             self.samples[series] = record
+            of_metric = self.by_metric.get(record.metric)
+            if of_metric is None:
+                of_metric = self.by_metric[record.metric] = {}
+            of_metric[series] = record
             if (previous is not None and record.observed_at is not None
                     and previous.observed_at is not None and record.metric.endswith("_total")):
                 v, before = record.value, previous.value
@@ -299,8 +305,8 @@ class Observations:
         """Return the latest sample of every series of ``metric``."""
         return [
             s
-            for (n, _e, m, _l), s in self.samples.items()
-            if m == metric and (node is None or n == node)
+            for (n, _e, _m, _l), s in self.by_metric.get(metric, {}).items()
+            if node is None or n == node
         ]
 
 

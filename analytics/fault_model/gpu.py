@@ -96,15 +96,14 @@ _SamplesByEntity = dict[tuple[NodeName, EntityId], list[Sample]]
 
 def _by_entity(obs: Observations, metric: str) -> _SamplesByEntity:
     grouped: _SamplesByEntity = defaultdict(list)
-    for (node, entity, name, _labels), sample in obs.samples.items():
-        if name == metric:
-            grouped[(NodeName(node), EntityId(entity))].append(sample)
+    for (node, entity, _name, _labels), sample in obs.by_metric.get(metric, {}).items():
+        grouped[(NodeName(node), EntityId(entity))].append(sample)
     return grouped
 
 
 def _sample(obs: Observations, node: str, entity: str, metric: str) -> Sample | None:
-    for (n, e, m, _labels), sample in obs.samples.items():
-        if n == node and e == entity and m == metric:
+    for (n, e, _m, _labels), sample in obs.by_metric.get(metric, {}).items():
+        if n == node and e == entity:
             return sample
     return None
 
@@ -656,8 +655,8 @@ def temperature_rule(obs: Observations, ctx: Context) -> Iterator[Finding]:
 
 def _models(obs: Observations, node: str, entity: str | None) -> list[str]:
     models = []
-    for (n, e, m, _l), sample in obs.samples.items():
-        if m == "gpu_info" and n == node and (entity is None or e == entity):
+    for (n, e, _m, _l), sample in obs.by_metric.get("gpu_info", {}).items():
+        if n == node and (entity is None or e == entity):
             model = sample.labels.get("model")
             if model:
                 models.append(model)
@@ -1250,8 +1249,8 @@ def _busy(obs: Observations, node: str, entity: str) -> bool:
     util = _sample(obs, node, entity, "gpu_utilization_ratio")
     if util is not None:
         return util.value > 0.1
-    for (n, e, m, labels), sample in obs.samples.items():
-        if (n, e, m) == (node, entity, "gpu_clock_event_active") and (
+    for (n, e, _m, labels), sample in obs.by_metric.get("gpu_clock_event_active", {}).items():
+        if (n, e) == (node, entity) and (
             "reason",
             "gpu_idle",
         ) in labels:

@@ -618,9 +618,12 @@ def ib_counter_rule(obs: Observations, ctx: Context) -> Iterable[Finding]:
     del ctx
     ports: dict[tuple[str, str], dict[str, Sample]] = defaultdict(dict)
     rises: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    for key, sample in obs.samples.items():
-        node, entity, metric, _labels = key
-        if metric.startswith("ib_") and metric.endswith("_total"):
+    # one metric at a time (ports and rises are read by key, and sorted below)
+    for metric, series in obs.by_metric.items():
+        if not (metric.startswith("ib_") and metric.endswith("_total")):
+            continue
+        for key, sample in series.items():
+            node, entity = key[0], key[1]
             ports[(node, entity)][metric] = sample
             if sample.observed_at is not None:  # a stream: judge the rise, not the lifetime
                 rises[(node, entity)][metric] = obs.counter_increase.get(key, 0.0)
