@@ -18,7 +18,7 @@ samples (a month of a 256-GPU fleet at one sample per minute) against 10 minutes
 Usage::
 
     .venv/bin/python benchmarks/replay_speed.py [--gpus 32] [--days 1] [--seed 1]
-        [--cache DIR] [--events FILE] [--profile OUT.prof] [--no-analysis]
+        [--cache DIR] [--events FILE] [--profile OUT.prof] [--no-analysis | --no-predictor]
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="write a cProfile of the replay to this file")
     parser.add_argument("--no-analysis", action="store_true",
                         help="the fault model only (replay(analyse=False))")
+    parser.add_argument("--no-predictor", action="store_true",
+                        help="the fault model and the detectors, no failure predictor")
     args = parser.parse_args(argv)
 
     path = recording(args.gpus, args.days, args.seed, args.cache)
@@ -115,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"baseline, read_records alone: {samples:,} samples in {decode_seconds:.1f} s of CPU = "
           f"{decode_per_second:,.0f} samples/s; peak RSS {peak_rss_mb():.0f} MB")
 
+    from gpuhealth.config import AnalyticsSettings
     from gpuhealth.replay import replay
+
+    settings = AnalyticsSettings(predictor=False) if args.no_predictor else None
 
     events = open(args.events, "w", encoding="utf-8") if args.events else None  # noqa: SIM115
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -125,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
 
             profiler = cProfile.Profile()
             report = profiler.runcall(replay, [str(path)], analyse=not args.no_analysis,
-                                      events=events)
+                                      analytics=settings, events=events)
             profiler.dump_stats(args.profile)
         else:
-            report = replay([str(path)], analyse=not args.no_analysis, events=events)
+            report = replay([str(path)], analyse=not args.no_analysis, analytics=settings,
+                            events=events)
     finally:
         if events is not None:
             events.close()
@@ -138,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     analysed = report.analysis.samples if report.analysis is not None else samples
     rate = analysed / seconds
     projected = GOAL_SAMPLES / rate
-    what = "fault model only" if args.no_analysis else "every detector and the predictor"
+    what = ("fault model only" if args.no_analysis else "fault model and detectors"
+            if args.no_predictor else "every detector and the predictor")
     print(f"replay ({what}): {analysed:,} samples in {seconds:.1f} s of CPU ({wall:.1f} s wall) "
           f"= {rate:,.0f} samples/s "
           f"({rate / decode_per_second:.2f} x the bare read); peak RSS {rss:.0f} MB")
