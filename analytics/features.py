@@ -97,6 +97,11 @@ _GAUGES = {
 }
 
 
+def _step(before: float, after: float) -> float:
+    """Increase from one reading to the next; a drop means the counter restarted at zero."""
+    return after - before if after >= before else after
+
+
 @dataclass(slots=True)
 class _Series:
     """Points of one counter (time, value), oldest first, within the window."""
@@ -108,6 +113,8 @@ class _Series:
     hour_at: float = 0.0
     """Start of the newest bucket of :attr:`hours`."""
     first_at: float | None = None
+    total: float = 0.0
+    """Increase over :attr:`points` (what :meth:`increase` of the whole window returns)."""
 
     def add(self, at: float, value: float, horizon: float) -> float | None:
         """Add a reading; return its increase since the last one (``None``: first or stale)."""
@@ -120,9 +127,13 @@ class _Series:
         else:
             self.first_at = at
             self._bucket(at, 0.0)
-        self.points.append((at, value))
-        while len(self.points) > 2 and self.points[0][0] < at - horizon:
-            self.points.popleft()
+        points = self.points
+        if points:
+            self.total += _step(points[-1][1], value)
+        points.append((at, value))
+        while len(points) > 2 and points[0][0] < at - horizon:
+            first = points.popleft()
+            self.total -= _step(first[1], points[0][1])
         return step
 
     def _bucket(self, at: float, step: float) -> None:
@@ -147,7 +158,12 @@ class _Series:
 
     def increase(self, since: float | None = None) -> tuple[float, float] | None:
         """Return (increase, seconds) over the points at or after ``since``; resets count."""
-        pts = [p for p in self.points if since is None or p[0] >= since]
+        points = self.points
+        if since is None:  # the whole window: kept up to date as points come and go
+            if len(points) < 2:
+                return None
+            return self.total, points[-1][0] - points[0][0]
+        pts = [p for p in points if p[0] >= since]
         if len(pts) < 2:
             return None
         total = 0.0

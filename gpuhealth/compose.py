@@ -19,6 +19,7 @@ import math
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from alerting.silences import SilenceStore
@@ -33,6 +34,7 @@ from core.errors import ConfigError, PluginError
 from core.protocols import GpuLevelDrainer, Notifier, SchedulerAdapter, WorkLocator
 from core.records import RemediationStep, Severity
 from gpuhealth.config import (
+    AnalyticsSettings,
     Settings,
     alert_policies,
     alerting_path,
@@ -579,11 +581,19 @@ def build_protective(settings: Settings) -> ProtectiveCordon | None:
 
 def build_online(settings: Settings) -> OnlineAnalytics | None:
     """The online detectors of ``[analytics]`` (``None`` when ``detectors = false``)."""
-    an = settings.analytics
+    return online_analytics(settings.analytics)
+
+
+def online_analytics(an: AnalyticsSettings, *, clock: Clock | None = None
+                     ) -> OnlineAnalytics | None:
+    """The online detectors of ``an`` on ``clock`` (``run``, ``agent`` and ``replay``)."""
     if not an.detectors:
         return None
-    return OnlineAnalytics(detector=an.detector, detector_by_metric=an.detector_by_metric,
-                           gap_seconds=an.gap_seconds, warmup_samples=an.warmup_samples)
+    online = OnlineAnalytics(detector=an.detector, detector_by_metric=an.detector_by_metric,
+                             gap_seconds=an.gap_seconds, warmup_samples=an.warmup_samples)
+    if clock is not None:
+        online.clock = clock
+    return online
 
 
 def build_prediction(settings: Settings, *, role: str = "run") -> PredictionStage | None:
@@ -591,11 +601,21 @@ def build_prediction(settings: Settings, *, role: str = "run") -> PredictionStag
 
     The batch refit follows ``predictor_refit``; unset, it is off in the ``agent`` role.
     """
-    an = settings.analytics
+    return prediction_stage(settings.analytics, role=role,
+                            checkpoint_path=settings.node.data_dir / "predictor.pkl")
+
+
+def prediction_stage(an: AnalyticsSettings, *, role: str,
+                     checkpoint_path: Path | None) -> PredictionStage | None:
+    """The failure predictor of ``an`` for ``role`` (``run``, ``agent``, ``replay``).
+
+    One construction for every entry point: the same horizon, interval, prior, refit rule
+    and vector detector; a replay passes no checkpoint (it starts from the prior).
+    """
     if not an.predictor:
         return None
     refit = an.predictor_refit if an.predictor_refit is not None else role != "agent"
-    return PredictionStage(checkpoint_path=settings.node.data_dir / "predictor.pkl",
+    return PredictionStage(checkpoint_path=checkpoint_path,
                            horizon_seconds=an.predictor_horizon_seconds,
                            interval_seconds=an.predictor_interval_seconds,
                            min_positives=an.predictor_min_positives,

@@ -329,7 +329,7 @@ class AnalyticsSettings(BaseModel):
     predictor_horizon_seconds: Duration = Field(default=86400.0, gt=0)
     """The prediction horizon: a failure within it after a vector makes the vector positive."""
 
-    predictor_interval_seconds: Duration = Field(default=60.0, gt=0)
+    predictor_interval_seconds: Duration = Field(default=300.0, gt=0)
     """One prediction per entity at most this often."""
 
     vector_detector: bool = False

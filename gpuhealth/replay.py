@@ -40,7 +40,7 @@ from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
 from analytics.identity import failure_kind
-from analytics.online import OnlineAnalytics, OnlineResult
+from analytics.online import OnlineResult
 from collectors.archive import archive_kind, read_archive, strip_archive_suffix
 from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
 from collectors.artifact import read_artifact as _read_artifact
@@ -134,6 +134,8 @@ class StreamAnalysis:
         aliases: Other names of a GPU per ``(node, entity)`` (UUID, PCI bus id, ``gpu:N``,
             ``serial:S``), from the recording's inventory (``gpu_info`` samples,
             ``gpu_identity`` events); empty when it has none.
+        warnings: The predictor's warnings, one per episode (the prediction that opened
+            it: :class:`~analytics.prediction_stage.WarningEpisodes`), in time order.
     """
 
     samples: int = 0
@@ -145,6 +147,7 @@ class StreamAnalysis:
     positives_learned: int = 0
     threshold: float = 0.5
     aliases: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    warnings: list[Prediction] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -503,36 +506,16 @@ class _Analyst:
 
     def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis,
                  events: EventStream | None = None) -> None:
-        from analytics.prediction_stage import PredictionStage
-        from analytics.prior import PRIOR_PATH
+        from gpuhealth.compose import online_analytics, prediction_stage
 
         self.report = report
         self.events = events
         self.now = 0.0
         self.aliases = _Aliases()
         report.aliases = self.aliases.of
-        self.online = (
-            OnlineAnalytics(
-                detector=settings.detector,
-                detector_by_metric=settings.detector_by_metric,
-                gap_seconds=settings.gap_seconds,
-                warmup_samples=settings.warmup_samples,
-                clock=lambda: self.now,
-            )
-            if settings.detectors
-            else None
-        )
-        self.stage = (
-            PredictionStage(
-                checkpoint_path=None,
-                horizon_seconds=settings.predictor_horizon_seconds,
-                interval_seconds=settings.predictor_interval_seconds,
-                min_positives=settings.predictor_min_positives,
-                prior=PRIOR_PATH,  # not blind before the recording's first failure
-            )
-            if settings.predictor
-            else None
-        )
+        # built as run and agent build them (gpuhealth.compose), on the recording's clock
+        self.online = online_analytics(settings, clock=lambda: self.now)
+        self.stage = prediction_stage(settings, role="replay", checkpoint_path=None)
         self.interval = settings.predictor_interval_seconds
         self._stepped_at: float | None = None
         self._labels: set[tuple[str, str, str, str, float | None]] = set()
@@ -559,6 +542,13 @@ class _Analyst:
                 self.report.predictions.extend(p for p in made if p.probability >= threshold)
                 self.report.withheld = stage.withheld
                 self.report.positives_learned = stage.predictor.learned_positive
+                warnings = stage.take_warnings()
+                self.report.warnings.extend(warnings)
+                if self.events is not None:
+                    for w in warnings:
+                        self.events.write("predicted_failure", w.predicted_at, w.node, w.entity,
+                                          prediction_to_json(
+                                              w, self.aliases.of.get((w.node, w.entity), ())))
                 if self.events is not None:
                     of = self.aliases.of
                     write = self.events.write
@@ -1012,6 +1002,8 @@ def analysis_to_json(a: StreamAnalysis) -> dict[str, Any]:
         "positives_learned": a.positives_learned,
         "predictions": [prediction_to_json(p, a.aliases.get((p.node, p.entity), ()))
                         for p in a.predictions],
+        "warnings": [prediction_to_json(p, a.aliases.get((p.node, p.entity), ()))
+                     for p in a.warnings],
     }
 
 
