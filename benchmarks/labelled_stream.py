@@ -1,13 +1,15 @@
-"""Score every detector and the failure predictor on the labelled synthetic GPU/link stream.
+"""Replay the labelled synthetic GPU/link stream through ``gpuhealth replay``'s code; score it.
 
-The evaluation itself is :mod:`analytics.stream_eval` (also ``gpuhealth evaluate stream``); this
-script parses the same options, prints the table and can write the stream as line protocol for
-``gpuhealth replay``.
+The evaluation itself is :func:`gpuhealth.evaluate.evaluate_stream` (also ``gpuhealth evaluate
+stream``: the stream written as line protocol, replayed in process through the code ``gpuhealth
+run`` uses, scored with :mod:`analytics.replay_score`); this script parses the same options,
+prints the same table and can instead write the stream as line protocol for ``gpuhealth
+replay``.
 
 Usage::
 
     .venv/bin/python benchmarks/labelled_stream.py [--small] [--gpus N] [--days D]
-        [--seed S] [--only NAMES] [--json OUT] [--write-lp FILE]
+        [--seed S] [--json OUT] [--write-lp FILE]
 """
 
 from __future__ import annotations
@@ -15,40 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from analytics import synthetic  # noqa: E402
-from analytics.stream_eval import (  # noqa: E402
-    ALL,
-    DEV_SEEDS,
-    ERROR_ONLY,
-    PREDICTORS,
-    REPORTING_SEED,
-    RIVER_DETECTORS,
-    VECTOR_DETECTORS,
-    Harness,
-    evaluate,
-    render,
-)
+from analytics import stream_eval, synthetic  # noqa: E402
+from gpuhealth.evaluate import evaluate_stream, render  # noqa: E402
 
-__all__ = [
-    "ALL",
-    "DEV_SEEDS",
-    "ERROR_ONLY",
-    "PREDICTORS",
-    "REPORTING_SEED",
-    "RIVER_DETECTORS",
-    "VECTOR_DETECTORS",
-    "Harness",
-    "evaluate",
-    "main",
-    "render",
-]
+__all__ = ["evaluate_stream", "main", "render"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,10 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed",
         type=int,
-        default=REPORTING_SEED,
-        help=f"stream seed (default: the reporting seed {REPORTING_SEED})",
+        default=stream_eval.REPORTING_SEED,
+        help=f"stream seed (default: the reporting seed {stream_eval.REPORTING_SEED})",
     )
-    parser.add_argument("--only", help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument(
         "--write-lp",
@@ -71,11 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         "its labels as <file>.labels.json), then exit",
     )
     args = parser.parse_args(argv)
-    config = synthetic.SMALL if args.small else synthetic.FULL
-    if args.gpus:
-        config = replace(config, gpus=args.gpus)
-    if args.days:
-        config = replace(config, days=args.days)
+    config = stream_eval.stream_config(small=args.small, gpus=args.gpus, days=args.days)
     if args.write_lp:
         plan = synthetic.plan(config, seed=args.seed)
         path = Path(args.write_lp)
@@ -85,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"wrote {lines} lines and {failures} labels to {path}")
         return 0
-    only = tuple(args.only.split(",")) if args.only else ALL
-    result = evaluate(config, args.seed, only=only)
+    result = evaluate_stream(config, args.seed)
     print(render(result), end="")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

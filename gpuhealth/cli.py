@@ -636,31 +636,34 @@ def evaluate_titan(data_dir: str | None, as_json: bool) -> None:
               help="Days of stream (default 30).")
 @click.option("--seed", type=int, default=None,
               help="Stream seed (default: the reporting seed 61708293; develop on 1-3).")
-@click.option("--only", default=None, metavar="NAMES",
-              help="Comma-separated detectors and predictors (default: all).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings: the replay's [analytics] "
+              "(which detectors run, the predictor), as for replay --config.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, help="Also write the results as JSON to this file ('-': stdout only).")
 def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int | None,
-                    only: str | None, json_path: str | None) -> None:
-    """Score detectors and predictors on the labelled synthetic GPU/link stream."""
-    import dataclasses
+                    config_path: str | None, json_path: str | None) -> None:
+    """Replay the labelled synthetic GPU/link stream as `replay` does; score it.
 
-    from analytics import stream_eval, synthetic
+    The stream is written as line protocol to a temporary folder and replayed through the
+    code `run` uses (online detectors, prediction stage, fault model); its predictions at
+    0.5 and 0.9, each anomaly detector, the findings and the alerts are scored against the
+    stream's failures. Which detectors run is [analytics] of --config (the old --only is
+    gone: there is one code path).
+    """
+    from analytics import stream_eval
+    from gpuhealth.evaluate import evaluate_stream as run_evaluation
+    from gpuhealth.evaluate import render
 
     if json_path and json_path != "-":
         _check_writable(json_path, "--json")  # before the run, not after minutes of it
-    config = synthetic.SMALL if small else synthetic.FULL
+    analytics = _analytics_settings(config_path)
     try:
-        if gpus:
-            config = dataclasses.replace(config, gpus=gpus)
-        if days:  # a short stream keeps its first third quiet for the detectors to calibrate
-            config = dataclasses.replace(config, days=days,
-                                         quiet_days=min(config.quiet_days, days / 3))
-        names = tuple(n.strip() for n in only.split(",") if n.strip()) if only else stream_eval.ALL
-        result = stream_eval.evaluate(
-            config, stream_eval.REPORTING_SEED if seed is None else seed, only=names)
+        config = stream_eval.stream_config(small=small, gpus=gpus, days=days)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+    result = run_evaluation(config, stream_eval.REPORTING_SEED if seed is None else seed,
+                            analytics=analytics)
     if json_path == "-":
         click.echo(json.dumps(result, indent=2))
         return
@@ -670,7 +673,7 @@ def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int
                 handle.write(json.dumps(result, indent=2) + "\n")
         except OSError as exc:
             raise click.ClickException(f"cannot write {json_path}: {exc.strerror}") from exc
-    click.echo(stream_eval.render(result), nl=False)
+    click.echo(render(result), nl=False)
 
 
 def _check_writable(path: str, option: str) -> None:

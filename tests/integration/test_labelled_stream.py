@@ -1,8 +1,10 @@
-"""The labelled-stream evaluation end to end on a tiny stream, from Python, the CLI and the
-benchmark script, and its replay by `gpuhealth replay`.
+"""`gpuhealth evaluate stream` end to end on a small stream through the CLI and the benchmark
+script, the synthetic scorer, and the stream's replay by `gpuhealth replay`.
 
-No server is involved: the stream is generated in memory, the detectors run in process, and the
-line-protocol file goes through the same :func:`gpuhealth.replay.replay` the CLI calls.
+No server is involved: the stream is generated in memory and written as line protocol, and
+`evaluate stream` replays it through the same :func:`gpuhealth.replay.replay` the `replay`
+command calls; its figures are checked against `gpuhealth replay FILE.lp --json` of the same
+recording, scored with :mod:`analytics.replay_score`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,19 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from analytics import stream_eval, synthetic
+import gpuhealth.evaluate
+from analytics import replay_score, stream_eval, synthetic
 from core.records import Sample
 from gpuhealth.cli import main
+from gpuhealth.config import AnalyticsSettings
 from gpuhealth.replay import replay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,53 +35,129 @@ import labelled_stream  # noqa: E402
 TINY = replace(
     synthetic.SMALL, gpus=16, days=1.5, quiet_days=0.5, acceleration=3000.0, chunk_ticks=200
 )
+STREAM = ["--small", "--gpus", "8", "--days", "1.5", "--seed", "20"]
+"""8 GPUs x 1.5 days of the --small stream, development seed 20: 8 failures of three kinds
+(DBE, OTB, link down), 4 with a precursor, and predictions >= 0.5 (about 10 s to replay)."""
 
 
-def test_small_benchmark_runs_in_seconds() -> None:
-    started = time.perf_counter()
-    result = stream_eval.evaluate(TINY, seed=2, only=("dspot/err", "gaps", "predictor"))
-    assert time.perf_counter() - started < 15.0
-    assert result["failures"] >= 5
-    for name in ("dspot/err", "gaps", "predictor"):
-        s = result["scores"][name]
-        assert s["true_episodes"] + s["false_episodes"] + s["ignored_episodes"] == s["episodes"]
-        assert 0.0 <= s["recall"] <= 1.0
-        assert s["detected"] <= s["failures"] == result["failures"]
-    table = stream_eval.render(result)
-    assert "development seed" in table
-    assert "goals: precision >= 0.85" in table
-    # the benchmark script is the same evaluation
-    assert labelled_stream.evaluate is stream_eval.evaluate
+Recording = tuple[synthetic.Plan, Path, int, dict[str, Any], int]
 
 
-def test_per_signal_scores_add_up_to_the_detectors_alarms() -> None:
-    result = stream_eval.evaluate(TINY, seed=2, only=("spot",))
-    per = result["family_scores"]["spot"]
-    assert set(per) == {stream_eval.family(s) for s in synthetic.plan(TINY, seed=2).series}
-    total = result["scores"]["spot"]
-    # an entity's alarm of a tick counts once overall but once per signal that fired
-    assert sum(s["alarms"] for s in per.values()) >= total["alarms"] > 0
-    assert max(s["detected"] for s in per.values()) <= total["detected"]
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
+    """:data:`STREAM`'s plan written as line protocol and its `gpuhealth replay FILE.lp --json`
+    (plan, path, lines, the JSON, the exit status)."""
+    plan = synthetic.plan(stream_eval.stream_config(small=True, gpus=8, days=1.5), seed=20)
+    lp = tmp_path_factory.mktemp("stream") / "fleet.lp"
+    lines, _ = synthetic.write_line_protocol(plan, lp)
+    replayed = CliRunner().invoke(main, ["replay", str(lp), "--json"], catch_exceptions=False)
+    return plan, lp, lines, json.loads(replayed.stdout), replayed.exit_code
 
 
-def test_gaps_detect_gpus_falling_off_the_bus_at_lead_zero() -> None:
-    plan = synthetic.plan(TINY, seed=2)
-    otb = [i for i, f in enumerate(plan.failures) if f.kind == "otb"]
-    assert otb
-    harness = stream_eval.Harness(plan, only=("gaps",), seed=2)
-    harness.run()
-    score = harness.score("gaps")
-    for i in otb:
-        assert score.leads.get(i) == 0.0, plan.failures[i]
-    # a DBE's drained GPU goes silent after the grace: its gap is ignored, not a detection
-    dbe = [i for i, f in enumerate(plan.failures) if f.kind == "dbe"]
-    assert not any(i in score.leads for i in dbe)
+def test_evaluate_stream_scores_what_replay_of_the_same_recording_gives(
+    tmp_path: Path, recording: Recording
+) -> None:
+    """`evaluate stream --small ...`: the predictions, anomalies, findings and alerts it scores
+    are those `gpuhealth replay FILE.lp --json` gives for the same recording."""
+    out = tmp_path / "stream.json"
+    result = CliRunner().invoke(main, ["evaluate", "stream", *STREAM, "--json", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    plan, lp, lines, doc, exit_code = recording
+    analysis = doc["analytics"]
+    assert analysis["predictions_made"] > 0
+    assert {f.kind for f in plan.failures} == {"dbe", "otb", "link_down"}
+    assert data["stream"]["lines"] == lines
+    assert data["input"]["failures"] == len(plan.failures)
+    r = data["replay"]
+    assert (r["samples"], r["predictions_made"], r["predictions_listed"], r["anomalies_total"],
+            r["positives_learned"], r["exit_status"]) == (
+        analysis["samples"], analysis["predictions_made"], len(analysis["predictions"]),
+        sum(analysis["anomalies"].values()), analysis["positives_learned"], exit_code)
+    expected = replay_score.evaluate(doc, stream_eval.plan_truth(plan, lp))
+    assert data["scores"] == json.loads(json.dumps(expected["scores"]))
+    assert {"predictions>=0.5", "predictions>=0.9", "findings>=critical", "alerts"} <= set(
+        data["scores"])
+    assert any(name.startswith("anomaly:") for name in data["scores"])
+    # the printed table: the stream, the replay's figures, every source per kind and overall
+    text = result.output
+    assert "8 GPUs + 8 IB ports x 1.5 days at 60 s, seed 20 (development seed)" in text
+    assert f"listed >= 0.5: {len(analysis['predictions'])};" in text
+    for name, s in data["scores"].items():
+        o = s["overall"]
+        row = next(line for line in text.splitlines()
+                   if line.startswith(f"{name} ") and line.split()[-11] == "all")
+        assert row.split()[-10:-7] == [str(o["failures"]), str(sum(
+            k["with_precursor"] for k in s["per_kind"].values())), str(o["detected"])], row
+        for kind in s["per_kind"]:
+            assert any(line.startswith(f"{name} ") and f" {kind} " in line
+                       for line in text.splitlines())
+    assert "goals per kind: precision >= 0.85" in text
 
 
-def test_unknown_detector_is_rejected() -> None:
-    plan = synthetic.plan(TINY, seed=2)
-    with pytest.raises(ValueError, match="unknown detectors"):
-        stream_eval.Harness(plan, only=("nope",))
+def test_evaluate_stream_command_rejects_bad_options() -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["evaluate", "stream", "--gpus", "12", "--days", "1"])
+    assert result.exit_code != 0
+    assert "multiple of gpus_per_node" in result.output
+    # one code path: the detectors are [analytics] of --config, no --only any more
+    result = runner.invoke(main, ["evaluate", "stream", "--small", "--only", "spot"])
+    assert result.exit_code != 0
+    assert "No such option '--only'" in result.output
+
+
+def test_evaluate_stream_checks_the_json_path_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the run started before the --json path was checked")
+
+    monkeypatch.setattr(gpuhealth.evaluate, "evaluate_stream", never)
+    missing = tmp_path / "nope" / "x.json"
+    result = CliRunner().invoke(main, ["evaluate", "stream", "--small", "--json", str(missing)])
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "--json" in result.output
+    assert "does not exist" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_evaluate_stream_takes_the_replays_analytics_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, object] = {}
+
+    def record(config: synthetic.StreamConfig, seed: int, **kwargs: object) -> None:
+        seen.update(config=config, seed=seed, **kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(gpuhealth.evaluate, "evaluate_stream", record)
+    settings = tmp_path / "gpuhealth.toml"
+    settings.write_text('[analytics]\ndetector = "spot"\nvector_detector = true\n')
+    result = CliRunner().invoke(main, ["evaluate", "stream", "--small", "--gpus", "8", "--days",
+                                       "1", "--config", str(settings)])
+    assert result.exit_code == 0, result.output
+    assert seen["seed"] == stream_eval.REPORTING_SEED
+    config = seen["config"]
+    assert isinstance(config, synthetic.StreamConfig)
+    # a short stream keeps its first third quiet ("need quiet_days < days" before)
+    assert (config.gpus, config.days) == (8, 1.0)
+    assert config.quiet_days == pytest.approx(1 / 3)
+    analytics = seen["analytics"]
+    assert isinstance(analytics, AnalyticsSettings)
+    assert (analytics.detector, analytics.vector_detector) == ("spot", True)
+
+
+def test_benchmark_script_is_the_same_evaluation(tmp_path: Path) -> None:
+    assert labelled_stream.evaluate_stream is gpuhealth.evaluate.evaluate_stream
+    path = tmp_path / "s.lp"
+    assert labelled_stream.main(["--gpus", "8", "--days", "0.5", "--seed", "2",
+                                 "--write-lp", str(path)]) == 0
+    labels = json.loads(Path(f"{path}.labels.json").read_text())
+    plan = synthetic.plan(stream_eval.stream_config(gpus=8, days=0.5), seed=2)
+    assert len(labels) == len(plan.failures)
+    assert path.stat().st_size > 0
 
 
 def _reference_score(
@@ -154,66 +234,6 @@ def test_streaming_scorer_refuses_alarms_out_of_order() -> None:
         scorer.add("n", "g", 50.0)
 
 
-def test_evaluate_stream_command(tmp_path: Path) -> None:
-    """`gpuhealth evaluate stream --small`: every detector and predictor on the CI slice."""
-    out = tmp_path / "stream.json"
-    result = CliRunner().invoke(
-        main,
-        ["evaluate", "stream", "--small", "--seed", "1", "--json", str(out)],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    assert "64 GPUs + 64 IB ports x 3 days" in result.output
-    assert "per signal" in result.output
-    data = json.loads(out.read_text())
-    assert set(data["scores"]) == set(stream_eval.ALL)
-    assert data["failures"] > 0
-    for s in data["scores"].values():
-        assert s["true_episodes"] + s["false_episodes"] + s["ignored_episodes"] == s["episodes"]
-
-
-def test_a_short_stream_keeps_a_third_quiet() -> None:
-    # --days below the default quiet day used to fail ("need quiet_days < days")
-    result = CliRunner().invoke(main, ["evaluate", "stream", "--small", "--gpus", "8",
-                                       "--days", "1", "--only", "spot"])
-    assert result.exit_code == 0, result.output
-    assert "x 1 days" in result.output or "x 1.0 days" in result.output, result.output
-
-
-def test_evaluate_stream_command_rejects_bad_options() -> None:
-    runner = CliRunner()
-    result = runner.invoke(main, ["evaluate", "stream", "--small", "--only", "nope"])
-    assert result.exit_code != 0
-    assert "unknown detectors" in result.output
-    result = runner.invoke(main, ["evaluate", "stream", "--gpus", "12", "--days", "1"])
-    assert result.exit_code != 0
-    assert "multiple of gpus_per_node" in result.output
-
-
-def test_evaluate_stream_checks_the_json_path_before_the_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def never(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError("the run started before the --json path was checked")
-
-    monkeypatch.setattr(stream_eval, "evaluate", never)
-    runner = CliRunner()
-    missing = tmp_path / "nope" / "x.json"
-    result = runner.invoke(main, ["evaluate", "stream", "--small", "--only", "gaps",
-                                  "--json", str(missing)])
-    assert result.exit_code != 0
-    assert result.exception is None or isinstance(result.exception, SystemExit)
-    assert "--json" in result.output
-    assert "does not exist" in result.output
-    assert "Traceback" not in result.output
-
-
-def test_benchmark_script_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    config_args = ["--gpus", "16", "--days", "1.2", "--seed", "2", "--only", "gaps"]
-    assert labelled_stream.main(config_args) == 0
-    assert "gaps" in capsys.readouterr().out
-
-
 def test_stream_replays_through_gpuhealth_replay(tmp_path: Path) -> None:
     config = replace(TINY, gpus=8, days=0.6, quiet_days=0.1, acceleration=8000.0)
     plan = synthetic.plan(config, seed=7)
@@ -229,24 +249,13 @@ def test_stream_replays_through_gpuhealth_replay(tmp_path: Path) -> None:
         assert (f.entity, "48" if f.kind == "dbe" else "79") in critical
 
 
-def test_replay_runs_the_detectors_and_the_predictor_in_record_time(tmp_path: Path) -> None:
+def test_replay_runs_the_detectors_and_the_predictor_in_record_time(
+    recording: Recording,
+) -> None:
     """`gpuhealth replay FILE.lp`: predictions with entity, probability, time and features."""
-    config = replace(TINY, gpus=8, days=0.6, quiet_days=0.1, acceleration=8000.0)
-    plan = synthetic.plan(config, seed=7)
-    path = tmp_path / "stream.lp"
-    synthetic.write_line_protocol(plan, path)
-    settings = tmp_path / "gpuhealth.toml"
-    # a 0.6-day stream: a 30-min horizon lets the predictor learn (vectors are learned once
-    # their horizon has passed) and publish after its first positive
-    settings.write_text(
-        '[analytics]\npredictor_horizon_seconds = "30m"\npredictor_min_positives = 1\n'
-    )
-    result = CliRunner().invoke(
-        main, ["replay", str(path), "--json", "--config", str(settings)], catch_exceptions=False
-    )
+    plan, path, _, doc, exit_code = recording
     # GPUs of the stream fell off the bus: critical findings, exit 3 as diagnose has it
-    assert result.exit_code == 3, result.output[-2000:]
-    doc = json.loads(result.output)
+    assert exit_code == 3
     analysis = doc["analytics"]
     samples = sum(1 for tick in synthetic.samples(plan) for r in tick if isinstance(r, Sample))
     assert analysis["samples"] == samples
@@ -260,17 +269,13 @@ def test_replay_runs_the_detectors_and_the_predictor_in_record_time(tmp_path: Pa
         assert p["predicted_at"] in times  # the recording's own time stamps
         assert p["entity"] in entities
         assert p["top_features"]
-        assert p["horizon_seconds"] == 1800.0
+        assert p["horizon_seconds"] == 86_400.0
     # a GPU that fell off the bus: its series stop, the gap detector says so
     assert any(k.startswith("telemetry_gap gaps") for k in analysis["anomalies"])
     otb = {f.entity for f in plan.failures if f.kind == "otb"}
     gaps = {a["entity"] for a in analysis["anomalies_listed"] if a["kind"] == "telemetry_gap"}
     assert otb <= gaps
-    text = (
-        CliRunner()
-        .invoke(main, ["replay", str(path), "--config", str(settings)], catch_exceptions=False)
-        .output
-    )
+    text = CliRunner().invoke(main, ["replay", str(path)], catch_exceptions=False).stdout
     assert "predictions:" in text
     # one line per entity: its first crossing, its highest probability, how many
     first = predictions[0]
@@ -288,33 +293,3 @@ def test_replay_without_analytics_reports_none(tmp_path: Path) -> None:
     path = tmp_path / "stream.lp"
     synthetic.write_line_protocol(synthetic.plan(config, seed=7), path)
     assert replay([str(path)], analyse=False).analysis is None
-
-
-def test_a_refit_variant_serves_the_adopted_batch_model() -> None:
-    # a 12 h horizon: the refit trains only on rows a horizon older than its holdout, and a
-    # 24 h one leaves too little of this 3-day stream to beat the online model (issue #15)
-    variants = {
-        "online": {"horizon_seconds": 43_200.0, "alarm": 0.5, "persist": 1},
-        "refit": {
-            "horizon_seconds": 43_200.0,
-            "alarm": 0.5,
-            "persist": 1,
-            "refit_seconds": 21_600.0,
-        },
-    }
-    config = replace(synthetic.SMALL, gpus=32, days=3.0, quiet_days=0.5, acceleration=3000.0)
-    harness = stream_eval.Harness(
-        synthetic.plan(config, seed=2), only=tuple(variants), seed=2, predictors=variants
-    )
-    harness.run()
-    assert harness._batch["refit"]["gpu"] is not None  # adopted: it beat the online model
-    assert "online" not in harness._batch
-    online, refit = harness.score("online"), harness.score("refit")
-    # the same online learning underneath; only the served probabilities differ
-    assert harness.predictors["online"]["gpu"].learned_positive == (
-        harness.predictors["refit"]["gpu"].learned_positive
-    )
-    assert (online.true_episodes, online.false_episodes) != (
-        refit.true_episodes,
-        refit.false_episodes,
-    )

@@ -1,6 +1,7 @@
-"""The held-out fleet scorer (benchmarks/replay_eval.py) on hand-made warnings and labels, and a
-tiny run of the held-out generator (benchmarks/heldout_fleet.py) read back with the project's
-line-protocol decoder. No replay child process is started here.
+"""The replay scorer (analytics/replay_score.py, which benchmarks/replay_eval.py and
+`gpuhealth evaluate stream` use) on hand-made warnings and labels, and a tiny run of the
+held-out generator (benchmarks/heldout_fleet.py) read back with the project's line-protocol
+decoder. No replay child process is started here.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks import heldout_fleet, replay_eval
-from benchmarks.replay_eval import AliasMap, Label, Truth, Warning, score
+from analytics import replay_score
+from analytics.replay_score import AliasMap, Label, Truth, Warning, score
+from benchmarks import heldout_fleet
 from core.records import Event, Sample
 from storage.lineprotocol import DecodeReport, read_records
 
@@ -145,14 +147,14 @@ def test_warnings_are_read_from_the_replay_json() -> None:
             {"node": "n1", "entity": "mlx5_0:1", "kind": "ib_port", "code": "port_errors",
              "severity": "warning", "first_seen_at": T0 + 4 * H}]}],
     }
-    high = replay_eval.prediction_warnings(replay, 0.9)
+    high = replay_score.prediction_warnings(replay, 0.9)
     assert [(w.names, w.hint) for w in high] == [(("0000:18:00.0", UUID), "dbe")]
-    assert [w.hint for w in replay_eval.prediction_warnings(replay, 0.5)] == ["dbe", "thermal"]
-    assert list(replay_eval.anomaly_warnings(replay)) == ["telemetry_gap gaps"]
-    assert len(replay_eval.finding_warnings(replay, "warning")) == 2
-    assert [w.hint for w in replay_eval.finding_warnings(replay, "critical")] == ["dbe"]
+    assert [w.hint for w in replay_score.prediction_warnings(replay, 0.5)] == ["dbe", "thermal"]
+    assert list(replay_score.anomaly_warnings(replay)) == ["telemetry_gap gaps"]
+    assert len(replay_score.finding_warnings(replay, "warning")) == 2
+    assert [w.hint for w in replay_score.finding_warnings(replay, "critical")] == ["dbe"]
     truth = _truth([_dbe(T0 + 5 * H, onset=T0)])
-    result = replay_eval.evaluate(replay, truth)
+    result = replay_score.evaluate(replay, truth)
     assert result["scores"]["predictions>=0.9"]["overall"]["true_episodes"] == 1
     assert result["scores"]["findings>=critical"]["overall"]["true_episodes"] == 1
 
@@ -292,6 +294,6 @@ def test_false_episodes_are_explained_by_the_held_out_labels() -> None:
                 Warning(node="n2", names=("GPU-x",), at=T0 + 11 * H),  # node-level gap
                 Warning(node="n2", names=("GPU-y",), at=T0 + 40 * H)]  # nothing known
     result = score(warnings, _truth([_dbe(fail, onset=fail - 60 * H, recovered=fail + 5 * H)]))
-    replay_eval.explain_false(result, labels_json)
+    replay_score.explain_false(result, labels_json)
     assert result["false_causes"] == {"precursor_before_window": 1, "after_recovery": 1,
                                       "always_warmer": 1, "node:collector_gap": 1, "none": 1}
