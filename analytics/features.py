@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from analytics.identity import port_identity
-from analytics.precursors import EVIDENCE_CAP, HourlyCounter, HourlyGauge
+from analytics.precursors import EVIDENCE_CAP, HourlyCounter, HourlyGauge, advance_hours
 from core.records import EntityId, FeatureVector, NodeName, Sample
 
 HOUR = 3600.0
@@ -137,14 +137,7 @@ class _Series:
         return step
 
     def _bucket(self, at: float, step: float) -> None:
-        hour = at - at % HOUR
-        if not self.hours or hour - self.hour_at >= LONG_HOURS * HOUR:
-            self.hours.clear()
-            self.hours.append(0.0)
-            self.hour_at = hour
-        while hour > self.hour_at:
-            self.hours.append(0.0)
-            self.hour_at += HOUR
+        self.hour_at = advance_hours((self.hours,), self.hour_at, at)
         self.hours[-1] += step
 
     def long_rate(self, now: float, hours: int) -> float | None:

@@ -49,6 +49,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 HOUR = 3600.0
 
@@ -83,6 +84,28 @@ _EXPOSURES = [1.0] * RECENT_HOURS
 _PRIOR_COUNT = 0.5
 _PRIOR_HOURS = 4.0
 _LN10 = math.log(10.0)
+
+
+def advance_hours(buckets: Sequence[deque[Any]], hour_at: float, at: float) -> float:
+    """Open hourly buckets up to the clock hour of ``at``; return the newest bucket's start.
+
+    ``buckets`` are parallel deques of one bucket per clock hour (newest last, bounded by
+    their ``maxlen``); a gap longer than they hold starts them again. The new buckets hold
+    0 (``0.0`` for floats, ``0`` for counts: the type of the first bucket kept).
+    """
+    hour = at - at % HOUR
+    span = buckets[0].maxlen or 0
+    if not buckets[0] or hour - hour_at >= span * HOUR:
+        for b in buckets:
+            zero = type(b[0])() if b else 0
+            b.clear()
+            b.append(zero)
+        return hour
+    while hour > hour_at:
+        for b in buckets:
+            b.append(type(b[-1])())
+        hour_at += HOUR
+    return hour_at
 
 
 def poisson_rise(n: float, mu: float) -> float:
@@ -120,16 +143,9 @@ class HourlyCounter:
 
     def add(self, at: float, increase: float) -> None:
         """Add ``increase`` (>= 0) at ``at`` (epoch seconds, non-decreasing per counter)."""
-        hour = at - at % HOUR
         if self.first_at is None:
             self.first_at = at
-        if not self.hours or hour - self.hour_at >= HISTORY_HOURS * HOUR:
-            self.hours.clear()
-            self.hours.append(0.0)
-            self.hour_at = hour
-        while hour > self.hour_at:
-            self.hours.append(0.0)
-            self.hour_at += HOUR
+        self.hour_at = advance_hours((self.hours,), self.hour_at, at)
         if increase > 0:  # a late reading of an older hour counts in the newest
             self.hours[-1] += increase
             self.last_error_at = at
@@ -205,17 +221,7 @@ class HourlyGauge:
 
     def add(self, at: float, value: float) -> None:
         """Add a reading at ``at`` (epoch seconds)."""
-        hour = at - at % HOUR
-        if not self.sums or hour - self.hour_at >= HISTORY_HOURS * HOUR:
-            self.sums.clear()
-            self.counts.clear()
-            self.sums.append(0.0)
-            self.counts.append(0)
-            self.hour_at = hour
-        while hour > self.hour_at:
-            self.sums.append(0.0)
-            self.counts.append(0)
-            self.hour_at += HOUR
+        self.hour_at = advance_hours((self.sums, self.counts), self.hour_at, at)
         self.sums[-1] += value
         self.counts[-1] += 1
 

@@ -24,7 +24,7 @@ import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from analytics.features import MODEL_INPUTS, FeatureBuilder
+from analytics.features import GPU_MODEL_INPUT, MODEL_INPUTS, PORT_MODEL_INPUT, FeatureBuilder
 from analytics.hst import HalfSpaceTreesDetector
 from analytics.identity import EntityResolver, failure_kind
 from analytics.precursors import EvidenceCalibration
@@ -66,7 +66,7 @@ class PredictionStage:
         *,
         checkpoint_path: Path | None,
         horizon_seconds: float = 86_400.0,
-        interval_seconds: float = 60.0,
+        interval_seconds: float = 300.0,
         min_positives: int = 5,
         checkpoint_seconds: float = 300.0,
         seed: int | None = 0,
@@ -85,7 +85,8 @@ class PredictionStage:
         """One entity per GPU (UUID, PCI bus id, index, serial), learned from the inventory."""
         self.predictor = OnlineFailurePredictor(
             horizon_seconds=horizon_seconds, seed=seed, inputs=MODEL_INPUTS, scale=False,
-            negative_rate=1.0, model=EvidenceCalibration())
+            negative_rate=1.0, model=EvidenceCalibration(),
+            delay_when=(GPU_MODEL_INPUT, PORT_MODEL_INPUT))
         if checkpoint_path is not None and checkpoint_path.exists():
             try:
                 self.predictor = OnlineFailurePredictor.restore(checkpoint_path)
@@ -189,7 +190,9 @@ class PredictionStage:
                 anomaly = self.vector_detector.observe(vector)
                 if anomaly is not None:
                     self.anomalies.append(anomaly)
-            prediction = self.predictor.predict(vector)
+            # the predictor keeps what it learns from (unit-free features) until labelled
+            prediction = self.predictor.predict(
+                dataclasses.replace(vector, values=unit_free(vector.values)))
             if self.predictor.inputs is not None:  # name the signals, not the pooled input
                 prediction = dataclasses.replace(
                     prediction, top_features=_evidence_of(vector.values, prediction))

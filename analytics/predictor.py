@@ -12,7 +12,11 @@ vector until its label is known:
   fallen off the bus) label nothing and are counted in ``unpredictable``;
 * a vector that reaches ``horizon_seconds`` of age with no such finding is labelled negative;
 * a vector within ``horizon_seconds`` after a failure of its entity (of any kind) is not
-  learned at all: the entity is out of service, its errors say nothing of health.
+  learned at all: the entity is out of service, its errors say nothing of health;
+* a would-be negative followed within the horizon by a failure without numeric precursor
+  (a GPU fallen off the bus) is not learned either (such failures are reported apart);
+* a would-be negative that shows evidence (``delay_when``) waits a second horizon and is
+  not learned if its entity fails then (a precursor longer than the horizon).
 
 Labels therefore arrive late, as they do in production, and the model learns each vector once,
 in time order, after it was scored (prequential evaluation). Negatives are subsampled by
@@ -213,6 +217,11 @@ class OnlineFailurePredictor:
         monotone: Inputs whose weights are kept >= 0: more evidence never lowers the risk.
         model: The model (a logistic regression by SGD when ``None``); the prediction
             stage gives :class:`~analytics.precursors.EvidenceCalibration`.
+        delay_when: Inputs that, when above 0, make a vector that ages past the horizon
+            without a failure wait a second horizon: followed by a failure then (a
+            precursor longer than the horizon) it is not learned; else it is a negative.
+            Without it one 40-hour precursor taught the prior that strong evidence is
+            mostly healthy (issue #15).
 
     Raises:
         ValueError: An argument is out of range.
@@ -233,6 +242,7 @@ class OnlineFailurePredictor:
         scale: bool = True,
         monotone: Sequence[str] = (),
         model: ProbabilityModel | None = None,
+        delay_when: Sequence[str] = (),
     ) -> None:
         if horizon_seconds <= 0:
             raise ValueError(f"horizon_seconds must be > 0, got {horizon_seconds!r}")
@@ -263,7 +273,10 @@ class OnlineFailurePredictor:
         vectors for this long are neither positive nor negative (issue #15: the errors of a
         GPU that has already failed taught the model that evidence precedes health)."""
         self.censored = 0
-        """Vectors not learned because they came after a failure of their entity."""
+        """Vectors not learned: after a failure of their entity, or delayed ones followed by
+        a failure within the second horizon."""
+        self.delay_when = tuple(delay_when)
+        self._gray: deque[tuple[FeatureVector, float | None]] = deque()
         self._rng = random.Random(seed)
         self.learned_positive = 0
         self.learned_negative = 0
@@ -351,10 +364,23 @@ class OnlineFailurePredictor:
                 self.censored += 1
             elif label:
                 self._learn(x, True, scored)
+            elif self._ends_within(x, 0.0, self.horizon_seconds):
+                self.censored += 1  # before a failure without precursor: neither
+            elif any(x.values.get(f, 0.0) > 0.0 for f in self.delay_when):
+                self._gray.append((x, scored))  # judged after a second horizon
+            elif self._rng.random() < self.negative_rate:
+                self._learn(x, False, scored)
+        horizon = self.horizon_seconds
+        while self._gray and now - self._gray[0][0].window_end_at >= 2 * horizon:
+            x, scored = self._gray.popleft()
+            if self._ends_within(x, horizon, 2 * horizon):
+                self.censored += 1  # a precursor longer than the horizon: not health
             elif self._rng.random() < self.negative_rate:
                 self._learn(x, False, scored)
         # Vectors after a failure in the queue may already be positive; they wait their turn.
         oldest = self._pending[0].window_end_at if self._pending else now
+        if self._gray:
+            oldest = min(oldest, self._gray[0][0].window_end_at)
         for key, times in list(self._failed_at.items()):
             kept = [t for t in times if t >= oldest]
             if kept:
@@ -367,6 +393,12 @@ class OnlineFailurePredictor:
                 self._ended[key] = kept
             else:
                 del self._ended[key]
+
+    def _ends_within(self, x: FeatureVector, after: float, until: float) -> bool:
+        """Whether ``x``'s entity failed (any kind) in ``(at + after, at + until]``."""
+        at = x.window_end_at
+        return any(at + after < t <= at + until
+                   for t in self._ended.get((x.node, x.entity), ()))
 
     def _censored(self, x: FeatureVector) -> bool:
         """Whether ``x`` comes within :attr:`censor_seconds` after a failure of its entity."""
@@ -430,6 +462,7 @@ class OnlineFailurePredictor:
                 "inputs": self.inputs,
                 "scale": self.scale,
                 "monotone": self.monotone,
+                "delay_when": self.delay_when,
             },
             "scaler": self._scaler,
             "model": self._model,
@@ -438,6 +471,7 @@ class OnlineFailurePredictor:
             "history": list(self.history),
             "failed_at": self._failed_at,
             "ended": self._ended,
+            "gray": list(self._gray),
             "rng": self._rng.getstate(),
             "counts": (self.learned_positive, self.learned_negative),
             "unpredictable": dict(self.unpredictable),
@@ -479,6 +513,7 @@ class OnlineFailurePredictor:
         predictor.history.extend(state.get("history", []))
         predictor._failed_at = state["failed_at"]
         predictor._ended = state.get("ended", {})
+        predictor._gray = deque(state.get("gray", []))
         predictor._rng.setstate(state["rng"])
         predictor.learned_positive, predictor.learned_negative = state["counts"]
         predictor.unpredictable = dict(state.get("unpredictable", {}))

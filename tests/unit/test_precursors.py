@@ -15,10 +15,19 @@ import random
 import pytest
 
 from analytics.features import GPU_MODEL_INPUT, MODEL_INPUTS, PORT_MODEL_INPUT, FeatureBuilder
-from analytics.precursors import HourlyCounter, gaussian_tail, poisson_rise
+from analytics.precursors import EvidenceCalibration, HourlyCounter, gaussian_tail, poisson_rise
 from analytics.prediction_stage import PredictionStage, WarningEpisodes
 from analytics.predictor import OnlineFailurePredictor
-from core.records import EntityId, FeatureVector, NodeName, Prediction, Sample
+from core.records import (
+    Action,
+    EntityId,
+    FeatureVector,
+    Finding,
+    NodeName,
+    Prediction,
+    Sample,
+    Severity,
+)
 
 HOUR = 3600.0
 CE = {"type": "corrected", "scope": "volatile", "location": "dram"}
@@ -241,3 +250,39 @@ def test_the_evidence_model_keeps_more_evidence_from_lowering_the_risk() -> None
     assert weights[PORT_MODEL_INPUT] == 0.0
     assert "ib_symbol_rate" not in weights  # not a model input: kept for the refit only
     assert predictor.history[0][0]["ib_symbol_rate"] == 1e6
+
+
+def test_evidence_long_before_a_failure_is_not_taught_as_health() -> None:
+    """A precursor longer than the horizon: its early vectors age past the horizon with no
+    failure. Learned as negatives they taught the prior (96 GPUs x 8 days, one ~40 h
+    precursor) that capped evidence is mostly healthy: its table topped out at 0.17.
+    With ``delay_when`` they wait a second horizon and, the failure coming then, are not
+    learned; a quiet vector is a negative at once, and one with evidence and no failure
+    after two horizons is a negative too."""
+    horizon = 600.0
+    predictor = OnlineFailurePredictor(horizon_seconds=horizon, seed=0, inputs=MODEL_INPUTS,
+                                       scale=False, negative_rate=1.0,
+                                       model=EvidenceCalibration(),
+                                       delay_when=(GPU_MODEL_INPUT,))
+
+    def vector(entity: str, at: float, evidence: float) -> FeatureVector:
+        return FeatureVector(node=NodeName("n1"), entity=EntityId(entity),
+                             values={GPU_MODEL_INPUT: evidence, "kind_gpu": 1.0},
+                             window_end_at=at)
+
+    predictor.predict(vector("early", 0.0, 3.0))      # fails at 1.5 horizons
+    predictor.predict(vector("quiet", 0.0, 0.0))
+    predictor.predict(vector("noisy", 0.0, 3.0))      # never fails
+    predictor.observe_finding(Finding(
+        node=NodeName("n1"), entity=EntityId("early"), kind="xid", code="48",
+        severity=Severity.CRITICAL, action=Action.RESET_GPU, summary="DBE", evidence=(),
+        source="t", first_seen_at=1.5 * horizon, last_seen_at=1.5 * horizon))
+    predictor.settle(horizon + 1.0)
+    assert predictor.learned_negative == 1  # quiet, at once
+    predictor.settle(2 * horizon + 1.0)
+    assert predictor.learned_negative == 2  # noisy, after two horizons
+    assert predictor.learned_positive == 0
+    assert predictor.censored == 1  # early: neither
+    calibration = predictor.model_state()[1]
+    assert isinstance(calibration, EvidenceCalibration)
+    assert sum(calibration.totals["gpu"][1:]) == 1.0  # only the noisy one counted
