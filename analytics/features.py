@@ -165,6 +165,14 @@ class _Series:
         return total, pts[-1][0] - pts[0][0]
 
 
+def _series(counters: dict[str, _Series], key: str) -> _Series:
+    """The series of ``key``, made on first use (not a new one built at every sample)."""
+    series = counters.get(key)
+    if series is None:
+        series = counters[key] = _Series()
+    return series
+
+
 @dataclass(slots=True)
 class _Entity:
     node: NodeName
@@ -229,23 +237,24 @@ class FeatureBuilder:
                 where = "sram" if "sram" in s.labels.get("location", "").lower() else "dram"
                 name = f"{where}_{kind}" if kind == "ce" else "ue"
                 series_key = f"{name}|{s.labels.get('location', '')}|{s.labels.get('scope', '')}"
-                step = ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+                step = _series(ent.counters, series_key).add(at, s.value, horizon)
                 self._precursor(ent, name, at, step)
             elif metric in _GPU_COUNTERS or metric in _IB_COUNTERS:
                 name = _GPU_COUNTERS.get(metric) or _IB_COUNTERS[metric]
                 series_key = f"{name}|{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}"
-                step = ent.counters.setdefault(series_key, _Series()).add(at, s.value, horizon)
+                step = _series(ent.counters, series_key).add(at, s.value, horizon)
                 self._precursor(ent, name, at, step)
             elif metric in ("gpu_thermal_violation_seconds_total",
                             "gpu_power_violation_seconds_total"):
-                ent.counters.setdefault(f"throttle|{metric}", _Series()).add(at, s.value,
+                _series(ent.counters, f"throttle|{metric}").add(at, s.value,
                                                                              horizon)
             elif metric in _GAUGES:
                 ent.gauges[_GAUGES[metric]] = s.value
                 if metric in _REMAP_GAUGES:
                     before = ent.remap_seen.get(metric)
                     ent.remap_seen[metric] = s.value
-                    family = ent.precursors.setdefault("remap", HourlyCounter())
+                    family = ent.precursors.get("remap") or ent.precursors.setdefault(
+                        "remap", HourlyCounter())
                     family.add(at, max(s.value - before, 0.0) if before is not None else 0.0)
             elif metric == "gpu_temperature_celsius":
                 ent.gauges["temp"] = s.value
@@ -268,8 +277,10 @@ class FeatureBuilder:
     def _precursor(ent: _Entity, name: str, at: float, step: float | None) -> None:
         family = PRECURSOR_FAMILIES.get(name)
         if family is not None:
-            ent.precursors.setdefault(family, HourlyCounter()).add(
-                at, step if step is not None else 0.0)
+            counter = ent.precursors.get(family)
+            if counter is None:
+                counter = ent.precursors[family] = HourlyCounter()
+            counter.add(at, step if step is not None else 0.0)
 
     def vectors(self, now: float) -> list[FeatureVector]:
         """Return one vector per entity whose last one is ``interval_seconds`` old or more.
