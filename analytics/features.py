@@ -81,6 +81,10 @@ failures' own signals (uncorrected errors, link downed) are not precursors."""
 _REMAP_GAUGES = ("gpu_remapped_rows", "gpu_retired_pages")
 """Gauges that only grow on a healthy GPU: their increases are the ``remap`` family."""
 
+LOAD_MATCH = 0.25
+"""A GPU's temperature is compared with its peers' only while its power is within this
+fraction of their median power."""
+
 GPU_MODEL_INPUT = "gpu_precursor"
 PORT_MODEL_INPUT = "port_precursor"
 MODEL_INPUTS = (GPU_MODEL_INPUT, PORT_MODEL_INPUT, "kind_gpu", "kind_port")
@@ -374,7 +378,12 @@ class FeatureBuilder:
                 values[f"{family}_evidence"], values[f"{family}_fold"] = found
                 strongest = max(strongest, found[0])
         temp_dev, power_dev = values.get("temp_dev"), values.get("power_dev")
-        if temp_dev is not None:
+        power = ent.gauges.get("power")
+        # a GPU at another load than its peers (drained, idle, or alone at work) is not
+        # compared: the slope below corrects small differences, not an idle GPU's 20 degC
+        comparable = (power_dev is None or power is None
+                      or abs(power_dev) <= LOAD_MATCH * max(power - power_dev, 1.0))
+        if temp_dev is not None and comparable:
             excess = temp_dev
             if power_dev is not None:
                 slope = self._slope
@@ -385,6 +394,7 @@ class FeatureBuilder:
             if ent.temp_excess is None:
                 ent.temp_excess = HourlyGauge()
             ent.temp_excess.add(now, excess)
+        if temp_dev is not None and ent.temp_excess is not None:
             found = ent.temp_excess.evidence()
             if found is not None:
                 values["temp_evidence"], values["temp_excess"] = found

@@ -167,7 +167,15 @@ def refit(
     from sklearn.ensemble import HistGradientBoostingClassifier  # ~1 s: only when refitting
     from sklearn.metrics import average_precision_score
 
-    features = tuple(sorted({k for r in rows for k in r[0]}))
+    # a feature the training rows hold fewer than two values of teaches the trees nothing
+    # (and an almost empty column made scikit-learn's binning raise)
+    seen: dict[str, set[float]] = {}
+    for r in train:
+        for k, v in r[0].items():
+            values = seen.setdefault(k, set())
+            if len(values) < 2 and not math.isnan(v):
+                values.add(v)
+    features = tuple(sorted(k for k, values in seen.items() if len(values) >= 2))
     if not features:
         return RefitDecision(adopted=False, batch_ap=math.nan, online_ap=math.nan,
                              train_rows=len(train), holdout_rows=len(hold),
@@ -180,7 +188,13 @@ def refit(
     model = HistGradientBoostingClassifier(
         max_iter=200, learning_rate=0.1, early_stopping=False, random_state=seed
     )
-    model.fit(matrix(train), np.array([r[1] for r in train]))
+    try:
+        model.fit(matrix(train), np.array([r[1] for r in train]))
+    except ValueError as exc:  # a degenerate history: the online model keeps serving
+        return RefitDecision(adopted=False, batch_ap=math.nan, online_ap=math.nan,
+                             train_rows=len(train), holdout_rows=len(hold),
+                             holdout_positives=pos_hold, model=None,
+                             why=f"the batch model could not be fitted: {exc}")
     calibration = (1.0, 0.0)
     if calib:
         calibration = _platt(model.predict_proba(matrix(calib))[:, 1], [r[1] for r in calib])

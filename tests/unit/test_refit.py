@@ -108,3 +108,13 @@ def test_memorised_failure_episodes_are_not_adopted(tmp_path) -> None:
     decision = stage.refresh_batch_model()
     assert not decision.adopted, decision.why
     assert stage.batch is None
+
+
+def test_a_feature_seen_once_never_breaks_the_refit() -> None:
+    """A replay of a held-out fleet crashed in scikit-learn's binning (\"window shape cannot
+    be larger than input array shape\") on a feature almost every row lacks; such features
+    are left out and a fit that still fails keeps the online model serving."""
+    rows = history(3000, seed=5, online_good=False, step=60.0)
+    rows[10] = ({**rows[10][0], "remap_evidence": 3.0}, *rows[10][1:])
+    decision = refit(rows, seed=0)
+    assert decision.model is None or "remap_evidence" not in decision.model.features
