@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -83,30 +82,43 @@ class PredictionStage:
         self.features = FeatureBuilder(interval_seconds=interval_seconds)
         self.identity = EntityResolver()
         """One entity per GPU (UUID, PCI bus id, index, serial), learned from the inventory."""
-        self.predictor = OnlineFailurePredictor(
-            horizon_seconds=horizon_seconds, seed=seed, inputs=MODEL_INPUTS, scale=False,
-            negative_rate=1.0, model=EvidenceCalibration(),
-            delay_when=(GPU_MODEL_INPUT, PORT_MODEL_INPUT))
+        def fresh() -> OnlineFailurePredictor:
+            return OnlineFailurePredictor(
+                horizon_seconds=horizon_seconds, seed=seed, inputs=MODEL_INPUTS, scale=False,
+                negative_rate=1.0, model=EvidenceCalibration(),
+                delay_when=(GPU_MODEL_INPUT, PORT_MODEL_INPUT))
+
+        self.predictor = fresh()
         if checkpoint_path is not None and checkpoint_path.exists():
             try:
-                self.predictor = OnlineFailurePredictor.restore(checkpoint_path)
-                logger.info(
-                    "failure predictor restored from %s (%d positives learned)",
-                    checkpoint_path,
-                    self.predictor.learned_positive,
-                )
-            except (OSError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+                restored = OnlineFailurePredictor.restore(checkpoint_path)
+            except Exception as exc:
                 logger.error(  # noqa: TRY400
-                    "cannot restore the failure predictor from %s, starting cold: %s",
-                    checkpoint_path,
-                    exc,
-                )
+                    "cannot restore the failure predictor from %s, starting cold: %s: %s",
+                    checkpoint_path, type(exc).__name__, exc)
+            else:
+                if restored.inputs != MODEL_INPUTS or not isinstance(
+                        restored.model_state()[1], EvidenceCalibration):
+                    logger.warning(
+                        "the failure-predictor checkpoint %s was written by an older model "
+                        "(raw features, logistic regression): not restored; starting from "
+                        "the prior", checkpoint_path)
+                else:
+                    self.predictor = restored
+                    logger.info("failure predictor restored from %s (%d positives learned)",
+                                checkpoint_path, restored.learned_positive)
         if prior is not None and not self.predictor.from_prior and (
                 self.predictor.learned_positive == 0):
             loaded = load_prior(prior, horizon_seconds=horizon_seconds)
             if loaded is None:
-                logger.info("no failure-predictor prior at %s for a %.0f s horizon: starting "
-                            "blind", prior, horizon_seconds)
+                if prior.exists():
+                    logger.warning(
+                        "the failure-predictor prior %s is unreadable, of another format or "
+                        "made for another horizon than %.0f s: starting blind (predictions "
+                        "are withheld until %d failures are learned)", prior, horizon_seconds,
+                        min_positives)
+                else:
+                    logger.warning("no failure-predictor prior at %s: starting blind", prior)
             else:
                 self.predictor.adopt_prior(loaded.scaler, loaded.model, inputs=loaded.inputs,
                                            scale=loaded.scale, monotone=loaded.monotone)

@@ -17,7 +17,7 @@ add to its counts from there.
 
 Regenerate (one core, minutes)::
 
-    python -m analytics.prior [--gpus 64] [--days 8] [--acceleration 300] [--seed S] [--out F]
+    python -m analytics.prior [--gpus 96] [--days 8] [--acceleration 300] [--seed S] [--out F]
 
 The seed is none of the reporting seed of ``gpuhealth evaluate stream`` or the
 development seeds 1-3 of ``docs/analytics.md``.
@@ -63,7 +63,7 @@ def event_finding(event: Event) -> Finding | None:
                    last_seen_at=event.observed_at)
 
 
-def train(*, gpus: int = 64, days: float = 8.0, seed: int = PRIOR_SEED, acceleration: float = 300.0,
+def train(*, gpus: int = 96, days: float = 8.0, seed: int = PRIOR_SEED, acceleration: float = 300.0,
           horizon_seconds: float = 86_400.0, interval_seconds: float = 60.0) -> dict[str, Any]:
     """Train the prior on a synthetic fleet; return its JSON document.
 
@@ -180,7 +180,7 @@ def load(path: Path = PRIOR_PATH, *, horizon_seconds: float | None = None) -> Pr
 def main(argv: list[str] | None = None) -> int:
     """Train the prior and write it (``python -m analytics.prior``)."""
     parser = argparse.ArgumentParser(prog="python -m analytics.prior", description=__doc__)
-    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--gpus", type=int, default=96)
     parser.add_argument("--days", type=float, default=8.0)
     parser.add_argument("--acceleration", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=PRIOR_SEED)

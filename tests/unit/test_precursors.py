@@ -10,6 +10,7 @@ its node) and a GPU whose temperature creeps up at equal power. The old features
 from __future__ import annotations
 
 import math
+import pickle
 import random
 
 import pytest
@@ -286,3 +287,23 @@ def test_evidence_long_before_a_failure_is_not_taught_as_health() -> None:
     calibration = predictor.model_state()[1]
     assert isinstance(calibration, EvidenceCalibration)
     assert sum(calibration.totals["gpu"][1:]) == 1.0  # only the noisy one counted
+
+
+def test_a_bad_or_older_checkpoint_never_stops_the_stage(tmp_path, caplog) -> None:
+    """Fresh-user finding: a checkpoint naming a missing class raised ModuleNotFoundError at
+    start-up, one missing its keys KeyError, and a checkpoint of the older raw-feature model
+    was restored and kept serving instead of the evidence model."""
+    from analytics.prior import PRIOR_PATH
+
+    missing = tmp_path / "missing.pkl"
+    missing.write_bytes(b"cnosuchmodule\nX\n.")  # a class of a module not installed
+    keyless = tmp_path / "keyless.pkl"
+    keyless.write_bytes(pickle.dumps({"version": 2}))
+    older = tmp_path / "older.pkl"
+    OnlineFailurePredictor(seed=0).save(older)  # the default logistic model on raw features
+    for path in (missing, keyless, older):
+        stage = PredictionStage(checkpoint_path=path, prior=PRIOR_PATH, refit=False)
+        assert stage.predictor.from_prior, path.name
+        assert isinstance(stage.predictor.model_state()[1], EvidenceCalibration)
+    assert "older model" in caplog.text
+    assert "ModuleNotFoundError" in caplog.text
