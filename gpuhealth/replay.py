@@ -311,6 +311,11 @@ def _time_steps(lines: Iterable[Sequence[Record]], node: NodeName | None = None
         yield step
 
 
+BEHIND_TOLERANCE_SECONDS = 60.0
+"""Records this much older than the replay's clock are reported (a second recording that
+overlaps the first, or lines out of time order)."""
+
+
 class RecordClock:
     """The replay's clock: the recording's own time while a recording plays.
 
@@ -371,7 +376,7 @@ class RecordClock:
         return self.at + (time.monotonic() - self._released_at)
 
 
-EVENT_TYPES = ("prediction", "anomaly", "finding", "alert", "warning")
+EVENT_TYPES = ("prediction", "predicted_failure", "anomaly", "finding", "alert", "warning")
 """The ``type`` of the lines of ``replay --events``."""
 
 
@@ -786,8 +791,13 @@ def replay(
             count = 0
             seen: set[str] = set()
             evaluated_at: float | None = None
+            behind, behind_by = 0, 0.0
             for step in _time_steps(lines, NodeName(fixed_node) if fixed_node else None):
                 count += len(step.records)
+                late = record_clock.at - step.at if record_clock.at is not None else 0.0
+                if late > BEHIND_TOLERANCE_SECONDS:  # the clock goes forward only
+                    behind += 1
+                    behind_by = max(behind_by, late)
                 for name in step.nodes:
                     if name not in seen:
                         seen.add(name)
@@ -818,6 +828,13 @@ def replay(
                 )
             if not count and not decoded.skipped:
                 report.issues.append(ParseIssue(file=path, line=None, reason="no records"))
+            if behind:
+                report.issues.append(ParseIssue(
+                    file=path, line=None,
+                    reason=f"{behind} time steps are older than the replay's clock (up to "
+                    f"{behind_by:.0f} s behind): a replay goes forward in time, so they were "
+                    "judged late (gaps, missed predictions); give one recording in time "
+                    "order, or replay overlapping files one at a time"))
         else:
             record_clock.leave()  # a file without a recording's times: the given clock
             result = ArtifactResult()

@@ -142,7 +142,7 @@ def test_events_stream_every_prediction_anomaly_finding_and_alert(tmp_path: Path
     result = CliRunner().invoke(
         main, ["replay", str(lp), "--json", "--config", str(settings), "--events", str(events)],
         catch_exceptions=False)
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)  # the log (a 30 min horizon has no prior) is on stderr
     analysis = doc["analytics"]
     lines = [json.loads(line) for line in events.read_text().splitlines()]
     assert lines
@@ -204,3 +204,26 @@ def test_the_record_clock_runs_on_after_the_recording() -> None:
     assert T0 <= clock() < T0 + 60.0
     clock.leave()
     assert clock() == WALL
+
+
+def test_records_older_than_the_replays_clock_are_reported(tmp_path) -> None:
+    """Fresh-user finding: two overlapping recordings (one per node) replayed together, or a
+    line stamped far ahead in the middle of a file, silently ruined the replay (gaps, half
+    the predictions): the replay only goes forward. Now it says so, naming the file."""
+
+    def recording(path, node: str) -> None:
+        lines = LineEncoder().samples([
+            Sample(metric="gpu_temperature_celsius", value=60.0,
+                   observed_at=1_700_000_000.0 + 60 * i, node=NodeName(node),
+                   entity=EntityId("GPU-0"), labels={}) for i in range(30)])
+        path.write_text("\n".join(lines) + "\n")
+
+    first, second = tmp_path / "h01.lp", tmp_path / "h02.lp"
+    recording(first, "h01")
+    recording(second, "h02")
+    report = replay([str(first), str(second)], analyse=False)
+    [issue] = [i for i in report.issues if "older than the replay's clock" in i.reason]
+    assert issue.file == str(second)
+    assert "28 time steps" in issue.reason  # more than 60 s behind
+    alone = replay([str(first)], analyse=False)
+    assert not [i for i in alone.issues if "older than" in i.reason]
