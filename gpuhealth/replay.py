@@ -772,7 +772,10 @@ def replay(
 
     for index, path in enumerate(files):
         node = NodeName(fixed_node or node_of_file(path))
-        if path.endswith(LINE_PROTOCOL_SUFFIXES):
+        if path.endswith(LINE_PROTOCOL_SUFFIXES) and not os.access(path, os.R_OK):
+            reason = "No such file or directory" if not os.path.exists(path) else "not readable"
+            report.issues.append(ParseIssue(file=path, line=None, reason=f"cannot read: {reason}"))
+        elif path.endswith(LINE_PROTOCOL_SUFFIXES):
             # Recorded telemetry (gpuhealth export, a fleet's history): its records keep
             # their own nodes and timestamps, and go in time step by time step, the
             # pipeline on the recording's clock.

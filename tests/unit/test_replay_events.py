@@ -227,3 +227,13 @@ def test_records_older_than_the_replays_clock_are_reported(tmp_path) -> None:
     assert "28 time steps" in issue.reason  # more than 60 s behind
     alone = replay([str(first)], analyse=False)
     assert not [i for i in alone.issues if "older than" in i.reason]
+
+
+def test_a_missing_recording_is_an_input_error_not_a_traceback(tmp_path) -> None:
+    """Fresh-user finding: `gpuhealth replay missing.lp` printed a FileNotFoundError
+    traceback and exited 1 (which also means "worst finding: warning"); a missing log file
+    already said "cannot read" and exited 4."""
+    result = CliRunner().invoke(main, ["replay", str(tmp_path / "missing.lp")])
+    assert result.exit_code == 4
+    assert "missing.lp: cannot read: No such file or directory" in result.output
+    assert "Traceback" not in result.output
