@@ -113,6 +113,9 @@ class EntityResolver:
 
     def __init__(self) -> None:
         self._alias: dict[tuple[str, str], EntityId] = {}
+        self.other_names: dict[tuple[str, str], list[str]] = {}
+        """The other names of each GPU the inventory named, by ``(node, entity)``, sorted
+        (UUID, PCI bus id, ``gpu:N``, ``serial:S``; not the entity itself)."""
 
     def __len__(self) -> int:
         return len(self._alias)
@@ -155,6 +158,12 @@ class EntityResolver:
                     self._alias[key] = canonical
         for alias in aliases:
             self._alias[(node, alias)] = canonical
+        for old in before:
+            if old is not None:
+                self.other_names.pop((node, old), None)
+        self.other_names[(node, canonical)] = sorted(
+            alias for (n, alias), value in self._alias.items()
+            if n == node and value == canonical and alias != canonical)
 
     def gpu(self, node: str, entity: str) -> EntityId:
         """Return the one entity of the GPU ``entity`` names on ``node``."""

@@ -47,7 +47,6 @@ from collectors.artifact import read_artifact as _read_artifact
 from collectors.parsers import artifact_parsers
 from core.clock import Clock, system_clock
 from core.codec import finding_to_json
-from core.ids import gpu_index_entity, normalize_pci_bus_id
 from core.protocols import AsyncCloseable, Closeable, Notifier, SchedulerAdapter
 from core.records import (
     ActionPhase,
@@ -473,39 +472,6 @@ class _FindingLog:
             f.first_seen_at if f.first_seen_at is not None else float("inf")))
 
 
-class _Aliases:
-    """Other names of each GPU, from the inventory records of a recording."""
-
-    def __init__(self) -> None:
-        self.of: dict[tuple[str, str], list[str]] = {}
-
-    def learn(self, record: Record, resolve: Callable[[str, str], str]) -> None:
-        if isinstance(record, Sample) and record.metric == "gpu_info":
-            names = record.labels
-            pci = names.get("pci_bus_id", "")
-        elif isinstance(record, Event) and record.kind == "gpu_identity":
-            names = record.attrs
-            pci = record.entity
-        else:
-            return
-        canonical = resolve(record.node, record.entity)
-        spellings = {record.entity, names.get("uuid", "")}
-        if pci:
-            spellings.add(normalize_pci_bus_id(pci) or pci)
-        if names.get("serial"):
-            spellings.add(f"serial:{names['serial']}")
-        index = names.get("index", "")
-        if index.isdigit():
-            spellings.add(gpu_index_entity(index))
-        key = (str(record.node), str(canonical))
-        known = set(self.of.get(key, ()))
-        spellings |= known
-        spellings.discard("")
-        spellings.discard(canonical)
-        if spellings != known:
-            self.of[key] = sorted(spellings)
-
-
 class _Analyst:
     """Runs the online detectors and the failure predictor over recorded time steps."""
 
@@ -516,11 +482,11 @@ class _Analyst:
         self.report = report
         self.events = events
         self.now = 0.0
-        self.aliases = _Aliases()
-        report.aliases = self.aliases.of
         # built as run and agent build them (gpuhealth.compose), on the recording's clock
         self.online = online_analytics(settings, clock=lambda: self.now)
         self.stage = prediction_stage(settings, role="replay", checkpoint_path=None)
+        if self.stage is not None:  # the GPU's other names, from the recording's inventory
+            report.aliases = self.stage.identity.other_names
         self.interval = settings.predictor_interval_seconds
         self._stepped_at: float | None = None
         self._labels: set[tuple[str, str, str, str, float | None]] = set()
@@ -535,10 +501,6 @@ class _Analyst:
         stage = self.stage
         if stage is not None:
             stage.observe(step.records)  # samples, and the inventory's identities
-            for record in step.records:
-                if (record.metric == "gpu_info" if isinstance(record, Sample)
-                        else isinstance(record, Event) and record.kind == "gpu_identity"):
-                    self.aliases.learn(record, stage.identity.gpu)
             if self._stepped_at is None or self.now - self._stepped_at >= self.interval:
                 self._stepped_at = self.now
                 made = stage.step(self.now)
@@ -553,9 +515,9 @@ class _Analyst:
                     for w in warnings:
                         self.events.write("predicted_failure", w.predicted_at, w.node, w.entity,
                                           prediction_to_json(
-                                              w, self.aliases.of.get((w.node, w.entity), ())))
+                                              w, self.report.aliases.get((w.node, w.entity), ())))
                 if self.events is not None:
-                    of = self.aliases.of
+                    of = self.report.aliases
                     write = self.events.write
                     for p in made:
                         write("prediction", p.predicted_at, p.node, p.entity,
