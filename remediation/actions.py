@@ -48,6 +48,9 @@ INCIDENT_CLOSED = "closed"
 INCIDENT_HUMAN = "human"
 """A human changed the node meanwhile; gpuhealth stopped and undoes nothing."""
 
+WORK_PREFIX = "work:"
+"""``control`` row names of the work each incident's node held (:meth:`ActionStore.set_work`)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredAction:
@@ -446,6 +449,23 @@ class ActionStore:
             db.execute(
                 f"UPDATE incidents SET {sets} WHERE incident = ?", (*fields.values(), incident)
             )
+
+    # -- work held by an incident's node ------------------------------------------------
+
+    def set_work(self, incident: str, work: str, *, at: float, who: str) -> None:
+        """Keep the work that held ``incident``'s node when it opened (JSON list).
+
+        ``work`` is :func:`remediation.priority.work_to_json`'s output. Kept in the
+        ``control`` table under ``work:<incident>`` (one row per incident; written again,
+        it replaces), so no schema change is needed.
+        """
+        self.set_control(f"{WORK_PREFIX}{incident}", work, at=at, who=who,
+                         why="work on the node when the incident opened")
+
+    def work(self, incident: str) -> str | None:
+        """The work :meth:`set_work` kept for ``incident`` (JSON), or ``None`` if not asked."""
+        state = self.control(f"{WORK_PREFIX}{incident}")
+        return None if state is None else state[0]
 
     # -- control -------------------------------------------------------------------
 

@@ -35,6 +35,17 @@ still*, and does it through the scheduler adapters:
   hand-off waits (at most the bundler's ``timeout_seconds``) for a diagnostic bundle
   collected on the node while its evidence is still there; the bundle's path goes with
   the step (``attrs["bundle"]``) and into the audit log (``bundle``).
+* **Priorities** (:mod:`remediation.priority`). With an adapter that shows them
+  (:class:`~remediation.priority.PriorityScheduler`: Slurm, Kubernetes), the work on the
+  node (jobs or pods, their priority, QOS or PriorityClass, GPUs, start time) is read
+  when an incident opens and kept with it. Within a tick, incidents whose work has the
+  higher priority take their steps first (they get the rate limit's tokens first); the
+  adapters requeue or evict the highest-priority work of a node first. With a
+  ``preemption`` policy (off by default), a critical job whose recovery still waits for
+  capacity after its node was drained may have a low-priority job elsewhere preempted
+  for it: within the preemption budget and the disruption budget, never while the
+  breaker is open, audited (``preempting``) before it is done and only recorded in a
+  dry run.
 * **Fail-over.** Actions and incidents live in the :class:`~remediation.actions.ActionStore`
   (SQLite). A controller that becomes leader re-submits the actions another controller
   left running, with the same idempotency key: adapters are idempotent in effect, so
@@ -93,6 +104,16 @@ from remediation.policy import (
     PolicyResult,
     RemediationPolicy,
 )
+from remediation.priority import (
+    PreemptionPolicy,
+    PriorityScheduler,
+    WorkItem,
+    by_priority,
+    priority_class_of,
+    top_priority,
+    work_from_json,
+    work_to_json,
+)
 from remediation.validation import NodeValidator, ValidationRequest, ValidationStatus
 
 logger = logging.getLogger(__name__)
@@ -139,6 +160,11 @@ AWAITING_APPROVAL = "awaiting_approval"
 BREAKER_OPENED = "breaker_opened"
 PROBATION = "probation"
 ESCALATED = "escalated"
+PREEMPTING = "preempting"
+"""Audited before a preemption is carried out (or, in a dry run, instead of it)."""
+PREEMPTED = "preempted"
+PREEMPTION_HELD = "preemption_held"
+"""A preemption that would place a critical job's recovery was not made (budget, breaker)."""
 
 BUNDLING = "bundling"
 BUNDLE = "bundle"
@@ -222,6 +248,11 @@ class RemediationEngine:
         bundler: Collects a diagnostic bundle before a reboot or hand-off
             (:class:`~remediation.bundle.LocalBundler` or
             :class:`~remediation.bundle.NodeAgentBundler`); ``None``: none.
+        preemption: When low-priority work may be preempted to place a critical job's
+            recovery (:class:`~remediation.priority.PreemptionPolicy`); ``None`` or not
+            ``enabled`` (the default): never.
+        work_timeout_seconds: Longest wait for the scheduler's answer about the work on
+            a new incident's node, per tick, seconds (> 0).
 
     Raises:
         ValueError: A window, rate, timeout or probation out of range.
@@ -253,7 +284,20 @@ class RemediationEngine:
         retry_max_seconds: float = 300.0,
         validator: NodeValidator | None = None,
         bundler: Bundler | None = None,
+        preemption: PreemptionPolicy | None = None,
+        work_timeout_seconds: float = 2.0,
     ) -> None:
+        if not work_timeout_seconds > 0:
+            raise ValueError(f"work_timeout_seconds must be > 0, got {work_timeout_seconds}")
+        self.preemption = preemption or PreemptionPolicy()
+        self.work_timeout_seconds = work_timeout_seconds
+        self._work: dict[str, list[WorkItem]] = {}
+        """Incident -> the work its node held when it opened (read from the store once)."""
+        self._work_said = False
+        self._preemptions: deque[tuple[float, str]] = deque()
+        """``(at, victim node)`` of the preemptions within the preemption window."""
+        self._preempt_said: dict[str, str] = {}
+        """Critical work id -> the last reason its preemption was held (audited once)."""
         if step_attempts < 1:
             raise ValueError(f"step_attempts must be >= 1, got {step_attempts}")
         if not 0 < retry_base_seconds <= retry_max_seconds:
@@ -502,10 +546,21 @@ class RemediationEngine:
         gate = asyncio.Semaphore(self.concurrency)
         checked: dict[str, set[str]] = {}  # nodes read in this tick, per incident (_start)
 
+        await self._record_work(now, by_incident)
+
         async def advance(incident: str, actions: list[StoredAction]) -> list[AuditRecord]:
             async with gate:
                 return await self._advance(incident, actions, now, breaker,
                                            checked.setdefault(incident, set()))
+
+        async def round_of(waiting: dict[str, list[StoredAction]]) -> list[list[AuditRecord]]:
+            # the incidents of higher-priority work go first (a tier at a time), so they
+            # take the rate limit's tokens first; one tier when no priority is known
+            done: dict[str, list[AuditRecord]] = {}
+            for tier in self._tiers(waiting):
+                results = await asyncio.gather(*(advance(i, waiting[i]) for i in tier))
+                done.update(zip(tier, results, strict=True))
+            return [done[i] for i in waiting]
 
         # Breadth first: every incident takes its next step in one concurrent round (a
         # burst of 100 nodes is one round trip, not 100), and steps that finished at once
@@ -513,7 +568,7 @@ class RemediationEngine:
         # delays another's cordon.
         waiting = by_incident
         for _ in range(16):
-            rounds = await asyncio.gather(*(advance(i, a) for i, a in waiting.items()))
+            rounds = await round_of(waiting)
             following: dict[str, list[StoredAction]] = {}
             for incident, records in zip(waiting, rounds, strict=True):
                 out.extend(records)
@@ -532,6 +587,7 @@ class RemediationEngine:
         out.extend(await self._validate(now))
         out.extend(self._probation(now))
         out.extend(self._settle(now))
+        out.extend(await self._preempt(now, breaker))
         if now - self._placed_at >= self.placement_interval_seconds:
             # Scores are hints for the scheduler; the steps come first: a tick that
             # submitted steps (a burst) defers placement, by at most one more interval,
@@ -545,6 +601,169 @@ class RemediationEngine:
                 self._place_deferred_at = None
                 await self._place(now)
         return out
+
+    # -- priorities ----------------------------------------------------------------
+
+    def work_of(self, incident: str) -> list[WorkItem]:
+        """The work ``incident``'s node held when it opened (empty: none or not known)."""
+        if incident not in self._work:
+            stored = self.store.work(incident)
+            if stored is None:
+                return []
+            self._work[incident] = work_from_json(stored)
+        return self._work[incident]
+
+    async def _record_work(self, now: float, live: Mapping[str, list[StoredAction]]) -> None:
+        """Ask the scheduler what ran on the node of each incident not asked yet.
+
+        At most 16 incidents per tick, all within ``work_timeout_seconds``; a scheduler
+        that does not answer is asked again at the next tick (the incident's steps do not
+        wait for it).
+        """
+        if not isinstance(self.scheduler, PriorityScheduler):
+            return
+        todo: list[StoredIncident] = []
+        for incident in live:
+            if incident in self._work or self.store.work(incident) is not None:
+                continue
+            inc = self.store.incident(incident)
+            if inc is not None and inc.state == INCIDENT_OPEN:
+                todo.append(inc)
+            if len(todo) >= 16:
+                break
+        if not todo:
+            return
+        scheduler = self.scheduler
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(*(
+                scheduler.work_detail(inc.node, EntityId(inc.entity)
+                                      if inc.entity != NODE_ENTITY else None)
+                for inc in todo)), self.work_timeout_seconds)
+        except (TimeoutError, GpuHealthError, OSError) as exc:
+            if not self._work_said:
+                logger.warning("cannot read the work on the nodes of new incidents: %s", exc)
+                self._work_said = True
+            return
+        self._work_said = False
+        for inc, items in zip(todo, answers, strict=True):
+            ordered = by_priority(items)
+            self.store.set_work(inc.incident, work_to_json(ordered), at=now, who=self.identity)
+            self._work[inc.incident] = ordered
+
+    def _tiers(self, waiting: Mapping[str, list[StoredAction]]) -> list[list[str]]:
+        """Incidents grouped by the top priority of their work, highest first."""
+        groups: dict[float, list[str]] = {}
+        for incident in waiting:
+            top = top_priority(self.work_of(incident))
+            groups.setdefault(float("-inf") if top is None else float(top), []).append(incident)
+        return [groups[k] for k in sorted(groups, reverse=True)]
+
+    async def _preempt(self, now: float, breaker: bool) -> list[AuditRecord]:
+        """Preempt low-priority work for critical work whose recovery waits (see above).
+
+        For each incident whose node is out of service since ``wait_seconds`` or more,
+        the critical work it displaced is looked up; what still waits for capacity gets
+        the best victim (:meth:`~remediation.priority.PreemptionPolicy.victims`) within
+        the budgets. Each critical job is preempted for once. Audited ``preempting``
+        before, ``preempted`` or ``failed`` after; ``preemption_held`` (once per reason)
+        when a budget or the breaker holds it back.
+        """
+        policy = self.preemption
+        scheduler = self.scheduler
+        if not policy.enabled or not isinstance(scheduler, PriorityScheduler):
+            return []
+        while self._preemptions and self._preemptions[0][0] <= now - policy.window_seconds:
+            self._preemptions.popleft()
+        waiting: list[tuple[StoredIncident, WorkItem]] = []
+        for inc in self.store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
+            if inc.out_of_service_at is None or now - inc.out_of_service_at < policy.wait_seconds:
+                continue
+            for item in self.work_of(inc.incident):
+                if policy.is_critical(item) and \
+                        self.store.control(f"preempt:{item.kind}:{item.id}") is None:
+                    waiting.append((inc, item))
+        if not waiting:
+            return []
+        out: list[AuditRecord] = []
+        try:
+            pending = await scheduler.pending_of([item for _, item in waiting])
+            running = await scheduler.running_work() if pending else []
+        except GpuHealthError as exc:
+            logger.warning("preemption: cannot read the scheduler: %s", exc)
+            return []
+        waits = {(w.kind, w.id) for w in pending}
+        taken: set[str] = set()
+        for inc, item in sorted(waiting, key=lambda x: -x[1].priority):
+            if (item.kind, item.id) not in waits:
+                continue
+            with self._lock:
+                out_of_service = set(self.policy.out_of_service)
+                limit = self.policy.disruption_limit
+                opted_out = set(self.policy.opt_out_nodes)
+            avoid = frozenset(out_of_service | opted_out | {inc.node}
+                              | {node for _, node in self._preemptions} | taken)
+            victims = [v for v in policy.victims(item, running, avoid_nodes=avoid)
+                       if v.id not in taken]
+            key = f"{inc.incident}/preempt/{item.id}"
+            why = ""
+            if not victims:
+                why = "no running lower-priority work that may be preempted holds enough GPUs"
+            elif breaker:
+                why = "circuit breaker open"
+            elif len(self._preemptions) >= policy.max_preemptions:
+                why = (f"preemption budget spent: {len(self._preemptions)} of "
+                       f"{policy.max_preemptions} within {policy.window_seconds:.0f} s")
+            elif len(out_of_service | {n for _, n in self._preemptions}) + 1 > limit:
+                why = (f"disruption budget: {len(out_of_service)} node(s) out of service and "
+                       f"{len(self._preemptions)} preemption(s) of {limit} allowed")
+            if why:
+                if self._preempt_said.get(item.id) != why:
+                    self._preempt_said[item.id] = why
+                    self._count_held("preemption")
+                    out.append(self._preempt_audit(PREEMPTION_HELD, inc, item, None, key,
+                                                   f"{item.describe()} waits for capacity; "
+                                                   f"not preempting: {why}", now))
+                continue
+            victim = victims[0]
+            taken.add(victim.id)
+            taken.add(victim.node)
+            dry = self.policy.dry_run
+            reason = (f"gpuhealth: preempted to place the recovery of {item.describe()} "
+                      f"(incident {inc.incident} on {inc.node})")[:200]
+            out.append(self._preempt_audit(PREEMPTING, inc, item, victim, key, (
+                f"{'dry run: would preempt' if dry else 'preempting'} {victim.describe()} to "
+                f"place the recovery of {item.describe()}, which waits for capacity"), now))
+            self._preemptions.append((now, victim.node))
+            self.store.set_control(f"preempt:{item.kind}:{item.id}", victim.id, at=now,
+                                   who=self.identity, why=reason)
+            if dry:
+                continue
+            try:
+                done = await scheduler.preempt(victim, reason=reason)
+            except GpuHealthError as exc:
+                out.append(self._preempt_audit(FAILED, inc, item, victim, key,
+                                               f"preemption of {victim.describe()} failed: "
+                                               f"{exc}", now))
+                continue
+            self._count_held("preempted")
+            out.append(self._preempt_audit(PREEMPTED, inc, item, victim, key, done, now))
+        return out
+
+    def _preempt_audit(self, decision: str, inc: StoredIncident, item: WorkItem,
+                       victim: WorkItem | None, key: str, reason: str,
+                       now: float) -> AuditRecord:
+        details = {"incident": inc.incident, "fingerprint": inc.fingerprint,
+                   "for": f"{item.kind}:{item.id}", "for_priority": str(item.priority),
+                   "for_class": item.priority_class, "for_node": inc.node}
+        if victim is not None:
+            details.update({"victim": f"{victim.kind}:{victim.id}",
+                            "victim_priority": str(victim.priority),
+                            "victim_class": victim.priority_class})
+        return AuditRecord(
+            at=now, actor=self.identity, decision=decision, step=None,
+            node=NodeName(victim.node if victim is not None else inc.node),
+            entity="node",  # type: ignore[arg-type]
+            reason=reason, idempotency_key=key, dry_run=self.policy.dry_run, details=details)
 
     async def _place(self, now: float) -> None:
         """Recompute reliability scores; publish changed ones through the scheduler."""
@@ -1193,8 +1412,15 @@ class RemediationEngine:
             idempotency_key=action.key,
             dry_run=action.dry_run,
             details={"action_id": str(action.id), "incident": action.incident,
-                     "fingerprint": action.fingerprint, **action.attrs},
+                     "fingerprint": action.fingerprint, **action.attrs,
+                     **self._priority_details(action.incident)},
         )
+
+    def _priority_details(self, incident: str) -> dict[str, str]:
+        work = self._work.get(incident)
+        if not work:
+            return {}
+        return {"priority": str(top_priority(work)), "priority_class": priority_class_of(work)}
 
 
 def approve(store: ActionStore, action_id: int, *, who: str, now: float) -> StoredAction:

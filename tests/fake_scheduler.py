@@ -13,8 +13,9 @@ node is back in service (:class:`~core.errors.ReturnedToService`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from core.errors import NodeNotFound, PermanentError, ReturnedToService, SchedulerUnavailable
 from core.records import (
@@ -22,10 +23,12 @@ from core.records import (
     ActionPhase,
     ActionRequest,
     ActionStatus,
+    EntityId,
     NodeName,
     NodeState,
     RemediationStep,
 )
+from remediation.priority import WorkItem, by_priority
 
 
 @dataclass(slots=True)
@@ -158,3 +161,70 @@ class FakeScheduler:
     async def set_reliability(self, node: NodeName, score: float) -> None:
         self._node(node)
         self.weights[node] = score
+
+
+class FakePriorityScheduler(FakeScheduler):
+    """A :class:`FakeScheduler` with jobs that have priorities (``PriorityScheduler``).
+
+    ``cluster_jobs`` maps a job id to its :class:`~remediation.priority.WorkItem`. A node
+    drain that evicts requeues the node's running jobs, the highest priority first (the
+    order is kept in ``requeued``): they become ``pending`` with no node, as Slurm's
+    requeued jobs do. :meth:`place` is the scheduler's placement: the pending job starts
+    on a node. :meth:`preempt` requeues a running job (kept in ``preempted``).
+    """
+
+    def __init__(self, cluster: FakeCluster, **kwargs: Any) -> None:
+        super().__init__(cluster, **kwargs)
+        self.cluster_jobs: dict[str, WorkItem] = {}
+        self.requeued: list[str] = []
+        self.preempted: list[str] = []
+        self.asked: int = 0
+
+    def add_job(self, job_id: str, node: str, *, priority: int, qos: str = "",
+                gpus: int = 1, started_at: float | None = 0.0) -> WorkItem:
+        item = WorkItem(kind="slurm_job", id=job_id, node=node, gpus=gpus,
+                        started_at=started_at, priority=priority, priority_class=qos,
+                        owner="alice")
+        self.cluster_jobs[job_id] = item
+        return item
+
+    def place(self, job_id: str, node: str) -> None:
+        """The scheduler starts a pending job on ``node``."""
+        self.cluster_jobs[job_id] = replace(self.cluster_jobs[job_id], node=node,
+                                            state="running")
+
+    async def submit(self, request: ActionRequest) -> str:
+        first = request.idempotency_key not in self.cluster.effects
+        ref = await super().submit(request)
+        if (first and not request.dry_run and request.step == RemediationStep.DRAIN
+                and request.attrs.get("scope") != "gpu"
+                and request.attrs.get("mode", "evict") == "evict"):
+            on_node = [j for j in self.cluster_jobs.values()
+                       if j.node == request.node and j.state == "running"]
+            for job in by_priority(on_node):
+                self.requeued.append(job.id)
+                self.cluster_jobs[job.id] = replace(job, node="", state="pending")
+        return ref
+
+    async def work_detail(self, node: NodeName,
+                          entity: EntityId | None = None) -> list[WorkItem]:
+        self._node(node)
+        self.asked += 1
+        return [j for j in self.cluster_jobs.values() if j.node == node and j.state == "running"]
+
+    async def running_work(self) -> list[WorkItem]:
+        if self.cluster.down:
+            raise SchedulerUnavailable("fake scheduler down")
+        return [j for j in self.cluster_jobs.values() if j.state == "running"]
+
+    async def pending_of(self, items: Sequence[WorkItem]) -> list[WorkItem]:
+        return [self.cluster_jobs[i.id] for i in items
+                if i.id in self.cluster_jobs and self.cluster_jobs[i.id].state == "pending"]
+
+    async def preempt(self, item: WorkItem, *, reason: str) -> str:
+        job = self.cluster_jobs.get(item.id)
+        if job is None or job.state != "running":
+            raise PermanentError(f"job {item.id} is not running")
+        self.preempted.append(item.id)
+        self.cluster_jobs[item.id] = replace(job, node="", state="pending")
+        return f"requeued job {item.id} ({reason})"
