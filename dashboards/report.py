@@ -43,6 +43,7 @@ SCHEMA = "gpuhealth.report/1"
 
 SECTIONS = (
     ("availability", "Availability and GPU-hours lost"),
+    ("work", "Jobs and pods hit by failures"),
     ("mtbf", "MTBF by GPU model, node and driver version"),
     ("mttr", "MTTR: detection to back in service"),
     ("causes", "Failures by cause"),
@@ -54,7 +55,16 @@ SECTIONS = (
     ("spare_capacity", "Spare capacity"),
     ("week_over_week", "Change from the previous window"),
 )
-"""Section keys and titles, in the order issue #8 lists them."""
+"""Section keys and titles, in the order issue #8 lists them (with the work hit, issue
+#16, after availability)."""
+
+WORK_ATTR = "work"
+"""``IncidentRecord.attrs`` key: JSON list of the jobs or pods on the node when the incident
+opened (``kind``, ``id``, ``gpus``, ``started_at``, ``priority``, ``priority_class``...),
+as ``remediation.priority.history_attrs`` writes it."""
+PRIORITY_CLASS_ATTR = "priority_class"
+"""``IncidentRecord.attrs`` key: the class of the highest-priority work the incident hit
+(Slurm QOS or Kubernetes PriorityClass; ``none``: no work on the node)."""
 
 Format = Literal["html", "md", "json"]
 
@@ -219,6 +229,7 @@ def build_report(history: IncidentHistory, options: ReportOptions | None = None,
                     "operating time (as in the source's own GPU-years).")
     sections: dict[str, Any] = {
         "availability": _availability(inventory, incidents_all, window, fleet),
+        "work": _work(in_window, opts, window, caveats),
         "mtbf": _mtbf(inventory, incidents_all, window, opts, fleet, caveats),
         "mttr": _mttr(in_window, caveats),
         "causes": _causes(in_window, opts, window),
@@ -284,11 +295,134 @@ def _mtbf(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
     return out
 
 
+def _work_rows(attrs: Mapping[str, str]) -> list[dict[str, Any]] | None:
+    """The work an incident hit, from its ``attrs`` (``None``: not recorded)."""
+    text = attrs.get(WORK_ATTR) if isinstance(attrs, Mapping) else None
+    if text is None:
+        return None
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(rows, list):
+        return None
+    return [r for r in rows if isinstance(r, dict) and r.get("id") is not None]
+
+
+def _job_hours(row: Mapping[str, Any], hit_at: float) -> float | None:
+    """GPUs held x hours from the job's start to the fault (``None``: not known)."""
+    try:
+        gpus = int(row.get("gpus") or 0)
+        started = row.get("started_at")
+        start = float(started) if started is not None else None
+    except (TypeError, ValueError):
+        return None
+    if gpus <= 0 or start is None or not math.isfinite(start):
+        return None
+    return gpus * max(0.0, hit_at - start) / 3600.0
+
+
+def _work(in_window: pd.DataFrame, opts: ReportOptions, window: rel.Window,
+          caveats: _Caveats) -> dict[str, Any]:
+    """Jobs and pods hit by the window's failures, and their GPU-hours (docs/report.md).
+
+    A job (or pod) hit by several incidents counts once, at its first one: its GPU-hours
+    are GPUs held x (that incident's detection - the job's start) / 3600, the work at
+    stake since it started. Split by period and cause (the first incident's), by kind
+    (each kind that hit it) and by priority class.
+    """
+    freq = _period(window)
+    formats = {"year": "%Y", "month": "%Y-%m", "week": "%G-W%V", "day": "%Y-%m-%d"}
+    first: dict[tuple[str, str], tuple[float, dict[str, Any], str, str]] = {}
+    kinds: dict[tuple[str, str], set[str]] = {}
+    with_data = without_data = empty = 0
+    for detected, cause, kind, attrs in sorted(zip(
+            in_window["detected_at"], in_window["cause"], in_window["kind"],
+            in_window["attrs"], strict=True), key=lambda x: float(x[0])):
+        rows = _work_rows(attrs)
+        if rows is None:
+            without_data += 1
+            continue
+        with_data += 1
+        if not rows:
+            empty += 1
+        for row in rows:
+            key = (str(row.get("kind", "")), str(row["id"]))
+            kinds.setdefault(key, set()).add(str(kind))
+            if key not in first:
+                first[key] = (float(detected), row, str(cause), str(kind))
+    total_hours = 0.0
+    unknown_hours = 0
+    by_period: dict[str, dict[str, Any]] = {}
+    by_cause: dict[str, dict[str, Any]] = {}
+    by_class: dict[str, dict[str, Any]] = {}
+    by_kind: dict[str, dict[str, Any]] = {}
+
+    def add(table: dict[str, dict[str, Any]], label: str, hours: float | None) -> None:
+        row = table.setdefault(label, {"jobs": 0, "gpu_hours": 0.0})
+        row["jobs"] += 1
+        row["gpu_hours"] += hours or 0.0
+
+    for key, (hit_at, row, cause, _kind) in first.items():
+        hours = _job_hours(row, hit_at)
+        if hours is None:
+            unknown_hours += 1
+        else:
+            total_hours += hours
+        label = pd.Timestamp(hit_at, unit="s", tz="UTC").tz_convert(opts.timezone) \
+            .strftime(formats[freq])
+        add(by_period, label, hours)
+        add(by_cause, cause, hours)
+        add(by_class, str(row.get("priority_class") or "default"), hours)
+        for kind in sorted(kinds[key]):
+            add(by_kind, kind, hours)
+    out: dict[str, Any] = {
+        "interrupted_jobs": len(first),
+        "gpu_hours": total_hours,
+        "jobs_without_gpu_hours": unknown_hours,
+        "incidents_with_work_data": with_data,
+        "incidents_without_work_data": without_data,
+        "incidents_on_idle_nodes": empty,
+        "period": freq,
+        "by_period": dict(sorted(by_period.items())),
+        "by_cause": dict(sorted(by_cause.items())),
+        "by_kind": dict(sorted(by_kind.items())),
+        "by_priority_class": dict(sorted(by_class.items())),
+        "definition": "jobs: distinct Slurm jobs or pods on the node (or GPU) when an "
+                      "incident opened; GPU-hours: GPUs held x hours from the job's start "
+                      "to its first incident in the window",
+    }
+    if not len(in_window):
+        out["note"] = "no failure in this window"
+    elif not with_data:
+        out["note"] = ("no incident of this window recorded the work on its node (a "
+                       "scheduler that shows jobs or pods: Slurm, Kubernetes)")
+    if with_data and without_data:
+        caveats.add(f"{without_data:,} incident(s) of the window have no record of the work "
+                    "on their node: interrupted jobs and their GPU-hours count only the "
+                    f"other {with_data:,}.")
+    if unknown_hours:
+        caveats.add(f"{unknown_hours:,} job(s) hit have no known start time or GPU count: "
+                    "counted as interrupted, with no GPU-hours.")
+    return out
+
+
 def _mttr(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
     out = rel.mttr(in_window)
     out["by_cause"] = {
         str(cause): rel.mttr(group)["median_hours"]
         for cause, group in in_window.groupby("cause")} if len(in_window) else {}
+    classes = [str(a.get(PRIORITY_CLASS_ATTR, "")) if isinstance(a, Mapping) else ""
+               for a in in_window["attrs"]] if len(in_window) else []
+    by_class: dict[str, Any] = {}
+    if any(classes):
+        labelled = in_window.assign(_class=classes)
+        for name, group in labelled[labelled["_class"] != ""].groupby("_class"):
+            figures = rel.mttr(group)
+            by_class[str(name)] = {k: figures[k] for k in
+                                   ("repaired", "unrepaired", "median_hours", "mean_hours",
+                                    "p90_hours")}
+    out["by_priority_class"] = by_class
     if not len(in_window):
         out["note"] = "no failure in this window"
     elif out["repaired"] == 0:
@@ -481,6 +615,27 @@ def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]
         ["GPUs retired after a failure", _num(a["retired_after_failure"])],
     ]))]
 
+    wk = s["work"]
+    blocks_w: list[tuple[str, Table | str]] = [("", (["Figure", "Value"], [
+        ["Interrupted jobs and pods (distinct)", _num(wk["interrupted_jobs"])],
+        ["GPU-hours of the jobs hit (start to fault)", _num(wk["gpu_hours"])],
+        ["Incidents with the work on the node recorded",
+         f"{_num(wk['incidents_with_work_data'])} (of them on idle nodes: "
+         f"{_num(wk['incidents_on_idle_nodes'])})"],
+        ["Incidents without that record", _num(wk["incidents_without_work_data"])],
+    ]))]
+    for key, caption in (("by_period", f"By {wk['period']}"), ("by_cause", "By cause"),
+                         ("by_kind", "By failure kind"),
+                         ("by_priority_class", "By priority class (QOS / PriorityClass)")):
+        if wk[key]:
+            blocks_w.append((caption, (["Group", "Jobs", "GPU-hours"], [
+                [str(name), _num(v["jobs"]), _num(v["gpu_hours"])]
+                for name, v in list(wk[key].items())[:top]])))
+    blocks_w.append(("", f"Definition: {wk['definition']}."))
+    if wk.get("note"):
+        blocks_w.append(("", wk["note"]))
+    out["work"] = blocks_w
+
     m = s["mtbf"]
     f = m["fleet"]
     blocks: list[tuple[str, Table | str]] = [("Fleet", (["Figure", "Value"], [
@@ -526,6 +681,13 @@ def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]
     if r["by_cause"]:
         blocks.append(("Median by cause", (["Cause", "Median (hours)"], [
             [c, _num(v, 2)] for c, v in r["by_cause"].items()])))
+    if r.get("by_priority_class"):
+        blocks.append(("By priority class of the work hit (QOS / PriorityClass)", (
+            ["Priority class", "Repaired", "Not yet repaired", "Median (hours)",
+             "Mean (hours)", "90th percentile (hours)"], [
+                [c, _num(v["repaired"]), _num(v["unrepaired"]), _num(v["median_hours"], 2),
+                 _num(v["mean_hours"], 2), _num(v["p90_hours"], 2)]
+                for c, v in r["by_priority_class"].items()])))
     if r.get("note"):
         blocks.append(("", r["note"]))
     out["mttr"] = blocks
@@ -872,6 +1034,8 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
         "lost_hours": s["availability"]["lost_hours"],
         "mtbf_hours": s["mtbf"]["fleet"]["mtbf_hours"],
         "mttr_median_hours": s["mttr"]["median_hours"],
+        "interrupted_jobs": s["work"]["interrupted_jobs"],
+        "gpu_hours_of_jobs_hit": s["work"]["gpu_hours"],
         "spare_capacity_fits": s["spare_capacity"]["fits"],
         "caveats": len(report["caveats"]),
     })

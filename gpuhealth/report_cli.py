@@ -266,7 +266,9 @@ def write_weekly_report(*, history_path: str | Path, folder: str | Path,
         availability = head["availability"]
         text = (f"Weekly GPU reliability report {head['window_start']} to "
                 f"{head['window_end']}: {head['failures']} failures, availability "
-                + ("n/a" if availability is None else f"{availability * 100:.3f}%"))
+                + ("n/a" if availability is None else f"{availability * 100:.3f}%")
+                + f", {head['interrupted_jobs']} jobs hit "
+                f"({head['gpu_hours_of_jobs_hit']:,.1f} GPU-hours)")
         try:
             post(webhook_url, {"text": text, "summary": head, "files": files, "links": links})
             delivered = True
