@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from alerting.silences import SilenceStore
+from analytics.fault_model.debounce import DEFAULT_DEBOUNCE, Debouncer
 from analytics.fault_model.site_rules import SiteRule, SiteRules
 from analytics.fleet import join_link_ends
 from analytics.online import OnlineAnalytics
@@ -38,6 +39,7 @@ from gpuhealth.config import (
     Settings,
     alert_policies,
     alerting_path,
+    debounce_policies,
     pagerduty_routing_key,
     webhook_secret,
 )
@@ -425,7 +427,14 @@ def build_pipeline(
     pipeline.site_rules = site_rules(settings)
     pipeline.boot_window_seconds = settings.analytics.boot_window_seconds
     pipeline.boot_kinds = frozenset(settings.analytics.boot_window_kinds)
+    pipeline.debounce = debouncer(settings.analytics)
     return pipeline
+
+
+def debouncer(analytics: AnalyticsSettings | None) -> Debouncer:
+    """The ``[analytics.debounce]`` of ``run``, ``agent`` and ``replay`` (defaults if ``None``)."""
+    return Debouncer(debounce_policies(analytics) if analytics is not None
+                     else DEFAULT_DEBOUNCE)
 
 
 def site_rules(settings: Settings) -> SiteRules:
@@ -454,13 +463,16 @@ def replay_pipeline(
     outbox_path: str | None,
     scheduler: SchedulerAdapter | None,
     action_store_path: str | None,
+    analytics: AnalyticsSettings | None = None,
 ) -> Pipeline:
     """The pipeline of ``gpuhealth replay``: recorded history, nothing forgotten.
 
     A dry replay advances the engine inside each evaluation; a live one (``guard.dry_run``
-    false) leaves that to the replay's own event loop. Arguments as :class:`Pipeline`'s.
+    false) leaves that to the replay's own event loop. ``analytics``: the ``[analytics]``
+    of ``--config`` (its debounce; ``None``: the defaults, as ``run`` has them). Other
+    arguments as :class:`Pipeline`'s.
     """
-    return Pipeline(
+    pipeline = Pipeline(
         facts=facts, notifiers=notifiers, audit_log_path=audit_log_path,
         max_disrupted_fraction=guard.max_disrupted_fraction, cluster_size=guard.cluster_size,
         opt_out_nodes=guard.opt_out_nodes, act_on_predictions=guard.act_on_predictions,
@@ -473,6 +485,8 @@ def replay_pipeline(
         gpu_level_drain=_gpu_level_drain(scheduler),
         tick_inline=guard.dry_run,
     )
+    pipeline.debounce = debouncer(analytics)
+    return pipeline
 
 
 def service_pipeline(settings: Settings, *, identity: str,

@@ -40,6 +40,12 @@ from pydantic import (
 
 from alerting.alerts import AlertPolicy
 from analytics.fault_model import check_facts
+from analytics.fault_model.debounce import (
+    DEBOUNCED_KINDS,
+    DEFAULT_DEBOUNCE,
+    MAX_WINDOW,
+    check_policy,
+)
 from analytics.online import DEFAULT_DETECTOR_BY_METRIC, check_detector_by_metric
 from core.errors import ConfigError, PluginError
 from core.plugins import available
@@ -267,6 +273,29 @@ class StorageSettings(BaseModel):
     so a stuck store cannot exhaust memory (about a minute of 1 Hz data for 100 GPUs)."""
 
 
+class DebounceSettings(BaseModel):
+    """``[analytics.debounce] <kind> = { n = 2, m = 3 }``: ``n`` bad of the last ``m`` readings."""
+
+    model_config = _FROZEN
+
+    n: int = Field(ge=1)
+    """Readings that must show the state bad."""
+    m: int = Field(ge=1, le=MAX_WINDOW)
+    """Of this many latest readings (the window), ``m >= n``."""
+
+    @model_validator(mode="after")
+    def _n_of_m(self) -> DebounceSettings:
+        if self.n > self.m:
+            raise ValueError(f"n = {self.n} is more than m = {self.m} (n of the last m "
+                             "readings)")
+        return self
+
+
+def debounce_policies(analytics: AnalyticsSettings) -> dict[str, tuple[int, int]]:
+    """The ``(n, m)`` per kind of ``[analytics.debounce]`` (for the ``Debouncer``)."""
+    return {kind: (p.n, p.m) for kind, p in analytics.debounce.items()}
+
+
 class AnalyticsSettings(BaseModel):
     """``[analytics]``: how often the rules look at what was collected."""
 
@@ -286,6 +315,25 @@ class AnalyticsSettings(BaseModel):
     boot_window_kinds: tuple[str, ...] = ("nvlink", "ib_port", "nic_port", "bond", "fabric",
                                           "fabric_manager", "nvls")
     """Finding kinds a boot raises for a while (docs/remediation.md, "Boot windows")."""
+
+    debounce: dict[str, DebounceSettings] = Field(
+        default_factory=lambda: {k: DebounceSettings(n=n, m=m)
+                                 for k, (n, m) in DEFAULT_DEBOUNCE.items()})
+    """``[analytics.debounce]``: a polled state (NVLink, PCIe link, IB port, bond) becomes a
+    finding only when ``n`` of its last ``m`` readings show it bad, per finding kind
+    (``nvlink = { n = 2, m = 3 }``, the default of each); ``{ n = 1, m = 1 }`` switches a
+    kind off. A file's keys are merged over the defaults. Events (an Xid) are never
+    debounced (``docs/configuration.md``, "Debounce")."""
+
+    @field_validator("debounce", mode="before")
+    @classmethod
+    def _debounced_kinds(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        for kind in value:
+            if kind not in DEBOUNCED_KINDS:
+                raise ValueError(f"{kind}: {check_policy(str(kind), 1, 1)}")
+        return {**{k: {"n": n, "m": m} for k, (n, m) in DEFAULT_DEBOUNCE.items()}, **value}
 
     detectors: bool = True
     """Run the online detectors (``analytics.online``) on every sample the service handles:

@@ -54,6 +54,7 @@ from analytics.fault_model.boot import (
     boot_times,
     hold_boot_transients,
 )
+from analytics.fault_model.debounce import Debouncer
 from analytics.fault_model.site_rules import SiteRules
 from core.clock import Clock, system_clock
 from core.errors import TemporaryError
@@ -284,6 +285,9 @@ class Pipeline:
         """Findings of :attr:`boot_kinds` last seen this soon after a node's boot are held
         back (:mod:`analytics.fault_model.boot`); 0 holds nothing back."""
         self.boot_kinds = BOOT_KINDS
+        self.debounce = Debouncer({})
+        """Polled states become findings after N of M bad readings
+        (:mod:`analytics.fault_model.debounce`); none here, the composition root sets it."""
         self._routing = False
         self.attribution: WorkAttribution | None = None
         """Names the jobs or pods each new finding hit (:mod:`remediation.attribution`)."""
@@ -411,11 +415,24 @@ class Pipeline:
                 received_at = None
             elif received_at is None:
                 received_at = self.clock()
+            records = list(records) if self.debounce else records
             for record in records:
                 obs = nodes.get(record.node)
                 if obs is None:
                     obs = nodes[record.node] = Observations()
                 obs.add(record, received_at=received_at)
+            if self.debounce:
+                self.debounce.observe(records)
+
+    def observe_readings(self, samples: Iterable[Record]) -> None:
+        """Count readings that repeat the last value of their series.
+
+        The service gives :meth:`observe` only samples whose value changed; the readings
+        of a debounced state count at every poll (only those metrics are looked at).
+        """
+        if self.debounce:
+            with self._lock:
+                self.debounce.observe(samples)
 
     def observe_predictions(self, predictions: Iterable[Prediction]) -> None:
         """Account for failure predictions; the latest per entity alerts while it holds.
@@ -599,6 +616,7 @@ class Pipeline:
                 for f in evaluate(fresh, self._context(node, self.clock()), self.rules)
             )
             if healthy:
+                self.debounce.observe(kept)  # healthy readings count too
                 by_node: dict[str, Observations] = {}
                 for record in kept:
                     by_node.setdefault(record.node, Observations()).add(record)
@@ -623,6 +641,8 @@ class Pipeline:
         rules = self.rules if self.rules is not None else all_rules()  # once, not per node
         for node, obs in self._nodes.items():
             found.extend(evaluate(obs, self._context(node, now), rules))
+        if self.debounce:
+            found = self.debounce.apply(found)
         if self._held:
             self._held = {k: v for k, v in self._held.items() if v[1] > now}
         if self._predicted or self._held:

@@ -681,6 +681,7 @@ def replay(
         outbox_path=outbox_path,
         scheduler=scheduler,
         action_store_path=action_store_path,
+        analytics=analytics,
     )
     # A live adapter may keep work running on its event loop between ticks (a drain's
     # evictions): every tick of a live replay runs on one loop, in its own thread.

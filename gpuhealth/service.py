@@ -516,6 +516,7 @@ class Service:
         if self.pipeline is None or not batch:
             return
         changed: list[Record] = []
+        repeated: list[Record] = []  # still readings: a debounced state counts every poll
         for record in batch:
             if isinstance(record, Sample):
                 if record.metric.startswith("gpu_") and record.entity != "node":
@@ -523,11 +524,13 @@ class Service:
                 key = (record.metric, record.node, record.entity,
                        tuple(sorted(record.labels.items())))
                 if self._last_value.get(key) == record.value:
+                    repeated.append(record)
                     continue
                 self._last_value[key] = record.value
             changed.append(record)
         try:
             self.pipeline.observe(changed)
+            self.pipeline.observe_readings(repeated)
         except Exception as exc:
             self._log_once("observe", "pipeline.observe failed: %s", exc)
 
