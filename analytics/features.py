@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from analytics.identity import port_identity
 from analytics.precursors import EVIDENCE_CAP, HourlyCounter, HourlyGauge, advance_hours
 from core.records import EntityId, FeatureVector, NodeName, Sample
+from core.series import SeriesMemo
 
 HOUR = 3600.0
 
@@ -141,7 +142,8 @@ class _Series:
         return step
 
     def _bucket(self, at: float, step: float) -> None:
-        self.hour_at = advance_hours((self.hours,), self.hour_at, at)
+        if not (self.hours and self.hour_at <= at < self.hour_at + HOUR):
+            self.hour_at = advance_hours((self.hours,), self.hour_at, at)
         self.hours[-1] += step
 
     def long_rate(self, now: float, hours: int) -> float | None:
@@ -192,6 +194,20 @@ class _Entity:
     """Hourly means of the temperature excess over the node's other GPUs at equal power."""
 
 
+_SKIP, _TOUCH, _COUNTER, _GAUGE, _REMAP = range(5)
+"""What :meth:`FeatureBuilder.observe` does with a sample (:class:`_Slot` ``kind``)."""
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """What a series' samples feed, worked out once (:meth:`FeatureBuilder._slot`)."""
+
+    kind: int = _SKIP
+    ent: _Entity = None  # type: ignore[assignment]  # set unless kind is _SKIP
+    series: _Series = None  # type: ignore[assignment]  # set for _COUNTER
+    family: HourlyCounter | None = None
+    name: str = ""
+
+
 class FeatureBuilder:
     """Builds per-entity feature vectors from samples (see the module docstring).
 
@@ -210,6 +226,7 @@ class FeatureBuilder:
         self.window_seconds = window_seconds
         self._entities: dict[tuple[str, str], _Entity] = {}
         self._emitted: dict[tuple[str, str], float] = {}
+        self._slots: SeriesMemo[_Slot] = SeriesMemo()
         self._slope = [0.0, 0.0]
         """Decayed sums of ``power_dev * temp_dev`` and ``power_dev ** 2`` over the fleet:
         the slope that puts temperature excesses at equal power."""
@@ -217,53 +234,91 @@ class FeatureBuilder:
     def observe(self, samples: Iterable[Sample]) -> None:
         """Take samples (any order of entities; per series in time order)."""
         horizon = self.window_seconds
+        known = self._slots.get
         for s in samples:
-            if s.observed_at is None:
-                continue  # a snapshot without a time cannot make a rate
             at = s.observed_at
-            metric = s.metric
-            link = metric.startswith("ib_")
-            if link:
-                if metric not in _IB_COUNTERS:
-                    continue
-                entity = port_identity(s.entity, s.labels)
-            elif metric.startswith("gpu_"):
-                entity = s.entity
-            else:
+            if at is None:
+                continue  # a snapshot without a time cannot make a rate
+            slot = known(s)
+            if slot is None:
+                slot = self._slot(s)
+            kind = slot.kind
+            if kind == _SKIP:
                 continue
-            key = (s.node, entity)
-            ent = self._entities.get(key)
-            if ent is None:
-                ent = self._entities[key] = _Entity(node=s.node, entity=entity, is_link=link)
-            ent.last_at = max(ent.last_at, at)
-            if metric == "gpu_ecc_errors_total":
-                kind = "ce" if s.labels.get("type") == "corrected" else "ue"
-                where = "sram" if "sram" in s.labels.get("location", "").lower() else "dram"
-                name = f"{where}_{kind}" if kind == "ce" else "ue"
-                series_key = f"{name}|{s.labels.get('location', '')}|{s.labels.get('scope', '')}"
-                step = _series(ent.counters, series_key).add(at, s.value, horizon)
-                self._precursor(ent, name, at, step)
-            elif metric in _GPU_COUNTERS or metric in _IB_COUNTERS:
-                name = _GPU_COUNTERS.get(metric) or _IB_COUNTERS[metric]
-                series_key = f"{name}|{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}"
-                step = _series(ent.counters, series_key).add(at, s.value, horizon)
-                self._precursor(ent, name, at, step)
-            elif metric in ("gpu_thermal_violation_seconds_total",
-                            "gpu_power_violation_seconds_total"):
-                _series(ent.counters, f"throttle|{metric}").add(at, s.value,
-                                                                             horizon)
-            elif metric in _GAUGES:
-                ent.gauges[_GAUGES[metric]] = s.value
-                if metric in _REMAP_GAUGES:
-                    before = ent.remap_seen.get(metric)
-                    ent.remap_seen[metric] = s.value
-                    family = ent.precursors.get("remap") or ent.precursors.setdefault(
-                        "remap", HourlyCounter())
-                    family.add(at, max(s.value - before, 0.0) if before is not None else 0.0)
-            elif metric == "gpu_temperature_celsius":
-                ent.gauges["temp"] = s.value
-            elif metric == "gpu_power_watts":
-                ent.gauges["power"] = s.value
+            ent = slot.ent
+            if at > ent.last_at:
+                ent.last_at = at
+            if kind == _TOUCH:
+                continue
+            value = s.value
+            if kind == _COUNTER:
+                step = slot.series.add(at, value, horizon)
+                family = slot.family
+                if family is not None:
+                    family.add(at, step if step is not None else 0.0)
+            elif kind == _GAUGE:
+                ent.gauges[slot.name] = value
+            else:  # _REMAP: a gauge that only grows on a healthy GPU
+                ent.gauges[slot.name] = value
+                before = ent.remap_seen.get(s.metric)
+                ent.remap_seen[s.metric] = value
+                family = ent.precursors.get("remap") or ent.precursors.setdefault(
+                    "remap", HourlyCounter())
+                family.add(at, max(value - before, 0.0) if before is not None else 0.0)
+
+    def _slot(self, s: Sample) -> _Slot:
+        """Work out once what :meth:`observe` does with ``s``'s series (memoised)."""
+        metric = s.metric
+        slot = _Slot()
+        self._slots.put(s, slot)
+        link = metric.startswith("ib_")
+        if link:
+            if metric not in _IB_COUNTERS:
+                return slot
+            entity = port_identity(s.entity, s.labels)
+        elif metric.startswith("gpu_"):
+            entity = s.entity
+        else:
+            return slot
+        key = (s.node, entity)
+        ent = self._entities.get(key)
+        if ent is None:
+            ent = self._entities[key] = _Entity(node=s.node, entity=entity, is_link=link)
+        slot.ent = ent
+        slot.kind = _TOUCH  # a GPU's or port's sample: it is alive
+        if metric == "gpu_ecc_errors_total":
+            kind = "ce" if s.labels.get("type") == "corrected" else "ue"
+            where = "sram" if "sram" in s.labels.get("location", "").lower() else "dram"
+            name = f"{where}_{kind}" if kind == "ce" else "ue"
+            series_key = f"{name}|{s.labels.get('location', '')}|{s.labels.get('scope', '')}"
+            self._counter_slot(slot, ent, name, series_key)
+        elif metric in _GPU_COUNTERS or metric in _IB_COUNTERS:
+            name = _GPU_COUNTERS.get(metric) or _IB_COUNTERS[metric]
+            series_key = f"{name}|{','.join(f'{k}={v}' for k, v in sorted(s.labels.items()))}"
+            self._counter_slot(slot, ent, name, series_key)
+        elif metric in ("gpu_thermal_violation_seconds_total",
+                        "gpu_power_violation_seconds_total"):
+            slot.kind = _COUNTER
+            slot.series = _series(ent.counters, f"throttle|{metric}")
+        elif metric in _GAUGES:
+            slot.kind = _REMAP if metric in _REMAP_GAUGES else _GAUGE
+            slot.name = _GAUGES[metric]
+        elif metric == "gpu_temperature_celsius":
+            slot.kind, slot.name = _GAUGE, "temp"
+        elif metric == "gpu_power_watts":
+            slot.kind, slot.name = _GAUGE, "power"
+        return slot
+
+    @staticmethod
+    def _counter_slot(slot: _Slot, ent: _Entity, name: str, series_key: str) -> None:
+        slot.kind = _COUNTER
+        slot.series = _series(ent.counters, series_key)
+        family = PRECURSOR_FAMILIES.get(name)
+        if family is not None:
+            counter = ent.precursors.get(family)
+            if counter is None:
+                counter = ent.precursors[family] = HourlyCounter()
+            slot.family = counter
 
     def forget_history(self, node: str, entity: str) -> None:
         """Start an entity's precursor history again (it failed: repaired or replaced).
@@ -276,15 +331,7 @@ class FeatureBuilder:
         if ent is not None:
             ent.precursors.clear()
             ent.temp_excess = None
-
-    @staticmethod
-    def _precursor(ent: _Entity, name: str, at: float, step: float | None) -> None:
-        family = PRECURSOR_FAMILIES.get(name)
-        if family is not None:
-            counter = ent.precursors.get(family)
-            if counter is None:
-                counter = ent.precursors[family] = HourlyCounter()
-            counter.add(at, step if step is not None else 0.0)
+            self._slots.clear()  # they hold the old precursor counters
 
     def vectors(self, now: float) -> list[FeatureVector]:
         """Return one vector per entity whose last one is ``interval_seconds`` old or more.

@@ -39,6 +39,7 @@ from core.records import (
     Sample,
     Severity,
 )
+from core.series import SeriesMemo
 
 logger = logging.getLogger(__name__)
 
@@ -339,6 +340,8 @@ class OnlineAnalytics:
                                            close_z=max(0.0, peer_z_threshold - 2.0))
         self._gap_open: set[tuple[NodeName, EntityId]] = set()
         self._series: dict[tuple[object, ...], _Series] = {}
+        self._known: SeriesMemo[_Series] = SeriesMemo()
+        """:attr:`_series` by the samples' labels objects (no key built per sample)."""
 
     def observe(self, samples: Iterable[Sample]) -> list[OnlineResult]:
         """Score then learn ``samples``; return anomalies, newly opened gaps and peer outliers.
@@ -354,13 +357,17 @@ class OnlineAnalytics:
         gauges: list[tuple[_Series, float, float]] = []
         arrivals: dict[float, dict[tuple[NodeName, EntityId], int]] = {}
         touched: set[NodeName] = set()
+        known = self._known.get
         for sample in samples:
-            labels = sample.labels
-            key = ((sample.metric, sample.node, sample.entity, *labels.items()) if labels
-                   else (sample.metric, sample.node, sample.entity))
-            info = series.get(key)
+            info = known(sample)
             if info is None:
-                info = learn(key, sample)
+                labels = sample.labels
+                key = ((sample.metric, sample.node, sample.entity, *labels.items()) if labels
+                       else (sample.metric, sample.node, sample.entity))
+                info = series.get(key)
+                if info is None:
+                    info = learn(key, sample)
+                self._known.put(sample, info)
             if info is _UNCATALOGUED:
                 continue
             value = sample.value
@@ -405,6 +412,7 @@ class OnlineAnalytics:
         series = self._series
         if len(series) >= _MAX_SERIES:
             series.clear()  # bounded memory; the slots stay in the detectors' indexes
+            self._known.clear()
         spec = BY_NAME.get(sample.metric)
         if spec is None:
             series[key] = _UNCATALOGUED

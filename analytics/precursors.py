@@ -145,7 +145,8 @@ class HourlyCounter:
         """Add ``increase`` (>= 0) at ``at`` (epoch seconds, non-decreasing per counter)."""
         if self.first_at is None:
             self.first_at = at
-        self.hour_at = advance_hours((self.hours,), self.hour_at, at)
+        if not (self.hours and self.hour_at <= at < self.hour_at + HOUR):
+            self.hour_at = advance_hours((self.hours,), self.hour_at, at)
         if increase > 0:  # a late reading of an older hour counts in the newest
             self.hours[-1] += increase
             self.last_error_at = at

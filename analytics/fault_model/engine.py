@@ -20,6 +20,7 @@ from core.records import (
     Sample,
     Severity,
 )
+from core.series import SeriesMemo
 
 MAX_EVIDENCE = 12
 """Evidence lines kept per event group and per finding: the first ones and the last ones."""
@@ -213,6 +214,9 @@ class Observations:
         """How much each timed counter (``*_total``) rose since its first reading (resets
         counted as Prometheus ``increase()`` counts them); absent after one reading."""
         self.records = 0
+        self._series: SeriesMemo[tuple[SeriesKey, dict[SeriesKey, Sample], bool]] = (
+            SeriesMemo())
+        """Per series: its key, its metric's :attr:`by_metric` entry, whether a counter."""
 
     def add(self, record: Record, *, received_at: float | None = None) -> None:
         """Account for one record.
@@ -232,16 +236,21 @@ class Observations:
             if received_at is not None:
                 group.received_at = max(group.received_at or received_at, received_at)
         else:
-            labels = tuple(sorted(record.labels.items())) if record.labels else ()
-            series: SeriesKey = (record.node, record.entity, record.metric, labels)
+            known = self._series.get(record)
+            if known is None:
+                labels = tuple(sorted(record.labels.items())) if record.labels else ()
+                series: SeriesKey = (record.node, record.entity, record.metric, labels)
+                of_metric = self.by_metric.get(record.metric)
+                if of_metric is None:
+                    of_metric = self.by_metric[record.metric] = {}
+                known = (series, of_metric, record.metric.endswith("_total"))
+                self._series.put(record, known)
+            series, of_metric, counter = known
             previous = self.samples.get(series)
             self.samples[series] = record
-            of_metric = self.by_metric.get(record.metric)
-            if of_metric is None:
-                of_metric = self.by_metric[record.metric] = {}
             of_metric[series] = record
-            if (previous is not None and record.observed_at is not None
-                    and previous.observed_at is not None and record.metric.endswith("_total")):
+            if (counter and previous is not None and record.observed_at is not None
+                    and previous.observed_at is not None):
                 v, before = record.value, previous.value
                 step = v - before if v >= before else v  # a drop: the counter restarted
                 self.counter_increase[series] = self.counter_increase.get(series, 0.0) + step

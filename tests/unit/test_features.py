@@ -112,3 +112,23 @@ def test_vector_detector_runs_in_the_stage_when_enabled():
     assert {a.entity for a in anomalies} <= {"GPU-0", "GPU-1"}
     assert stage.take_anomalies() == []
     assert off.take_anomalies() == []
+
+
+def test_shared_and_fresh_labels_give_the_same_vectors():
+    """The observe memo (core.series.SeriesMemo) keys series by the labels object: samples
+    that share one dictionary (the line-protocol reader) and samples that each bring their
+    own (NVML collectors) must give the same features, for several GPUs sharing a dict."""
+    rng = random.Random(3)
+    shared = {"type": "corrected", "scope": "volatile", "location": "dram"}
+    rows = [(entity, t, float(k * (t // 600) + rng.randrange(3)))
+            for t in range(0, 7200, 60) for k, entity in ((1, "GPU-0"), (3, "GPU-1"))]
+    one, other = FeatureBuilder(), FeatureBuilder()
+    for entity, t, v in rows:
+        one.observe([Sample(metric="gpu_ecc_errors_total", value=v, observed_at=t,
+                            node=NodeName("n1"), entity=EntityId(entity), labels=shared)])
+        other.observe([s("gpu_ecc_errors_total", v, t, entity=entity, **shared)])
+    a = {v.entity: v.values for v in one.vectors(7200)}
+    b = {v.entity: v.values for v in other.vectors(7200)}
+    assert a == b and set(a) == {"GPU-0", "GPU-1"}
+    # one shared dictionary, two series: GPU-1's errors come three times as often
+    assert a["GPU-1"]["dram_ce_rate"] > 2 * a["GPU-0"]["dram_ce_rate"]
