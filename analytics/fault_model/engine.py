@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import weakref
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeAlias
@@ -354,32 +356,43 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
     severity (and its action) wins, evidence is joined (capped), times span both,
     occurrences add up. The order is severity, then first time seen, then entity.
     """
+    return sorted(_merged(findings).values(), key=_order_key)
+
+
+def _merged(findings: Iterable[Finding]) -> dict[tuple[str, str, str, str], Finding]:
+    """Return the findings merged per key (:func:`merge_findings` without the sort)."""
     merged: dict[tuple[str, str, str, str], Finding] = {}
     for finding in findings:
-        old = merged.get(finding.key)
+        key = finding.key
+        old = merged.get(key)
         if old is None:
-            merged[finding.key] = finding
+            merged[key] = finding
             continue
         top = finding if finding.severity.rank > old.severity.rank else old
         evidence = list(old.evidence)
         keep_evidence(evidence, finding.evidence)
-        merged[finding.key] = replace(
+        merged[key] = replace(
             top,
             evidence=tuple(evidence),
             first_seen_at=_min(old.first_seen_at, finding.first_seen_at),
             last_seen_at=_max(old.last_seen_at, finding.last_seen_at),
             occurrences=old.occurrences + finding.occurrences,
         )
-    return sorted(
-        merged.values(),
-        key=lambda f: (
-            -f.severity.rank,
-            f.first_seen_at if f.first_seen_at is not None else float("inf"),
-            f.node,
-            f.entity,
-            f.kind,
-            f.code,
-        ),
+    return merged
+
+
+_OrderKey: TypeAlias = tuple[int, float, str, str, str, str]
+
+
+def _order_key(f: Finding) -> _OrderKey:
+    """The order of :func:`merge_findings`: severity, first time seen, then the fault's key."""
+    return (
+        -f.severity.rank,
+        f.first_seen_at if f.first_seen_at is not None else float("inf"),
+        f.node,
+        f.entity,
+        f.kind,
+        f.code,
     )
 
 
@@ -542,6 +555,112 @@ def fold_symptoms(findings: Sequence[Finding], folds: Sequence[Fold] = FOLDS) ->
     return [f for f in result if f is not None]
 
 
+_Key: TypeAlias = tuple[str, str, str, str]
+_Group: TypeAlias = tuple[str, str]
+
+
+class FindingFolder:
+    """``merge_findings(fold_symptoms(merge_findings(found)))``, kept from one call to the next.
+
+    Evaluation is incremental: a symptom folds only into a root of its own node and
+    entity, so what one ``(node, entity)`` group folds into depends on that group's
+    findings alone. The folder keeps each fault's merged finding, each group's folded
+    findings and the sorted result. At each :meth:`fold` it merges the findings as
+    :func:`merge_findings` does and compares each with the one it had (the same object or
+    an equal one is no change); only the groups with a finding added, changed or removed
+    are folded again, and only their findings move in the sorted result. The result is
+    the list the three stateless calls give, in the same order (``tests/unit/
+    test_incremental_evaluation.py`` checks it on random sequences of finding sets).
+
+    Attributes:
+        folded: Findings folded again by the last :meth:`fold` (those of changed groups).
+        moved: Findings taken out of or put into the sorted result by the last call.
+    """
+
+    SPLICE_AT_MOST = 64
+    """Moves done one by one (binary search, insert); more re-sort the kept order."""
+
+    def __init__(self, folds: Sequence[Fold] = FOLDS) -> None:
+        self.folds = tuple(folds)
+        self._inputs: dict[_Key, Finding] = {}
+        self._members: dict[_Group, dict[_Key, Finding]] = {}
+        self._outputs: dict[_Group, list[Finding]] = {}
+        self._entries: list[tuple[_OrderKey, Finding]] = []
+        self.folded = 0
+        self.moved = 0
+
+    def fold(self, findings: Iterable[Finding]) -> list[Finding]:
+        """Return the current findings merged, folded and sorted worst first.
+
+        Args:
+            findings: Every finding that holds now (not only the changed ones).
+        """
+        merged = _merged(findings)
+        inputs, members = self._inputs, self._members
+        dirty: set[_Group] = set()
+        for key, finding in merged.items():
+            old = inputs.get(key)
+            if old is finding or (old is not None and old == finding):
+                continue
+            group = (key[0], key[1])
+            dirty.add(group)
+            of_group = members.get(group)
+            if of_group is None:
+                of_group = members[group] = {}
+            of_group[key] = finding
+        if len(merged) != len(inputs) or dirty:
+            for key in inputs.keys() - merged.keys():
+                group = (key[0], key[1])
+                dirty.add(group)
+                del members[group][key]
+        self._inputs = merged
+        removed: list[Finding] = []
+        added: list[tuple[_OrderKey, Finding]] = []
+        folded = 0
+        for group in dirty:
+            before = self._outputs.get(group, [])
+            of_group = members.get(group)
+            if of_group:
+                ordered = sorted(of_group.values(), key=_order_key)
+                folded += len(ordered)
+                after = fold_symptoms(ordered, self.folds)
+            else:
+                members.pop(group, None)
+                after = []
+            if after == before:
+                continue  # the old objects stay (they are what the sorted result holds)
+            if after:
+                self._outputs[group] = after
+            else:
+                self._outputs.pop(group, None)
+            removed.extend(before)
+            added.extend((_order_key(f), f) for f in after)
+        self.folded = folded
+        self.moved = len(removed) + len(added)
+        entries = self._entries
+        if self.moved <= self.SPLICE_AT_MOST:
+            for finding in removed:
+                at = bisect_left(entries, (_order_key(finding),))
+                del entries[at]
+            for entry in added:
+                entries.insert(bisect_left(entries, (entry[0],)), entry)
+        elif removed or added:
+            gone = {id(f) for f in removed}
+            entries = [e for e in entries if id(e[1]) not in gone] if gone else entries
+            entries.extend(added)
+            entries.sort(key=_first)  # order keys are unique: findings are never compared
+            self._entries = entries
+        return [f for _, f in entries]
+
+
+def _first(entry: tuple[_OrderKey, Finding]) -> _OrderKey:
+    return entry[0]
+
+
+_FOLDERS: weakref.WeakKeyDictionary[Observations, FindingFolder] = weakref.WeakKeyDictionary()
+"""The folder of each :class:`Observations` that :func:`evaluate` was given."""
+
+
 def evaluate(
     observations: Observations, context: Context, rules: Sequence[Rule] | None = None
 ) -> list[Finding]:
@@ -553,7 +672,11 @@ def evaluate(
     found: list[Finding] = []
     for rule in rules if rules is not None else all_rules():
         found.extend(rule(observations, context))
-    return merge_findings(fold_symptoms(merge_findings(found)))
+    # Incremental: the same observations evaluated again fold only what changed since.
+    folder = _FOLDERS.get(observations)
+    if folder is None:
+        folder = _FOLDERS[observations] = FindingFolder()
+    return folder.fold(found)
 
 
 class FaultRuleDetector:

@@ -1,0 +1,138 @@
+"""Incremental alert evaluation (#18 item 4): the same results as the stateless path, and
+work in proportion to what changed, counted (match calls, findings folded, alerts built),
+never timed."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+import analytics.fault_model.engine as engine
+from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
+
+# Kinds and codes that exercise every fold (symptoms and roots on the same GPU).
+_KINDS = [
+    ("xid", "154", Severity.WARNING, Action.RESET_GPU),
+    ("xid", "79", Severity.CRITICAL, Action.REBOOT_NODE),
+    ("xid", "63", Severity.WARNING, Action.RESET_GPU),
+    ("row_remap", "pending", Severity.MAJOR, Action.RESET_GPU),
+    ("row_remap", "failure", Severity.CRITICAL, Action.SERVICE_HARDWARE),
+    ("ecc", "dram_uncorrectable", Severity.WARNING, Action.RESET_GPU),
+    ("xid", "94", Severity.MAJOR, Action.RESET_GPU),
+    ("xid", "48", Severity.CRITICAL, Action.RESET_GPU),
+    ("xid", "64", Severity.WARNING, Action.RESET_GPU),
+    ("gpu_lost", "fallen_off_bus", Severity.CRITICAL, Action.REBOOT_NODE),
+    ("throttle", "thermal", Severity.INFO, Action.NONE),
+]
+
+
+def _finding(rng: random.Random, nodes: int, gpus: int) -> Finding:
+    kind, code, severity, action = rng.choice(_KINDS)
+    if rng.random() < 0.2:
+        severity = rng.choice(list(Severity))
+    first = rng.choice([None, 100.0, 150.0, 200.0, 400.0])
+    return Finding(
+        node=NodeName(f"n{rng.randrange(nodes)}"), entity=EntityId(f"GPU-{rng.randrange(gpus)}"),
+        kind=kind, code=code, severity=severity, action=action, summary=f"{kind} {code}",
+        evidence=(Evidence(file="kern.log", line=rng.randrange(5), text=f"{kind} {code}"),),
+        source="test", first_seen_at=first,
+        last_seen_at=None if first is None else first + rng.randrange(100),
+        occurrences=rng.randrange(1, 4),
+    )
+
+
+def _reference(found: list[Finding]) -> list[Finding]:
+    return engine.merge_findings(engine.fold_symptoms(engine.merge_findings(found)))
+
+
+def test_folder_matches_the_stateless_path_on_random_sequences() -> None:
+    rng = random.Random(20261202)
+    for trial in range(60):
+        nodes, gpus = rng.randrange(1, 6), rng.randrange(1, 4)
+        folder = engine.FindingFolder()
+        found = [_finding(rng, nodes, gpus) for _ in range(rng.randrange(0, 40))]
+        for step in range(12):
+            assert folder.fold(found) == _reference(found), (trial, step)
+            found = list(found)
+            for _ in range(rng.randrange(0, 6)):  # change, add, remove, duplicate
+                roll = rng.random()
+                if roll < 0.3 and found:
+                    i = rng.randrange(len(found))
+                    found[i] = replace(found[i], occurrences=found[i].occurrences + 1,
+                                       severity=rng.choice(list(Severity)))
+                elif roll < 0.6:
+                    found.insert(rng.randrange(len(found) + 1), _finding(rng, nodes, gpus))
+                elif roll < 0.8 and found:
+                    del found[rng.randrange(len(found))]
+                elif found:
+                    found.append(rng.choice(found))
+            if rng.random() < 0.3:  # fresh but equal objects, as rules make them
+                found = [replace(f) for f in found]
+
+
+def test_many_changes_at_once_match_too() -> None:
+    rng = random.Random(7)
+    folder = engine.FindingFolder()
+    found = [_finding(rng, 40, 8) for _ in range(600)]
+    for _ in range(5):
+        assert folder.fold(found) == _reference(found)
+        found = [replace(f, occurrences=f.occurrences + 1) if rng.random() < 0.4 else f
+                 for f in found if rng.random() < 0.95] + [_finding(rng, 40, 8)
+                                                            for _ in range(50)]
+    assert folder.moved > engine.FindingFolder.SPLICE_AT_MOST  # the re-sort path ran
+
+
+def _fleet(count: int) -> list[Finding]:
+    out = []
+    for i in range(count):
+        kind, code, severity, action = _KINDS[i % 9]
+        node, gpu = divmod(i, 8)
+        out.append(Finding(
+            node=NodeName(f"gpu-{node:05d}"), entity=EntityId(f"GPU-{gpu}"), kind=kind,
+            code=code, severity=severity, action=action, summary="s", evidence=(),
+            source="test", first_seen_at=1.0, last_seen_at=1.0))
+    return out
+
+
+def test_one_changed_finding_among_10000_folds_only_its_group(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    matches = engine._matches
+
+    def counting(finding: Finding, kind: str, code: str | None) -> bool:
+        nonlocal calls
+        calls += 1
+        return matches(finding, kind, code)
+
+    monkeypatch.setattr(engine, "_matches", counting)
+    found = _fleet(10_000)
+    folder = engine.FindingFolder()
+    first = folder.fold(found)
+    cold = calls
+    assert cold >= 10_000 * len(engine.FOLDS)  # every finding is tried against every fold
+    changed = list(found)
+    changed[5_001] = replace(changed[5_001], occurrences=2)
+    calls = 0
+    again = folder.fold(changed)
+    incremental = calls
+    assert folder.folded == 1  # GPU-1 of gpu-00625 has one finding: only it is folded again
+    assert incremental <= 2 * len(engine.FOLDS)  # against >= 50,000 when folded whole
+    assert folder.moved == 2  # its old self out of the sorted result, its new self in
+    calls = 0
+    assert folder.fold(changed) == again
+    assert calls == 0
+    assert folder.folded == 0
+    assert again == _reference(changed)
+    assert len(first) == len(again)
+
+
+def test_evaluate_keeps_a_folder_per_observations() -> None:
+    found = _fleet(100)
+    obs = engine.Observations()
+    ctx = engine.Context()
+    assert engine.evaluate(obs, ctx, [lambda o, c: found]) == _reference(found)
+    found[3] = replace(found[3], severity=Severity.CRITICAL)
+    assert engine.evaluate(obs, ctx, [lambda o, c: found]) == _reference(found)
+    assert engine._FOLDERS[obs].folded == 1
