@@ -25,6 +25,7 @@ from core.records import Finding
 from gpuhealth import __version__
 from gpuhealth.config import Settings, agent_token
 from gpuhealth.metrics import MetricsExporter
+from gpuhealth.tokens import TokenFile
 from storage.agent_outbox import AgentLinkCollector, AgentOutbox, FindingForwarder, OutboxSender
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,13 @@ class AgentLink:
             else:
                 why = "token_env or token_file: set one (the controller refuses agents without)"
             raise ConfigError(f"{settings.source}: [agent] {why}")
+        source: str | Callable[[], str] = token
+        if a.token_file is not None:  # re-read at each batch when it changes (a rotation)
+            source = TokenFile(a.token_file)
         outbox = AgentOutbox(settings.node.data_dir / "agent-outbox.sqlite",
                              node=settings.node.name, max_records=a.outbox_max_records)
         try:
-            sender = OutboxSender(outbox, controllers=a.controllers, token=token,
+            sender = OutboxSender(outbox, controllers=a.controllers, token=source,
                                   version=__version__, inventory=inventory,
                                   facts=settings.inventory,
                                   batch_max_records=a.batch_max_records,

@@ -775,6 +775,10 @@ class ControllerSettings(BaseModel):
     ``~/.pgpass``, never here), or a SQLite file for one controller; default: a SQLite
     file in the data folder. Incidents, actions, the audit trail, accepted agent records
     and the agent registry live there, shared by the controller replicas."""
+    state_password_file: Path | None = None
+    """File holding the PostgreSQL password of ``state`` alone (a mounted Kubernetes
+    Secret's key), re-read when it changes: new connections log in with the new
+    password, open ones stay. Not with a password in ``state`` or ``PGPASSWORD``."""
     pool_size: int = Field(default=4, ge=1, le=64)
     """Fixed number of database connections per replica (never one per node)."""
     agent_tokens_file: Path | None = None
@@ -807,6 +811,15 @@ class ControllerSettings(BaseModel):
                              "controller listens beyond loopback")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        if self.state_password_file is not None:
+            from storage.sql import _password_of, is_postgres
+
+            if not is_postgres(self.state):
+                raise ValueError("state_password_file is the password of a PostgreSQL "
+                                 "state; state is not one")
+            if _password_of(str(self.state)):
+                raise ValueError("state holds a password and state_password_file names "
+                                 "another: keep the password out of state")
         return self
 
 
@@ -1164,10 +1177,13 @@ def fleet_problems(settings: Settings, env: Mapping[str, str] = os.environ) -> l
         problems.append(f"{src}: [agent] token_env or token_file: the agent needs its token")
     if a.ca_file is not None and not a.ca_file.is_file():
         problems.append(f"{src}: [agent] ca_file: no such file {str(a.ca_file)!r}")
-    for key in ("agent_tokens_file", "tls_cert_file", "tls_key_file"):
+    for key in ("agent_tokens_file", "tls_cert_file", "tls_key_file", "state_password_file"):
         path = getattr(c, key)
         if path is not None and not path.is_file():
             problems.append(f"{src}: [controller] {key}: no such file {str(path)!r}")
+    if c.state_password_file is not None and env.get("PGPASSWORD"):
+        problems.append(f"{src}: [controller] state_password_file: PGPASSWORD is set, and "
+                        "libpq would log in with it instead")
     if c.agent_tokens_file is not None and c.agent_tokens_file.is_file():
         from gpuhealth.tokens import token_file_problems
 

@@ -34,10 +34,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -46,6 +48,7 @@ from alerting.silences import SilenceStore
 from analytics.canary import CanaryVerdict, CanaryWatch
 from analytics.fleet import AgentSilence, FleetCorrelator
 from core.errors import ConfigError, TemporaryError
+from gpuhealth._serving import ReloadingTLS
 from gpuhealth.api import AlertingApi, recover_ingests
 from gpuhealth.compose import service_pipeline
 from gpuhealth.config import Settings, api_token
@@ -63,7 +66,7 @@ from storage.fleet import (
     parse_batch,
 )
 from storage.history import IncidentHistory
-from storage.sql import is_postgres, server_of
+from storage.sql import PasswordFile, is_postgres, server_of
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,10 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 HISTORY_INTERVAL_SECONDS = 30.0
 """How often the leader writes changed incidents and inventory into the history (s)."""
+
+SECRETS_CHECK_SECONDS = 1.0
+"""How often the TLS certificate and key and the PostgreSQL password file are checked for
+a change (s); the agents' tokens are checked at every batch."""
 
 
 class Controller:
@@ -91,8 +98,37 @@ class Controller:
         if c.agent_tokens_file is None:
             raise ConfigError(f"{settings.source}: [controller] agent_tokens_file: the "
                               "controller accepts only agents with a token; list them")
+        self.pg_password: PasswordFile | None = None
+        """``[controller] state_password_file``'s private pgpass copy (module docstring)."""
+        if c.state_password_file is not None and c.state is not None:
+            settings = self._with_password_file(settings, c.state_password_file, c.state)
+        try:
+            self._init(settings, c.agent_tokens_file, store)
+        except BaseException:
+            if self.pg_password is not None:
+                self.pg_password.close()
+            raise
+
+    def _with_password_file(self, settings: Settings, path: Path, state: str) -> Settings:
+        """``settings`` whose state DSN names the password file's private pgpass copy.
+
+        Every store of the state (fleet records, actions, audit trail, outbox, silences,
+        history) is opened with that DSN, so each new connection reads the newest password.
+        """
+        if os.environ.get("PGPASSWORD"):
+            raise ConfigError(f"{settings.source}: [controller] state_password_file: "
+                              "PGPASSWORD is set, and libpq would log in with it instead; "
+                              "unset one")
+        self.pg_password = PasswordFile(
+            path, where=f"{settings.source}: [controller] state_password_file")
+        c = settings.controller
+        return settings.model_copy(update={"controller": c.model_copy(
+            update={"state": self.pg_password.dsn(state)})})
+
+    def _init(self, settings: Settings, tokens_file: Path, store: FleetStore | None) -> None:
+        c = settings.controller
         self.settings = settings
-        self.tokens = AgentTokens(c.agent_tokens_file)
+        self.tokens = AgentTokens(tokens_file)
         self._tokens_problem = ""
         self._refused_logged: dict[str, float] = {}
         self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
@@ -134,6 +170,10 @@ class Controller:
         self._report_scheduler: Any = None
         self._db = ThreadPoolExecutor(max_workers=c.pool_size,
                                       thread_name_prefix="gpuhealth-state")
+        self.tls: ReloadingTLS | None = None
+        """The listener's certificate, re-read on change (``None`` without TLS)."""
+        self.secrets_check_seconds = SECRETS_CHECK_SECONDS
+        self._password_problem = ""
 
     # --- HTTP --------------------------------------------------------------------
 
@@ -390,13 +430,9 @@ class Controller:
         c = self.settings.controller
         context: ssl.SSLContext | None = None
         if c.tls_cert_file and c.tls_key_file:
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            try:
-                context.load_cert_chain(str(c.tls_cert_file), str(c.tls_key_file))
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"{self.settings.source}: [controller] tls_cert_file "
-                                  f"{c.tls_cert_file} / tls_key_file {c.tls_key_file}: "
-                                  f"{exc}") from exc
+            self.tls = ReloadingTLS(c.tls_cert_file, c.tls_key_file,
+                                    where=f"{self.settings.source}: [controller]")
+            context = self.tls.context
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context)
@@ -411,9 +447,13 @@ class Controller:
                     self.port, _state_name(self.settings.fleet_state),
                     "dry-run" if self.settings.remediation.dry_run else "LIVE")
         self.ready.set()
+        watcher = asyncio.create_task(self._watch_secrets(stop))
         try:
             await self._consume(stop)
         finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             await runner.cleanup()
             if self.recorder is not None:
                 self.recorder.history.close()
@@ -425,6 +465,35 @@ class Controller:
             self.pipeline.close()
             self._db.shutdown(wait=True)
             self.store.close()
+            if self.pg_password is not None:
+                self.pg_password.close()
+
+    def reload_secrets(self) -> None:
+        """Re-read the TLS pair and the PostgreSQL password file if they changed.
+
+        What cannot be read is logged (once per problem) and what was read before stays.
+        """
+        if self.tls is not None:
+            self.tls.reload()
+        if self.pg_password is not None:
+            try:
+                self.pg_password.refresh()
+            except ConfigError as exc:
+                if str(exc) != self._password_problem:
+                    logger.error("controller: %s; new PostgreSQL connections keep the "  # noqa: TRY400
+                                 "password read before", exc)
+                self._password_problem = str(exc)
+            else:
+                self._password_problem = ""
+
+    async def _watch_secrets(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.reload_secrets()
+            except Exception:
+                logger.exception("controller: checking the TLS and password files failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.secrets_check_seconds)
 
 
     def _history_target(self) -> str:

@@ -1,8 +1,10 @@
-"""The agents' bearer tokens of a controller (``[controller] agent_tokens_file``).
+"""The agents' bearer tokens: the controller's list and an agent's own.
 
-The file holds ``node token`` lines (a ``#`` starts a comment, on its own line or after
-the token) or a JSON object ``{"node": "token"}``; it is re-read when it changes (a
-mounted Kubernetes Secret), and a bad edit keeps the tokens read before.
+:class:`AgentTokens` is the controller's ``[controller] agent_tokens_file``: ``node
+token`` lines (a ``#`` starts a comment, on its own line or after the token) or a JSON
+object ``{"node": "token"}``. :class:`TokenFile` is an agent's ``[agent] token_file``
+(the token on the first line). Both are re-read when the file changes (a mounted
+Kubernetes Secret), and a bad edit keeps the token(s) read before.
 """
 
 from __future__ import annotations
@@ -60,6 +62,67 @@ def token_file_problems(path: Path) -> list[str]:
     return []
 
 
+def _stamp(path: Path) -> tuple[int, int, int, int]:
+    """Device, inode, size and mtime (``stat`` follows a Kubernetes ``..data`` symlink).
+
+    Raises:
+        OSError: The file cannot be stat'ed.
+    """
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class TokenFile:
+    """An agent's own bearer token from ``[agent] token_file``, re-read when it changes.
+
+    Calling it returns the token (the first line, stripped). A file that cannot be read
+    or is empty (half-written) keeps the token read before, logged once; so an agent goes
+    on sending through a rotation and uses the new token from its next batch.
+
+    Args:
+        path: The file.
+
+    Raises:
+        ConfigError: The file cannot be read or is empty at start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int, int] | None = None
+        self._token = ""
+        self._problem = ""
+        self._read()
+        if not self._token:
+            raise ConfigError(f"[agent] token_file {path}: {self._problem or 'empty'}")
+
+    def _read(self) -> None:
+        try:
+            stamp = _stamp(self.path)
+            if stamp == self._stamp:
+                return
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            problem = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        else:
+            token = text.splitlines()[0].strip() if text.strip() else ""
+            if token:
+                self._stamp, self._problem = stamp, ""
+                if self._token and token != self._token:
+                    logger.info("agent: a new token from %s", self.path)
+                self._token = token
+                return
+            problem = "empty"
+        if self._token and problem != self._problem:
+            logger.error("agent: [agent] token_file %s: %s; the token read before stays",
+                         self.path, problem)
+        self._problem = str(problem)
+
+    def __call__(self) -> str:
+        """The token (re-read first if the file changed)."""
+        self._read()
+        return self._token
+
+
 class AgentTokens:
     """The agents' bearer tokens from ``[controller] agent_tokens_file``, re-read on change.
 
@@ -75,7 +138,7 @@ class AgentTokens:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._by_node: dict[str, bytes] = {}
         self._by_hash: dict[bytes, str] = {}
         self.reload()
@@ -83,8 +146,7 @@ class AgentTokens:
     def reload(self) -> None:
         """Read the file again when its size or modification time changed."""
         try:
-            stat = self.path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
+            stamp = _stamp(self.path)
             if stamp == self._stamp:
                 return
             text = self.path.read_text(encoding="utf-8")

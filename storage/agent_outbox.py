@@ -249,7 +249,8 @@ class OutboxSender:
     Args:
         outbox: The queue.
         controllers: Base URLs of the controller replicas (``https://ctl-a:9837``).
-        token: This agent's bearer token.
+        token: This agent's bearer token, or what returns it before each batch (a token
+            file re-read when it changes).
         version: The agent's version, in every batch.
         inventory: Returns this node's GPUs (``[{"entity": ...}]``).
         facts: This node's ``[inventory]`` facts, in every heartbeat (the controller
@@ -264,7 +265,8 @@ class OutboxSender:
         ValueError: No controller URL, or one that is not http(s).
     """
 
-    def __init__(self, outbox: AgentOutbox, *, controllers: Sequence[str], token: str,
+    def __init__(self, outbox: AgentOutbox, *, controllers: Sequence[str],
+                 token: str | Callable[[], str],
                  version: str, inventory: Callable[[], list[dict[str, str]]] = list,
                  facts: Mapping[str, str] | None = None,
                  batch_max_records: int = 500, timeout_seconds: float = 10.0,
@@ -312,7 +314,8 @@ class OutboxSender:
             "records": [r.to_json() for r in records],
         }
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = {"Authorization": f"Bearer {self._token}",
+        token = self._token() if callable(self._token) else self._token
+        headers = {"Authorization": f"Bearer {token}",
                    "Content-Type": "application/json"}
         result = SendResult()
         errors: list[str] = []

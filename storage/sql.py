@@ -34,11 +34,17 @@ applied in order, once, by :meth:`Database.migrate` and recorded in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+import os
 import re
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -46,7 +52,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from core.errors import PluginError, TemporaryError
+from core.errors import ConfigError, PluginError, TemporaryError
+
+logger = logging.getLogger(__name__)
 
 MIGRATE_LOCK_KEY = 0x67707568_6d67  # "gpuh" "mg"
 """``pg_advisory_xact_lock`` key that lets one process apply migrations at a time."""
@@ -171,6 +179,119 @@ def _password_of(dsn: str) -> str:
         return userinfo[0].partition(":")[2] if len(userinfo) == 2 else ""
     match = re.search(r"(?:^|\s)password\s*=\s*(\S+)", dsn)
     return match.group(1).strip("'") if match else ""
+
+
+class PasswordFile:
+    """A PostgreSQL password kept in a file of its own (a mounted Kubernetes Secret), re-read.
+
+    libpq reads a ``passfile`` at every new connection, but it wants ``host:port:db:user:
+    password`` lines in a file that only its owner can read, and a Secret holds the bare
+    password (kubelet may also make it group-readable). So the password file is copied
+    into a private pgpass file (one ``*:*:*:*:`` line, mode 0600, in a folder of its own
+    on ``/dev/shm`` where there is one, else the temporary folder), which :meth:`refresh`
+    rewrites (atomically) when the password file changes, and :meth:`dsn` adds that copy
+    to a DSN as its ``passfile``: every new connection made with the DSN, by any pool or
+    thread, then logs in with the newest password. Connections already open stay
+    (PostgreSQL does not end sessions when a role's password changes).
+
+    The file holds the password alone; one trailing newline (``echo``) is dropped. A
+    password in the DSN or in ``PGPASSWORD`` would win over any passfile: do not set one.
+
+    Args:
+        path: The password file.
+        where: What names the setting in messages (``"[controller] state_password_file"``).
+
+    Raises:
+        ConfigError: The file cannot be read, is empty or holds more than one line.
+    """
+
+    def __init__(self, path: Path, *, where: str = "[controller] state_password_file") -> None:
+        self.path = path
+        self.where = where
+        shm = Path("/dev/shm")
+        folder = shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+        self._folder = Path(tempfile.mkdtemp(prefix="gpuhealth-pgpass-", dir=folder))
+        self.passfile = self._folder / "pgpass"
+        """The private pgpass copy (what :meth:`dsn` names)."""
+        self._text: str | None = None
+        self.problem = ""
+        """Why the file as it is now was refused; ``""`` while the copy is its password."""
+        try:
+            self.refresh()
+        except BaseException:
+            self.close()
+            raise
+
+    def _password(self) -> str:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(f"{self.where} {self.path}: {why}") from exc
+        password = text[:-1] if text.endswith("\n") else text
+        password = password[:-1] if password.endswith("\r") else password
+        if not password:
+            raise ConfigError(f"{self.where} {self.path}: empty (a half-written file?)")
+        if "\n" in password or "\r" in password:
+            raise ConfigError(f"{self.where} {self.path}: more than one line (the file holds "
+                              "the password alone)")
+        return password
+
+    def refresh(self) -> bool:
+        """Copy the password again if the file changed; return whether it did.
+
+        Raises:
+            ConfigError: The file cannot be read, is empty or holds more than one line;
+                the copy keeps the password read before.
+        """
+        try:
+            password = self._password()
+        except ConfigError as exc:
+            self.problem = str(exc)
+            raise
+        self.problem = ""
+        if password == self._text:
+            return False
+        escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+        fd, name = tempfile.mkstemp(dir=self._folder, prefix=".pgpass-")  # mode 0600
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(f"*:*:*:*:{escaped}\n")
+            os.replace(name, self.passfile)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+            raise
+        first = self._text is None
+        self._text = password
+        if not first:
+            logger.info("%s %s re-read: new PostgreSQL connections use the new password",
+                        self.where, self.path)
+        return True
+
+    def dsn(self, dsn: str) -> str:
+        """``dsn`` (a URI or libpq keywords) with :attr:`passfile` as its ``passfile``."""
+        return self.with_passfile(dsn, self.passfile)
+
+    @staticmethod
+    def with_passfile(dsn: str, passfile: Path) -> str:
+        """``dsn`` (a URI or libpq keywords) with ``passfile``.
+
+        Examples:
+            >>> PasswordFile.with_passfile("host=db dbname=f", Path("/run/p"))
+            "host=db dbname=f passfile='/run/p'"
+            >>> PasswordFile.with_passfile("postgresql://u@db/f?sslmode=require", Path("/run/p"))
+            'postgresql://u@db/f?sslmode=require&passfile=%2Frun%2Fp'
+        """
+        if "://" in dsn:
+            return (f"{dsn}{'&' if '?' in dsn else '?'}passfile="
+                    f"{urllib.parse.quote(str(passfile), safe='')}")
+        quoted = str(passfile).replace("\\", "\\\\").replace("'", "\\'")
+        return f"{dsn} passfile='{quoted}'"
+
+    def close(self) -> None:
+        """Remove the private copy (idempotent)."""
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def lock_key(name: str) -> int:
