@@ -477,8 +477,14 @@ class AlertTracker:
         self.policies = dict(policies or {})
         self.extra_labels = dict(extra_labels or {})
         self._threshold = max(self.min_severity.rank, Severity.WARNING.rank)
+        self._alerting = frozenset(s for s in Severity if s.rank >= self._threshold)
         self._active: dict[tuple[str, str, str, str], _Tracked] = {}
         self._by_fingerprint: dict[str, _Tracked] = {}
+        self._firing: list[Alert] | None = None
+        """:meth:`active` until an alert changes (``None``: to be listed again)."""
+        self.touched = 0
+        """Findings the last :meth:`update` looked at beyond a comparison: new, changed,
+        pending, due for a re-send, or gone (incremental evaluation, ``docs/scale.md``)."""
 
     def _new_alert(self, finding: Finding, now: float, state: AlertState) -> Alert:
         # A firing alert starts when its fault was first seen, so every controller replica
@@ -523,22 +529,26 @@ class AlertTracker:
         resolved: list[Alert] = []
         firing: list[Alert] = []
         current: dict[tuple[str, str, str, str], Finding] = {}
+        alerting = self._alerting
         for finding in findings:
-            if finding.severity.rank >= self._threshold:
+            if finding.severity in alerting:
                 current[finding.key] = finding
-        for key in [k for k in self._active if k not in current]:
-            gone = self._active[key]
-            if not gone.firing:
-                self._forget(key)
-                continue
-            keep = policy_for(self.policies, gone.finding.kind, gone.finding.code)
-            if gone.missing_since is None:
-                gone.missing_since = now
-            if now - gone.missing_since >= keep.keep_firing_for_seconds:
-                self._forget(key)
-                resolved.append(self._resolve(gone.alert, now))
+        # Incremental: a firing fault whose finding is the same (or an equal one) and is not
+        # due for a re-send is only compared; the rest is the full lifecycle below. Faults
+        # gone are looked for only when the counts say some are (every current fault is
+        # tracked after the loop), and their resolutions come first as before.
+        active = self._active
+        resend = self.resend_interval_seconds
+        touched = 0
         for key, finding in current.items():
-            tracked = self._active.get(key)
+            tracked = active.get(key)
+            if (tracked is not None and tracked.firing
+                    and (tracked.finding is finding or tracked.finding == finding)
+                    and now - tracked.last_sent_at < resend):
+                tracked.missing_since = None
+                tracked.finding = finding
+                continue
+            touched += 1
             policy = policy_for(self.policies, finding.kind, finding.code)
             if tracked is None:
                 alert = self._new_alert(finding, now, AlertState.PENDING)
@@ -559,6 +569,7 @@ class AlertTracker:
                     alert = self._new_alert(finding, now, AlertState.FIRING)
                     self._retrack(key, tracked, alert)
                     tracked.firing = True
+                    self._firing = None
                     tracked.last_sent_at = now
                     firing.append(alert)
                 continue
@@ -583,6 +594,22 @@ class AlertTracker:
                 firing.append(alert)
             else:
                 tracked.finding = finding
+        if len(active) > len(current):
+            ended: list[Alert] = []
+            for key in [k for k in active if k not in current]:
+                touched += 1
+                gone = active[key]
+                if not gone.firing:
+                    self._forget(key)
+                    continue
+                keep = policy_for(self.policies, gone.finding.kind, gone.finding.code)
+                if gone.missing_since is None:
+                    gone.missing_since = now
+                if now - gone.missing_since >= keep.keep_firing_for_seconds:
+                    self._forget(key)
+                    ended.append(self._resolve(gone.alert, now))
+            resolved = ended + resolved
+        self.touched = touched
         for alert in resolved:
             logger.debug("alert %s (%s) resolved", alert.labels["alertname"], alert.fingerprint)
         return resolved + firing
@@ -590,6 +617,7 @@ class AlertTracker:
     def _track(self, key: tuple[str, str, str, str], tracked: _Tracked) -> None:
         self._active[key] = tracked
         self._by_fingerprint[tracked.alert.fingerprint] = tracked
+        self._firing = None
 
     def _retrack(self, key: tuple[str, str, str, str], tracked: _Tracked, alert: Alert) -> None:
         if alert.fingerprint != tracked.alert.fingerprint:
@@ -600,10 +628,13 @@ class AlertTracker:
     def _forget(self, key: tuple[str, str, str, str]) -> None:
         tracked = self._active.pop(key)
         self._by_fingerprint.pop(tracked.alert.fingerprint, None)
+        self._firing = None
 
     def active(self) -> list[Alert]:
         """Return the alerts firing now."""
-        return [t.alert for t in self._active.values() if t.firing]
+        if self._firing is None:
+            self._firing = [t.alert for t in self._active.values() if t.firing]
+        return list(self._firing)
 
     def pending(self) -> list[Alert]:
         """Return the alerts pending now (waiting for their debounce or for-duration)."""

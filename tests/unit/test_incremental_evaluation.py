@@ -9,7 +9,10 @@ from dataclasses import replace
 
 import pytest
 
+import alerting.alerts as alerts_module
 import analytics.fault_model.engine as engine
+from alerting.alerts import AlertTracker
+from core.clock import FakeClock
 from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
 
 # Kinds and codes that exercise every fold (symptoms and roots on the same GPU).
@@ -136,3 +139,37 @@ def test_evaluate_keeps_a_folder_per_observations() -> None:
     found[3] = replace(found[3], severity=Severity.CRITICAL)
     assert engine.evaluate(obs, ctx, [lambda o, c: found]) == _reference(found)
     assert engine._FOLDERS[obs].folded == 1
+
+
+def test_tracker_touches_only_the_changed_finding_among_10000(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    built = 0
+    annotations = alerts_module.alert_annotations
+
+    def counting(finding: Finding, **kw: str) -> dict[str, str]:
+        nonlocal built
+        built += 1
+        return annotations(finding, **kw)
+
+    monkeypatch.setattr(alerts_module, "alert_annotations", counting)
+    clock = FakeClock(now=1000.0)
+    tracker = AlertTracker(clock=clock, resend_interval_seconds=3600.0)
+    found = [f for f in _fleet(10_000) if f.severity is not Severity.INFO]
+    assert len(tracker.update(found)) == len(found)
+    assert tracker.touched == len(found)
+    clock.advance(5.0)
+    changed = list(found)
+    changed[4_000] = replace(changed[4_000], occurrences=3)
+    built = 0
+    sent = tracker.update([replace(f) for f in changed])  # equal objects, as rules make them
+    assert [a.fingerprint for a in sent] == [tracker.active()[4_000].fingerprint]
+    assert tracker.touched == 1
+    assert built == 1
+    clock.advance(5.0)
+    gone = changed[:7_000] + changed[7_001:]
+    sent = tracker.update(gone)
+    assert [a.state.value for a in sent] == ["resolved"]
+    assert tracker.touched == 1
+    clock.advance(3600.0)  # the re-send interval passed: every alert is due again
+    assert len(tracker.update(gone)) == len(gone)
+    assert tracker.touched == len(gone)
