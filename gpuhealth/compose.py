@@ -29,6 +29,7 @@ from analytics.fleet import join_link_ends
 from analytics.online import OnlineAnalytics
 from analytics.prediction_stage import PredictionStage
 from analytics.prior import PRIOR_PATH
+from analytics.stage import AnalyticsStage
 from core import plugins
 from core.clock import Clock, system_clock
 from core.errors import ConfigError, PluginError
@@ -593,9 +594,14 @@ def build_protective(settings: Settings) -> ProtectiveCordon | None:
         opted_out=settings.node.name in r.opt_out_nodes)
 
 
-def build_online(settings: Settings) -> OnlineAnalytics | None:
-    """The online detectors of ``[analytics]`` (``None`` when ``detectors = false``)."""
-    return online_analytics(settings.analytics)
+def build_analytics(settings: Settings, *, role: str = "run") -> AnalyticsStage:
+    """The analytics stage of ``[analytics]`` for ``run`` or ``agent`` (:func:`analytics_stage`).
+
+    The predictor keeps its checkpoint in the node's data folder; its batch refit follows
+    ``predictor_refit`` (unset, it is off in the ``agent`` role).
+    """
+    return analytics_stage(settings.analytics, role=role,
+                           checkpoint_path=settings.node.data_dir / "predictor.pkl")
 
 
 def online_analytics(an: AnalyticsSettings, *, clock: Clock | None = None
@@ -610,13 +616,21 @@ def online_analytics(an: AnalyticsSettings, *, clock: Clock | None = None
     return online
 
 
-def build_prediction(settings: Settings, *, role: str = "run") -> PredictionStage | None:
-    """The failure predictor of ``[analytics]`` (``None`` when ``predictor = false``).
+PREDICTOR_STEP_SECONDS = 10.0
+"""Longest wait between two predictor steps (each emits only the entities due)."""
 
-    The batch refit follows ``predictor_refit``; unset, it is off in the ``agent`` role.
+
+def analytics_stage(an: AnalyticsSettings, *, role: str, checkpoint_path: Path | None,
+                    clock: Clock | None = None) -> AnalyticsStage:
+    """The analytics stage of ``an`` for ``role``: detectors and predictor, one code path.
+
+    ``run``, ``agent`` and ``replay`` all get it here; ``clock`` is the detectors' (the
+    recording's time in a replay). The predictor steps every ``predictor_interval`` or
+    :data:`PREDICTOR_STEP_SECONDS` of the stage's time, whichever is shorter.
     """
-    return prediction_stage(settings.analytics, role=role,
-                            checkpoint_path=settings.node.data_dir / "predictor.pkl")
+    return AnalyticsStage(online_analytics(an, clock=clock),
+                          prediction_stage(an, role=role, checkpoint_path=checkpoint_path),
+                          step_seconds=min(an.predictor_interval_seconds, PREDICTOR_STEP_SECONDS))
 
 
 def prediction_stage(an: AnalyticsSettings, *, role: str,

@@ -56,6 +56,7 @@ from analytics.fault_model.boot import (
 )
 from analytics.fault_model.debounce import Debouncer
 from analytics.fault_model.site_rules import SiteRules
+from analytics.stage import AnalyticsOutput
 from core.clock import Clock, system_clock
 from core.errors import TemporaryError
 from core.protocols import Notifier, SchedulerAdapter
@@ -540,6 +541,20 @@ class Pipeline:
                 except WRITE_ERRORS as exc:
                     self._stage.report("journal", exc, f"{len(keys)} cleared finding(s) "
                                        "are not journaled")
+
+    def observe_analytics(self, output: AnalyticsOutput, *, hold_seconds: float) -> None:
+        """Take what the analytics stage made of a batch (``run``, ``agent`` and ``replay``).
+
+        Closed gaps are cleared, its findings held for ``hold_seconds`` after they were last
+        seen (:meth:`observe_findings`), its predictions alerted on
+        (:meth:`observe_predictions`).
+        """
+        if output.cleared:
+            self.clear_findings(output.cleared)
+        if output.findings:
+            self.observe_findings(output.findings, hold_seconds=hold_seconds)
+        if output.for_alerts:
+            self.observe_predictions(output.for_alerts)
 
     def mark_healthy(self, node: str, entity: str | None, *, reason: str, by: str
                      ) -> list[Finding]:

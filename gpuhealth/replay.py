@@ -39,8 +39,8 @@ from typing import IO, Any
 from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
-from analytics.identity import failure_kind
 from analytics.online import OnlineResult
+from analytics.stage import VECTOR_METRIC
 from collectors.archive import archive_kind, read_archive, strip_archive_suffix
 from collectors.artifact import ArtifactParser, ArtifactResult, ParseContext, ParseIssue
 from collectors.artifact import read_artifact as _read_artifact
@@ -69,6 +69,7 @@ from gpuhealth.diagnose import (
     LINE_PROTOCOL_SUFFIXES,
     expand_paths,
 )
+from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
 from storage.lineprotocol import CONVERSIONS, DecodeReport, read_lines
 
@@ -473,55 +474,53 @@ class _FindingLog:
 
 
 class _Analyst:
-    """Runs the online detectors and the failure predictor over recorded time steps."""
+    """Runs the analytics stage over recorded time steps, as ``run`` does over its batches.
 
-    def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis,
+    The stage is :func:`gpuhealth.compose.analytics_stage`'s, on the recording's clock; what
+    it gives goes to the pipeline as in ``run`` (:meth:`Pipeline.observe_analytics`), and
+    into the report and the event stream.
+    """
+
+    def __init__(self, settings: AnalyticsSettings, report: StreamAnalysis, pipeline: Pipeline,
                  events: EventStream | None = None) -> None:
-        from gpuhealth.compose import online_analytics, prediction_stage
+        from gpuhealth.compose import analytics_stage
 
         self.report = report
         self.events = events
+        self.pipeline = pipeline
         self.now = 0.0
-        # built as run and agent build them (gpuhealth.compose), on the recording's clock
-        self.online = online_analytics(settings, clock=lambda: self.now)
-        self.stage = prediction_stage(settings, role="replay", checkpoint_path=None)
-        if self.stage is not None:  # the GPU's other names, from the recording's inventory
-            report.aliases = self.stage.identity.other_names
-        self.interval = settings.predictor_interval_seconds
-        self._stepped_at: float | None = None
-        self._labels: set[tuple[str, str, str, str, float | None]] = set()
+        self.hold_seconds = settings.anomaly_hold_seconds
+        self.stage = analytics_stage(settings, role="replay", checkpoint_path=None,
+                                     clock=lambda: self.now)
+        if self.stage.prediction is not None:  # the GPU's other names, from the inventory
+            report.aliases = self.stage.prediction.identity.other_names
 
     def observe(self, step: _Step) -> None:
-        samples = step.samples
         self.now = max(self.now, step.at)
-        self.report.samples += len(samples)
-        if self.online is not None and samples:
-            for result in self.online.observe(samples):
-                self._note(result)
-        stage = self.stage
-        if stage is not None:
-            stage.observe(step.records)  # samples, and the inventory's identities
-            if self._stepped_at is None or self.now - self._stepped_at >= self.interval:
-                self._stepped_at = self.now
-                made = stage.step(self.now)
-                self.report.predictions_made += len(made)
-                threshold = self.report.threshold
-                self.report.predictions.extend(p for p in made if p.probability >= threshold)
-                self.report.withheld = stage.withheld
-                self.report.positives_learned = stage.predictor.learned_positive
-                warnings = stage.take_warnings()
-                self.report.warnings.extend(warnings)
-                if self.events is not None:
-                    for w in warnings:
-                        self.events.write("predicted_failure", w.predicted_at, w.node, w.entity,
-                                          prediction_to_json(
-                                              w, self.report.aliases.get((w.node, w.entity), ())))
-                if self.events is not None:
-                    of = self.report.aliases
-                    write = self.events.write
-                    for p in made:
-                        write("prediction", p.predicted_at, p.node, p.entity,
-                              prediction_to_json(p, of.get((p.node, p.entity), ())))
+        self.report.samples += len(step.samples)
+        out = self.stage.observe(step.records, self.now)
+        self.pipeline.observe_analytics(out, hold_seconds=self.hold_seconds)
+        for result in out.results:
+            self._note(result)
+        for anomaly in out.vector_anomalies:
+            self._note(OnlineResult(kind="anomaly", metric=VECTOR_METRIC, anomaly=anomaly))
+        prediction = self.stage.prediction
+        if prediction is None or not out.stepped:
+            return
+        made, report = out.predictions, self.report
+        report.predictions_made += len(made)
+        report.predictions.extend(p for p in made if p.probability >= report.threshold)
+        report.withheld = prediction.withheld
+        report.positives_learned = prediction.predictor.learned_positive
+        report.warnings.extend(out.warnings)
+        if self.events is not None:
+            of, write = report.aliases, self.events.write
+            for w in out.warnings:
+                write("predicted_failure", w.predicted_at, w.node, w.entity,
+                      prediction_to_json(w, of.get((w.node, w.entity), ())))
+            for p in made:
+                write("prediction", p.predicted_at, p.node, p.entity,
+                      prediction_to_json(p, of.get((p.node, p.entity), ())))
 
     def _note(self, result: OnlineResult) -> None:
         if result.kind == "gap_closed":
@@ -545,18 +544,7 @@ class _Analyst:
 
     def label(self, findings: Iterable[Finding]) -> None:
         """Give the predictor the failures it has not seen (its labels: failure_kind)."""
-        if self.stage is None:
-            return
-        fresh = []
-        for f in findings:
-            if failure_kind(f) is None:
-                continue
-            key = (f.node, f.entity, f.kind, f.code, f.first_seen_at)
-            if key not in self._labels:
-                self._labels.add(key)
-                fresh.append(f)
-        if fresh:
-            self.stage.observe_findings(fresh)
+        self.stage.observe_findings(findings)
 
 
 def replay(
@@ -748,7 +736,8 @@ def replay(
                 and (analytics is None or analytics.detectors or analytics.predictor)
             ):
                 report.analysis = StreamAnalysis()
-                analyst = _Analyst(analytics or AnalyticsSettings(), report.analysis, stream)
+                analyst = _Analyst(analytics or AnalyticsSettings(), report.analysis, pipeline,
+                                  stream)
             # The same checks as `gpuhealth import` (read_records): a line without its
             # own time, a cut-off last line, a NaN, a far-future or pre-2000 time is
             # counted and listed with its line number, never fed to the pipeline.

@@ -30,8 +30,9 @@ from types import FrameType
 from typing import Any, Literal
 
 from alerting.inbound import InboundBatch
-from analytics.online import OnlineAnalytics, OnlineResult, to_finding
+from analytics.online import OnlineAnalytics
 from analytics.prediction_stage import PredictionStage
+from analytics.stage import AnalyticsStage
 from collectors.kernel_log import boot_event
 from collectors.nvml_events import XidDedup
 from core import plugins
@@ -56,8 +57,7 @@ from gpuhealth.agent import AgentLink
 from gpuhealth.api import ApiServer, recover_ingests, start_api
 from gpuhealth.compose import (
     agent_pipeline,
-    build_online,
-    build_prediction,
+    build_analytics,
     build_protective,
     service_pipeline,
 )
@@ -241,9 +241,9 @@ class Service:
         self._seen_findings: set[tuple[str, str, str, str]] = set()
         self._logged: set[str] = set()
         self._dirty = False
-        self.online: OnlineAnalytics | None = build_online(settings)
-        self.prediction: PredictionStage | None = build_prediction(settings, role=role)
-        self._predicted_at = time.monotonic()
+        self.analytics: AnalyticsStage = build_analytics(settings, role=role)
+        self.online: OnlineAnalytics | None = self.analytics.online
+        self.prediction: PredictionStage | None = self.analytics.prediction
 
     # --- start-up ----------------------------------------------------------------------
 
@@ -535,74 +535,43 @@ class Service:
             self._log_once("observe", "pipeline.observe failed: %s", exc)
 
     def _analyse(self, batch: Sequence[Record]) -> None:
-        """Run the online detectors over ``batch`` (every sample) and report what they find.
+        """Run the analytics stage over ``batch`` and pass on what it gives.
 
-        Anomalies and gaps become ``warning`` findings through
-        :meth:`Pipeline.observe_findings`; a silent GPU that sends samples again closes its
-        gap finding. Called with an empty batch too, so gaps open while nothing arrives.
+        The online detectors see every sample, the failure predictor every record (and
+        steps when due); the pipeline takes their findings, closed gaps and predictions
+        (:meth:`Pipeline.observe_analytics`), as in ``replay``. Called with an empty batch
+        too, so gaps open while nothing arrives.
         """
-        if self.online is None or self.pipeline is None:
+        analytics, pipeline = self.analytics, self.pipeline
+        if pipeline is None or (analytics.online is None and analytics.prediction is None):
             return
         try:
-            samples = [r for r in batch if isinstance(r, Sample)]
-            results = self.online.observe(samples) if samples else self.online.check()
-            if not results:
-                return
-            closed = [to_finding(r).key for r in results if r.kind == "gap_closed"]
-            found = [to_finding(r) for r in results if r.kind != "gap_closed"]
-            if closed:
-                self.pipeline.clear_findings(closed)
-            if found:
-                self.pipeline.observe_findings(
-                    found, hold_seconds=self.settings.analytics.anomaly_hold_seconds)
+            output = analytics.observe(batch, time.time())
+            pipeline.observe_analytics(
+                output, hold_seconds=self.settings.analytics.anomaly_hold_seconds)
+            if output.predictions and self.recorder is not None:
+                self.recorder.record_predictions(output.predictions)
         except Exception as exc:
-            self._log_once("analyse", "online analytics failed: %s", exc)
-            logger.debug("online analytics failed", exc_info=exc)
+            self._log_once("analyse", "analytics failed: %s", exc)
+            logger.debug("analytics failed", exc_info=exc)
             return
-        for result in results:
-            if result.kind != "gap_closed":
-                self.exporter.inc("gpuhealth_anomalies_total",
-                                  {"detector": result.anomaly.detector})
-        self._dirty = True
-
-    def _predict(self, batch: Sequence[Record]) -> None:
-        """Feed the failure predictor; publish its predictions every interval."""
-        stage, pipeline = self.prediction, self.pipeline
-        if stage is None or pipeline is None:
-            return
-        try:
-            stage.observe(batch)  # samples, and the inventory's identities
-            interval = self.settings.analytics.predictor_interval_seconds
-            if time.monotonic() - self._predicted_at < min(interval, 10.0):
-                return
-            self._predicted_at = time.monotonic()
-            predictions = stage.step(time.time())
-            anomalies = stage.take_anomalies()
-            if anomalies:
-                pipeline.observe_findings(
-                    [to_finding(OnlineResult(kind="anomaly", metric="feature_vector",
-                                             anomaly=a)) for a in anomalies],
-                    hold_seconds=self.settings.analytics.anomaly_hold_seconds)
-                for a in anomalies:
-                    self.exporter.inc("gpuhealth_anomalies_total", {"detector": a.detector})
-            if predictions:
-                pipeline.observe_predictions(stage.for_alerts(predictions))
-                if self.recorder is not None:
-                    self.recorder.record_predictions(predictions)
+        detectors = [r.anomaly.detector for r in output.results if r.kind != "gap_closed"]
+        detectors += [a.detector for a in output.vector_anomalies]
+        for detector in detectors:
+            self.exporter.inc("gpuhealth_anomalies_total", {"detector": detector})
+        if output.results:
+            self._dirty = True
+        if output.predictions:
             horizon = f"{self.settings.analytics.predictor_horizon_seconds:.0f}s"
             self.exporter.update([
                 Sample(metric="gpu_failure_probability_ratio", value=p.probability,
                        observed_at=p.predicted_at, node=p.node, entity=p.entity,
-                       labels={"horizon": horizon}) for p in predictions])
-        except Exception as exc:
-            self._log_once("predict", "failure prediction failed: %s", exc)
-            logger.debug("failure prediction failed", exc_info=exc)
+                       labels={"horizon": horizon}) for p in output.predictions])
 
     def _deliver(self, batch: Sequence[Record]) -> bool:
         """Observe ``batch`` and write it with anything left from before; False on failure."""
         self._observe(batch)
         self._analyse(batch)
-        self._predict(batch)
         if self.recorder is not None:
             self.recorder.observe(r for r in batch if isinstance(r, Sample))
         if self.store is None:  # a read-only store: nothing is written here
@@ -680,8 +649,7 @@ class Service:
             self.exporter.inc("gpuhealth_remediation_decisions_total",
                               {"step": record.step.value if record.step else "none",
                                "decision": record.decision})
-        if self.prediction is not None:
-            self.prediction.observe_findings(output.findings)  # the stage picks the failures
+        self.analytics.observe_findings(output.findings)  # the stage picks the failures
         resolved = sum(1 for a in output.alerts if a.state is AlertState.RESOLVED)
         if resolved:
             self.exporter.inc("gpuhealth_incidents_resolved_total", amount=resolved)

@@ -75,13 +75,13 @@ token_env = "GPUHEALTH_TEST_AGENT_TOKEN"
 
 
 def test_batch_refit_is_on_for_run_off_for_agents_unless_set(tmp_path: Path) -> None:
-    from gpuhealth.compose import build_prediction
+    from gpuhealth.compose import build_analytics
     from gpuhealth.config import load_settings
 
     def stage(extra: str, role: str) -> bool:
         config = tmp_path / "g.toml"
         config.write_text(f'[node]\ndata_dir = "{tmp_path}"\n[analytics]\n{extra}\n')
-        built = build_prediction(load_settings(config, env={}), role=role)
+        built = build_analytics(load_settings(config, env={}), role=role).prediction
         assert built is not None
         return built.refit
 
