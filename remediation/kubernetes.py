@@ -18,6 +18,8 @@ What each step does (``docs/kubernetes.md`` has the full table):
 * ``drain``/``migrate`` (``scope=node``): cordon, then evict every pod on the node except
   DaemonSet pods, mirror (static) pods and finished pods, after an optional pre-eviction
   checkpoint hook; 429 (PodDisruptionBudget) is retried until ``drain_timeout_seconds``.
+  Pods are evicted the highest ``spec.priority`` first (their PriorityClass's value), so
+  critical work is rescheduled first when the eviction rate or capacity is short.
   ``scope=gpu`` evicts only the pods holding that GPU and never cordons.
   ``mode=allow_completion`` cordons and waits for the pods to finish.
 * ``reboot``: label ``gpuhealth.io/reboot-required=true`` and annotation
@@ -78,6 +80,7 @@ from core.records import (
     RemediationStep,
     WorkRef,
 )
+from remediation.priority import WorkItem
 
 logger = logging.getLogger(__name__)
 
@@ -332,6 +335,36 @@ def gpu_request(pod: client.V1Pod, resource: str = GPU_RESOURCE) -> int:
         except ValueError:
             continue
     return total
+
+
+def pod_priority(pod: client.V1Pod) -> int:
+    """``spec.priority`` of ``pod`` (its PriorityClass's value; 0 when unset)."""
+    value = getattr(pod.spec, "priority", None) if pod.spec is not None else None
+    return int(value) if isinstance(value, int) else 0
+
+
+def controller_uid(pod: client.V1Pod) -> str:
+    """The uid of the controller that owns ``pod`` (``""``: none, a bare pod)."""
+    for ref in meta(pod).owner_references or []:
+        if ref.controller:
+            return str(ref.uid or "")
+    return ""
+
+
+def work_item(pod: client.V1Pod, resource: str = GPU_RESOURCE) -> WorkItem:
+    """``pod`` as a :class:`~remediation.priority.WorkItem` (priority, class, GPUs, start)."""
+    start = pod.status.start_time if pod.status is not None else None
+    if isinstance(start, datetime) and start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    phase = pod.status.phase if pod.status is not None else ""
+    return WorkItem(
+        kind="pod", id=pod_key(pod), node=str(pod.spec.node_name or "") if pod.spec else "",
+        gpus=gpu_request(pod, resource),
+        started_at=start.timestamp() if isinstance(start, datetime) else None,
+        priority=pod_priority(pod),
+        priority_class=str(getattr(pod.spec, "priority_class_name", None) or ""),
+        owner=str(meta(pod).namespace or ""), controller=controller_uid(pod),
+        state="pending" if phase == "Pending" else "running")
 
 
 def normalize_gpu_id(value: str) -> str:
@@ -1052,6 +1085,81 @@ class KubernetesScheduler:
                         group=str(getattr(p.spec, "priority_class_name", None) or ""))
                 for p in users]
 
+    # --- PriorityScheduler (remediation.priority) ---
+    def _list_phase(self, phase: str) -> list[client.V1Pod]:
+        try:
+            pods = self._core.list_pod_for_all_namespaces(
+                field_selector=f"status.phase={phase}", _request_timeout=self._timeout)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate(exc, f"list {phase} pods") from exc
+        return list(pods.items or [])
+
+    async def work_detail(self, node: NodeName,
+                          entity: EntityId | None = None) -> list[WorkItem]:
+        """The pods holding ``node``'s GPUs (or GPU ``entity``'s) now, as work items.
+
+        Same pods as :meth:`work_on`, with ``spec.priority``, ``priorityClassName``, GPUs,
+        ``status.startTime`` and the controller's uid.
+
+        Raises:
+            SchedulerUnavailable: The API server cannot be reached.
+        """
+        pods = [p for p in await self._run(self._list_pods, node) if is_workload(p)]
+        users = [p for p in pods if gpu_request(p, self._gpu_resource) > 0]
+        if entity is not None and entity != "node":
+            found = self._resolver(await self._run(self._read_node, node), pods, entity)
+            if found is not None:
+                users = found
+        return [work_item(p, self._gpu_resource) for p in users]
+
+    async def running_work(self) -> list[WorkItem]:
+        """Every running workload pod that holds GPUs, cluster-wide.
+
+        Raises:
+            SchedulerUnavailable: The API server cannot be reached.
+        """
+        pods = await self._run(self._list_phase, "Running")
+        return [work_item(p, self._gpu_resource) for p in pods
+                if is_workload(p) and not is_terminating(p)
+                and gpu_request(p, self._gpu_resource) > 0]
+
+    async def pending_of(self, items: Sequence[WorkItem]) -> list[WorkItem]:
+        """Of ``items`` (evicted pods), those whose replacement pod is ``Pending`` now.
+
+        The replacement has a new name; it is the pod of the same controller (uid). A
+        bare pod (no controller) has no replacement and is never returned.
+
+        Raises:
+            SchedulerUnavailable: The API server cannot be reached.
+        """
+        owners = {i.controller: i for i in items if i.kind == "pod" and i.controller}
+        if not owners:
+            return []
+        pods = await self._run(self._list_phase, "Pending")
+        waiting = {controller_uid(p) for p in pods if not is_terminating(p)}
+        return [item for uid, item in owners.items() if uid in waiting]
+
+    async def preempt(self, item: WorkItem, *, reason: str) -> str:
+        """Evict the pod ``item`` (``policy/v1`` Eviction: its PodDisruptionBudget holds).
+
+        Raises:
+            SchedulerUnavailable: A PodDisruptionBudget forbids it now (429), or the API
+                server cannot be reached.
+            PermanentError: Not a pod, or 401/403.
+        """
+        if item.kind != "pod" or "/" not in item.id:
+            raise PermanentError(f"kubernetes: cannot preempt {item.kind} {item.id}")
+        namespace, name = item.id.split("/", 1)
+        pod = client.V1Pod(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        await self._limiter.acquire()
+        result = await self._run(self._evict, pod)
+        if result == "blocked":
+            raise SchedulerUnavailable(f"kubernetes: evicting {item.id} is forbidden by its "
+                                       "PodDisruptionBudget now", retry_after_seconds=5.0)
+        if result == "gone":
+            return f"pod {item.id} is gone already"
+        return f"evicted pod {item.id} (priority {item.priority}) to make room: {reason}"
+
     async def _evict_one(self, action: _Action, pod: client.V1Pod) -> str:
         key = pod_key(pod)
         if self._hook is not None:
@@ -1099,7 +1207,8 @@ class KubernetesScheduler:
                                      f"drained {request.node}{where}: {evicted} pods {what}"
                                      f"{'; ' + note if note else ''}{self._hook_note(action)}")
                         return
-                    pending = [p for p in pods if not is_terminating(p)]
+                    pending = sorted((p for p in pods if not is_terminating(p)),
+                                     key=lambda p: (-pod_priority(p), pod_key(p)))
                     if evict and pending:
                         results = await asyncio.gather(
                             *(self._evict_one(action, p) for p in pending),

@@ -16,7 +16,9 @@ client has no ``--json``, with ``scontrol show node -o`` and ``squeue -O``.
   jobs still running there are requeued (``scontrol requeue``); a job that died of the
   signal (a script without a trap) is requeued too, as Slurm's ``PreemptMode=REQUEUE``
   does. Jobs that cannot be requeued are left running (or cancelled with
-  ``cancel_unrequeueable``). Succeeded when no job runs on the node.
+  ``cancel_unrequeueable``). Jobs are signalled and requeued the highest job priority
+  first (``squeue`` ``priority``), so critical work is back in the queue first.
+  Succeeded when no job runs on the node.
   ``mode=allow_completion``: cordon only, succeeded once the jobs ended on their own.
 * ``reboot``: ``scontrol reboot ASAP nextstate=<reboot_nextstate> reason=... N``;
   succeeded when ``BootTime`` changed and the REBOOT flags are gone; failed when
@@ -62,8 +64,8 @@ import re
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -87,6 +89,7 @@ from core.records import (
     RemediationStep,
     WorkRef,
 )
+from remediation.priority import WorkItem
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +221,10 @@ class SlurmJob:
         admin_comment: ``AdminComment`` (where gpuhealth marks what it did to the job).
         user: ``UserName`` (``""`` when not shown).
         partition: ``Partition`` (``""`` when not shown).
+        priority: The job's priority (``PriorityLong``; 0 when not shown).
+        qos: Its QOS (``""`` when not shown).
+        started_at: Its ``StartTime``, epoch seconds (``None`` when not shown or pending).
+        gpus: GPUs allocated (``gres/gpu`` of its allocated TRES; 0 when not shown).
     """
 
     job_id: str
@@ -229,6 +236,10 @@ class SlurmJob:
     admin_comment: str = ""
     user: str = ""
     partition: str = ""
+    priority: int = 0
+    qos: str = ""
+    started_at: float | None = None
+    gpus: int = 0
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -427,6 +438,79 @@ def parse_sinfo_json(text: str, *, source: str = "sinfo --json") -> dict[str, Sl
     return out
 
 
+def _number(value: Any) -> float | None:
+    """An OpenAPI number: plain (v0.0.38) or ``{"set": true, "number": n}`` (v0.0.39+)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def gpus_of_tres(text: str) -> int:
+    """GPUs in a TRES string (``cpu=4,mem=8G,node=1,gres/gpu=2``; typed ones summed if alone).
+
+    Examples:
+        >>> gpus_of_tres("cpu=4,node=1,gres/gpu=2,gres/gpu:a100=2")
+        2
+        >>> gpus_of_tres("cpu=1,gres/gpu:a100=1,gres/gpu:h100=3"), gpus_of_tres("")
+        (4, 0)
+    """
+    plain: int | None = None
+    typed = 0
+    for part in text.split(","):
+        key, _, value = part.strip().partition("=")
+        if not value.isdigit():
+            continue
+        if key == "gres/gpu":
+            plain = int(value)
+        elif key.startswith("gres/gpu:"):
+            typed += int(value)
+    return plain if plain is not None else typed
+
+
+def gpus_of_gres(text: str) -> int:
+    """GPUs in a GRES list (``gres:gpu:2``, ``gres/gpu:a100:2``, ``gpu:2(IDX:0-1)``).
+
+    What a job asked per node (``tres_per_node``) or was given (``gres_detail``); the
+    allocated TRES (:func:`gpus_of_tres`) names GPUs only where accounting tracks
+    ``gres/gpu``.
+
+    Examples:
+        >>> gpus_of_gres("gres:gpu:2"), gpus_of_gres("gres/gpu:a100:4,gres/nic:1")
+        (2, 4)
+        >>> gpus_of_gres("gpu:h100:2(IDX:0-1),gpu:1(IDX:3)"), gpus_of_gres("gres:gpu")
+        (3, 1)
+    """
+    total = 0
+    for part in text.split(","):
+        name = re.sub(r"\(.*\)$", "", part.strip())
+        words = name.replace("/", ":").split(":")
+        if words and words[0] == "gres":
+            words = words[1:]
+        if not words or words[0] != "gpu":
+            continue
+        count = words[-1] if len(words) > 1 else "1"
+        total += int(count) if count.isdigit() else 1
+    return total
+
+
+def _job_gpus(tres_alloc: str, gres_detail: Any, per_node: str, nodes: int) -> int:
+    """A job's GPUs: allocated TRES, else the per-node GRES detail, else its request."""
+    from_tres = gpus_of_tres(tres_alloc)
+    if from_tres:
+        return from_tres
+    if isinstance(gres_detail, list) and gres_detail:
+        return sum(gpus_of_gres(str(d)) for d in gres_detail)
+    return gpus_of_gres(per_node) * max(1, nodes)
+
+
 def parse_squeue_json(text: str, *, source: str = "squeue --json") -> list[SlurmJob]:
     """Parse ``squeue --json`` (OpenAPI ``v0.0.37``-``v0.0.39`` job objects).
 
@@ -475,12 +559,19 @@ def parse_squeue_json(text: str, *, source: str = "squeue --json") -> list[Slurm
             admin_comment=str(item.get("admin_comment") or ""),
             user=str(item.get("user_name") or ""),
             partition=str(item.get("partition") or ""),
+            priority=int(_number(item.get("priority")) or 0),
+            qos=str(item.get("qos") or ""),
+            started_at=(_number(item.get("start_time")) or None)
+            if str(state).upper() != "PENDING" else None,
+            gpus=_job_gpus(str(item.get("tres_alloc_str") or ""), item.get("gres_detail"),
+                           str(item.get("tres_per_node") or ""), len(names)),
         ))
     return out
 
 
 SQUEUE_TEXT_FORMAT = ("JobID:40|,State:20|,Requeue:4|,BatchFlag:4|,RestartCnt:8|,"
-                      "UserName:40|,Partition:40|")
+                      "UserName:40|,Partition:40|,PriorityLong:20|,QOS:40|,StartTime:20|,"
+                      "tres-alloc:200|,tres-per-node:100|")
 """``squeue -O`` fields of the text fall-back, ``|``-separated."""
 
 
@@ -500,10 +591,17 @@ def parse_squeue_text(text: str, node: str, *, source: str = "squeue -O") -> lis
                                  f"got {line!r}")
         job_id, state, requeue, batch, restarts = fields[:5]
         user, partition = (fields[5], fields[6]) if len(fields) >= 7 else ("", "")
+        priority, qos, start, tres = (fields[7:11] if len(fields) >= 11
+                                      else ("", "", "", ""))
+        per_node = fields[11] if len(fields) >= 12 else ""
+        started = _epoch_from_iso(start) if state.upper() != "PENDING" else None
         out.append(SlurmJob(
             job_id=job_id, state=state.upper(), nodes=(node,), requeue=requeue == "1",
             batch=batch != "0", restarts=int(restarts) if restarts.isdigit() else 0,
-            user=user, partition=partition,
+            user=user, partition=partition, priority=int(priority) if priority.isdigit() else 0,
+            qos="" if qos in ("(null)", "N/A") else qos,
+            started_at=None if started is None else float(started),
+            gpus=_job_gpus(tres, None, "" if per_node in ("N/A", "(null)") else per_node, 1),
         ))
     return out
 
@@ -867,10 +965,7 @@ class SlurmScheduler:
             shown = await self._run(self.scontrol_path, "show", "job", "-o", job.job_id,
                                     check=False)
             comment = admin_comment_of(shown.stdout) if shown.returncode == 0 else ""
-            out.append(SlurmJob(job_id=job.job_id, state=job.state, nodes=job.nodes,
-                                requeue=job.requeue, batch=job.batch, restarts=job.restarts,
-                                admin_comment=comment, user=job.user,
-                                partition=job.partition))
+            out.append(replace(job, admin_comment=comment))
         return out
 
     async def work_on(self, node: NodeName, entity: EntityId | None = None) -> list[WorkRef]:
@@ -885,6 +980,84 @@ class SlurmScheduler:
         del entity
         return [WorkRef(kind="slurm_job", id=j.job_id, owner=j.user, group=j.partition)
                 for j in await self.jobs_on(node, frozenset({"RUNNING", "SUSPENDED"}))]
+
+    # --- PriorityScheduler (remediation.priority) ---
+    @staticmethod
+    def _item(job: SlurmJob, node: str) -> WorkItem:
+        gpus = job.gpus // max(1, len(job.nodes)) if node and job.nodes else job.gpus
+        return WorkItem(kind="slurm_job", id=job.job_id, node=node, gpus=gpus,
+                        started_at=job.started_at, priority=job.priority,
+                        priority_class=job.qos, owner=job.user,
+                        state="pending" if job.state == "PENDING" else "running")
+
+    async def work_detail(self, node: NodeName,
+                          entity: EntityId | None = None) -> list[WorkItem]:
+        """The jobs running on ``node`` with priority, QOS, GPUs and start time.
+
+        Node-level, as :meth:`work_on` (a job's GPUs on the node: its allocated
+        ``gres/gpu`` divided by its node count).
+
+        Raises:
+            SchedulerUnavailable: slurmctld cannot be reached.
+        """
+        del entity
+        return [self._item(j, node)
+                for j in await self.jobs_on(node, frozenset({"RUNNING", "SUSPENDED"}))]
+
+    async def _all_jobs(self) -> list[SlurmJob]:
+        if await self._use_json():
+            return parse_squeue_json((await self._fresh(self.squeue_path, "--json")).stdout)
+        result = await self._run(self.squeue_path, "-h", "-t", "RUNNING,PENDING", "-O",
+                                 "NodeList:200|," + SQUEUE_TEXT_FORMAT)
+        out: list[SlurmJob] = []
+        for line in result.stdout.splitlines():
+            hosts, _, rest = line.partition("|")
+            names = expand_hostlist(hosts.strip()) if hosts.strip() and \
+                not hosts.strip().startswith("(") else []
+            fields = rest.split("|")
+            for job in parse_squeue_text(rest, "", source="squeue -O"):
+                per_node = len(fields) > 10 and not gpus_of_tres(fields[10].strip())
+                gpus = job.gpus * max(1, len(names)) if per_node else job.gpus
+                out.append(replace(job, nodes=tuple(names), gpus=gpus))
+        return out
+
+    async def running_work(self) -> list[WorkItem]:
+        """Every running job, once per node it holds (preemption candidates).
+
+        Raises:
+            SchedulerUnavailable: slurmctld cannot be reached.
+        """
+        return [self._item(job, node) for job in await self._all_jobs()
+                if job.state == "RUNNING" for node in job.nodes]
+
+    async def pending_of(self, items: Sequence[WorkItem]) -> list[WorkItem]:
+        """Of ``items``, the jobs pending now (a requeued job keeps its id).
+
+        Raises:
+            SchedulerUnavailable: slurmctld cannot be reached.
+        """
+        wanted = {i.id for i in items if i.kind == "slurm_job"}
+        if not wanted:
+            return []
+        return [self._item(job, "") for job in await self._all_jobs()
+                if job.job_id in wanted and job.state == "PENDING"]
+
+    async def preempt(self, item: WorkItem, *, reason: str) -> str:
+        """Requeue the running job ``item`` (``scontrol requeue``) to free its GPUs.
+
+        Its GPUs go to the critical job's recovery (the reason is in gpuhealth's audit log).
+
+        Raises:
+            PermanentError: Slurm refused (the job cannot be requeued, or is gone).
+            SchedulerUnavailable: slurmctld cannot be reached.
+        """
+        if item.kind != "slurm_job":
+            raise PermanentError(f"slurm: cannot preempt {item.kind} {item.id}")
+        result = await self._run(self.scontrol_path, "requeue", item.id, check=False,
+                                 mutating=True)
+        if result.returncode != 0:
+            raise self._error(result)
+        return f"requeued job {item.id} (priority {item.priority}) to make room: {reason}"
 
     async def node_state(self, node: NodeName, *, workload: bool = True) -> NodeState:
         """Return the node as Slurm shows it now (:class:`~core.records.NodeState`).
@@ -1132,7 +1305,7 @@ class SlurmScheduler:
 
         Returns the jobs still on the node afterwards and a summary.
         """
-        jobs = await self.jobs_on(node)
+        jobs = sorted(await self.jobs_on(node), key=lambda j: (-j.priority, j.job_id))
         now = self.clock()
         said: list[str] = []
         waiting: list[str] = []

@@ -123,24 +123,42 @@ def make_node(name: str, *, boot_id: str = "boot-1", unschedulable: bool = False
 
 def make_pod(name: str, node: str, *, namespace: str = "default", owner_kind: str | None = None,
              gpus: int = 0, annotations: dict[str, str] | None = None, phase: str = "Running",
-             grace_seconds: int = 0, mirror: bool = False) -> JsonObj:
-    """A ``v1.Pod`` bound to ``node``; ``owner_kind`` ``DaemonSet``/``ReplicaSet``/``None``."""
+             grace_seconds: int = 0, mirror: bool = False, priority: int | None = None,
+             priority_class: str | None = None, started_at: float | None = None,
+             owner_uid: str | None = None) -> JsonObj:
+    """A ``v1.Pod`` bound to ``node``; ``owner_kind`` ``DaemonSet``/``ReplicaSet``/``None``.
+
+    ``priority`` and ``priority_class`` set ``spec.priority`` and ``spec.priorityClassName``
+    (what the PriorityClass admission plugin fills in from the class); ``started_at``
+    (epoch s) sets ``status.startTime``; ``owner_uid`` the controller's uid (pods of one
+    ReplicaSet share it). An empty ``node`` is a pod not yet scheduled.
+    """
     meta: JsonObj = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
                      "annotations": dict(annotations or {})}
     if mirror:
         meta["annotations"]["kubernetes.io/config.mirror"] = "abc123"
     if owner_kind:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner_kind,
-                                    "name": f"{name}-owner", "uid": str(uuid.uuid4()),
+                                    "name": f"{name}-owner",
+                                    "uid": owner_uid or str(uuid.uuid4()),
                                     "controller": True}]
     container: JsonObj = {"name": "main", "image": "busybox"}
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)},
                                   "requests": {"nvidia.com/gpu": str(gpus)}}
-    return {"kind": "Pod", "apiVersion": "v1", "metadata": meta,
-            "spec": {"nodeName": node, "containers": [container],
-                     "terminationGracePeriodSeconds": grace_seconds},
-            "status": {"phase": phase}}
+    spec: JsonObj = {"nodeName": node, "containers": [container],
+                     "terminationGracePeriodSeconds": grace_seconds}
+    if not node:
+        del spec["nodeName"]
+    if priority is not None:
+        spec["priority"] = priority
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
+    status: JsonObj = {"phase": phase}
+    if started_at is not None:
+        status["startTime"] = rfc3339(started_at)
+    return {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec,
+            "status": status}
 
 
 # --- patch semantics --------------------------------------------------------------------
@@ -268,6 +286,7 @@ class K8sApi:
         evictions: ``Counter`` of accepted (201) evictions per ``"ns/name"`` that were
             not already terminating.
         eviction_times: Monotonic times of the accepted evictions, for rate checks.
+        eviction_order: ``"ns/name"`` of the accepted evictions, in the order served.
         reschedule_to: Node on which a ReplicaSet's evicted pod is recreated, or ``None``.
     """
 
@@ -286,6 +305,7 @@ class K8sApi:
         self.requests: Counter[str] = Counter()
         self.evictions: Counter[str] = Counter()
         self.eviction_times: list[float] = []
+        self.eviction_order: list[str] = []
         self.reschedule_to: str | None = None
         self._deadlines: dict[tuple[str, str], float] = {}
         self._failures: list[_Failure] = []
@@ -572,6 +592,7 @@ class K8sApi:
         self._deadlines[key] = now + grace
         self.evictions[f"{namespace}/{name}"] += 1
         self.eviction_times.append(time.monotonic())
+        self.eviction_order.append(f"{namespace}/{name}")
         self._sweep()
         return 201, success
 

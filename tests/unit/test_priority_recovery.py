@@ -10,6 +10,7 @@ within the preemption and disruption budgets, and only recorded in a dry run.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,10 @@ def test_the_work_on_the_node_is_kept_with_the_incident_and_named_in_its_audit(t
     assert (stored[0].gpus, stored[0].priority_class) == (4, "high")
     attrs = history_attrs(p.actions.work(inc.incident))
     assert attrs["priority_class"] == "high"
-    assert [w["id"] for w in __import__("json").loads(attrs["work"])] == ["12", "11"]
+    assert [w["id"] for w in json.loads(attrs["work"])] == ["12", "11"]
     submitted = [r for r in audit(tmp_path) if r.decision == "submitted"]
-    assert submitted and all(r.details["priority_class"] == "high" for r in submitted)
+    assert submitted
+    assert all(r.details["priority_class"] == "high" for r in submitted)
     assert all(r.details["priority"] == "900" for r in submitted)
     # the drain requeued the jobs of the node, the highest priority first
     assert sched.requeued == ["12", "11"]
@@ -120,7 +122,8 @@ def test_a_low_priority_job_is_preempted_to_place_a_critical_recovery(tmp_path):
     p.observe_findings([xid79("n1")], hold_seconds=1e6)
     p.evaluate()
     run(p, clock, 5)
-    assert sched.requeued == ["crit"] and sched.preempted == []  # not before wait_seconds
+    assert sched.requeued == ["crit"]
+    assert sched.preempted == []
     run(p, clock, 30)
     # the lowest priority that started last and holds enough GPUs: not 'small' (1 GPU)
     assert sched.preempted == ["low"]
@@ -130,8 +133,10 @@ def test_a_low_priority_job_is_preempted_to_place_a_critical_recovery(tmp_path):
     (before,) = [r for r in records if r.decision == "preempting"]
     assert before.details["victim"] == "slurm_job:low"
     assert before.details["for"] == "slurm_job:crit"
-    assert before.node == "n3" and not before.dry_run
-    assert "low" in before.reason and "crit" in before.reason
+    assert before.node == "n3"
+    assert not before.dry_run
+    assert "low" in before.reason
+    assert "crit" in before.reason
     # once per critical job: more ticks preempt nothing more
     run(p, clock, 10)
     assert sched.preempted == ["low"]
@@ -178,7 +183,8 @@ def test_a_dry_run_only_records_the_preemption(tmp_path):
     run(p, clock, 40)
     assert sched.preempted == []
     (record,) = [r for r in audit(tmp_path) if r.decision == "preempting"]
-    assert record.dry_run and record.reason.startswith("dry run: would preempt")
+    assert record.dry_run
+    assert record.reason.startswith("dry run: would preempt")
     assert record.details["victim"] == "slurm_job:low"
 
 
@@ -195,7 +201,8 @@ def test_preemption_respects_its_budget_and_the_disruption_budget(tmp_path):
     run(p, clock, 40)
     assert sched.preempted == ["low-1"]  # for crit-b, the higher priority, first
     held = [r for r in audit(tmp_path) if r.decision == "preemption_held"]
-    assert len(held) == 1 and "preemption budget spent" in held[0].reason
+    assert len(held) == 1
+    assert "preemption budget spent" in held[0].reason
     assert held[0].details["for"] == "slurm_job:crit-a"
 
     # a disruption budget of one node: the drained node uses it, no preemption
