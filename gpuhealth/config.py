@@ -23,7 +23,7 @@ import tomllib
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -51,6 +51,9 @@ from core.errors import ConfigError, PluginError
 from core.plugins import available
 from core.protocols import Closeable
 from core.records import Action, RemediationStep, Severity
+
+if TYPE_CHECKING:
+    from remediation.priority import PreemptionPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -527,6 +530,60 @@ def _known_plugin(group: str, name: str) -> str:
     return name
 
 
+class PreemptionSettings(BaseModel):
+    """``[remediation.preemption]``: preempt low-priority work for a critical recovery.
+
+    Places a critical job's recovery when capacity is short (``docs/remediation.md``,
+    "Priority-aware recovery"). Off by default.
+    """
+
+    model_config = _FROZEN
+
+    enabled: StrictBool = False
+    """Preempt at all. Only where the site allows gpuhealth to requeue (Slurm) or evict
+    (Kubernetes) other users' running work; every preemption is audited before it is
+    done, counts against the disruption budget, and is only recorded in a dry run."""
+
+    critical_priority: int | None = None
+    """Work with at least this priority (Slurm job priority, pod ``spec.priority``) is
+    critical: its recovery may preempt. ``None``: by class only."""
+
+    critical_classes: tuple[str, ...] = ()
+    """Slurm QOS names or Kubernetes PriorityClass names of critical work."""
+
+    max_victim_priority: int | None = None
+    """Highest priority a preempted job may have; ``None``: any priority below the
+    critical job's."""
+
+    protected_classes: tuple[str, ...] = ("system-cluster-critical", "system-node-critical")
+    """QOS / PriorityClass names never preempted."""
+
+    wait_seconds: Duration = Field(default=60.0, ge=0)
+    """How long a critical job's recovery must have waited for capacity (since its node
+    was taken out of service) before a preemption is considered; gives the scheduler the
+    chance to place it on free GPUs first."""
+
+    max_preemptions: int = Field(default=1, ge=1)
+    """Preemptions within ``window_seconds`` (the preemption budget)."""
+
+    window_seconds: Duration = Field(default=3600.0, gt=0)
+    """The preemption budget's window; a preempted job's node also counts against the
+    disruption budget for this long."""
+
+    @model_validator(mode="after")
+    def _critical_is_defined(self) -> PreemptionSettings:
+        if self.enabled and self.critical_priority is None and not self.critical_classes:
+            raise ValueError("enabled = true needs critical_priority or critical_classes: "
+                             "no work could ever be critical")
+        return self
+
+    def policy(self) -> PreemptionPolicy:
+        """The engine's :class:`remediation.priority.PreemptionPolicy` for these settings."""
+        from remediation.priority import PreemptionPolicy
+
+        return PreemptionPolicy.from_options(self.model_dump())
+
+
 class RemediationSettings(BaseModel):
     """``[remediation]``: the guard rails around actions (all dry-run by default)."""
 
@@ -670,6 +727,10 @@ class RemediationSettings(BaseModel):
 
     opt_out_nodes: tuple[str, ...] = ()
     """Nodes never acted on (only alerted about)."""
+
+    preemption: PreemptionSettings = Field(default_factory=PreemptionSettings)
+    """``[remediation.preemption]``: priority-aware recovery may preempt low-priority work
+    for a critical job whose recovery waits for capacity; off by default."""
 
 
 class ReportSettings(BaseModel):
