@@ -2,9 +2,11 @@
 
 :class:`AgentTokens` is the controller's ``[controller] agent_tokens_file``: ``node
 token`` lines (a ``#`` starts a comment, on its own line or after the token) or a JSON
-object ``{"node": "token"}``. :class:`TokenFile` is an agent's ``[agent] token_file``
-(the token on the first line). Both are re-read when the file changes (a mounted
-Kubernetes Secret), and a bad edit keeps the token(s) read before.
+object ``{"node": "token"}``. During a rotation a node may have two tokens, the current
+one and the next (``node token next``, ``{"node": ["token", "next"]}``), so the agent is
+taken before and after its own token file changes. :class:`TokenFile` is an agent's
+``[agent] token_file`` (the token on the first line). Both are re-read when the file
+changes (a mounted Kubernetes Secret), and a bad edit keeps the token(s) read before.
 """
 
 from __future__ import annotations
@@ -20,34 +22,55 @@ from core.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
-def parse_tokens(text: str, path: Path) -> dict[str, str]:
-    """Read a tokens file's text into ``{node: token}``.
+def _one_or_two(value: object) -> tuple[str, ...] | None:
+    """A JSON value's tokens: a string, or a list of one or two (``None``: neither)."""
+    if isinstance(value, str):
+        return (value,) if value else None
+    if isinstance(value, list) and 1 <= len(value) <= 2 and all(
+            isinstance(t, str) and t for t in value):
+        return tuple(value)
+    return None
+
+
+def parse_tokens(text: str, path: Path) -> dict[str, tuple[str, ...]]:
+    r"""Read a tokens file's text into ``{node: (token,)}`` (or ``(token, next)``).
+
+    Examples:
+        >>> parse_tokens("gpu-01 a1  # rack 3\ngpu-02 b1 b2\n", Path("tokens"))
+        {'gpu-01': ('a1',), 'gpu-02': ('b1', 'b2')}
+        >>> parse_tokens('{"gpu-01": "a1", "gpu-02": ["b1", "b2"]}', Path("tokens"))
+        {'gpu-01': ('a1',), 'gpu-02': ('b1', 'b2')}
 
     Raises:
         ConfigError: A malformed line or document (names the file and line), or a node
             listed twice.
     """
-    tokens: dict[str, str] = {}
+    tokens: dict[str, tuple[str, ...]] = {}
     if text.lstrip().startswith("{"):
         try:
             loaded = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from exc
-        if not isinstance(loaded, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and v for k, v in loaded.items()):
+        if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected {{node: token}} strings")
-        return dict(loaded)
+        for node, value in loaded.items():
+            found = _one_or_two(value)
+            if not isinstance(node, str) or found is None:
+                raise ConfigError(f"{path}: expected {{node: token}} strings (or "
+                                  "[token, next] during a rotation)")
+            tokens[node] = found
+        return tokens
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise ConfigError(f"{path}:{number}: expected 'node token', got {len(parts)} "
-                              "words")
+        if len(parts) not in (2, 3):
+            raise ConfigError(f"{path}:{number}: expected 'node token' (or 'node token next' "
+                              f"during a rotation), got {len(parts)} words")
         if parts[0] in tokens:
             raise ConfigError(f"{path}:{number}: node {parts[0]!r} listed twice")
-        tokens[parts[0]] = parts[1]
+        tokens[parts[0]] = tuple(parts[1:])
     return tokens
 
 
@@ -127,7 +150,8 @@ class AgentTokens:
     """The agents' bearer tokens from ``[controller] agent_tokens_file``, re-read on change.
 
     The file holds ``node token`` lines (``#`` comments) or a JSON object
-    ``{"node": "token"}``. Tokens are compared in constant time and never logged.
+    ``{"node": "token"}``; a node may have two during a rotation (module docstring).
+    Tokens are compared in constant time and never logged.
 
     Args:
         path: The file.
@@ -139,7 +163,7 @@ class AgentTokens:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._stamp: tuple[int, int, int, int] | None = None
-        self._by_node: dict[str, bytes] = {}
+        self._by_node: dict[str, tuple[bytes, ...]] = {}
         self._by_hash: dict[bytes, str] = {}
         self.reload()
 
@@ -154,16 +178,17 @@ class AgentTokens:
             raise ConfigError(f"[controller] agent_tokens_file {self.path}: "
                               f"{exc.strerror}") from exc
         tokens = parse_tokens(text, self.path)
-        self._by_node = {node: token.encode() for node, token in tokens.items()}
-        self._by_hash = {hashlib.sha256(t.encode()).digest(): n for n, t in tokens.items()}
+        self._by_node = {node: tuple(t.encode() for t in own) for node, own in tokens.items()}
+        self._by_hash = {hashlib.sha256(t.encode()).digest(): n
+                         for n, own in tokens.items() for t in own}
         self._stamp = stamp
         logger.info("controller: %d agent tokens from %s", len(tokens), self.path)
 
     def check(self, node: str, token: str) -> int:
         """Return 200 when ``token`` is ``node``'s, 403 when it is another node's, else 401."""
         given = token.encode()
-        own = self._by_node.get(node)
-        if own is not None and hmac.compare_digest(own, given):
+        matches = [hmac.compare_digest(t, given) for t in self._by_node.get(node, ())]
+        if any(matches):
             return 200
         return 403 if hashlib.sha256(given).digest() in self._by_hash else 401
 

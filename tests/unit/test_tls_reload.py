@@ -261,3 +261,50 @@ def test_a_token_file_keeps_its_token_through_a_bad_edit(tmp_path: Path) -> None
     path.write_text("")
     with pytest.raises(ConfigError, match="token_file"):
         TokenFile(path)
+
+
+def test_a_rollover_with_two_tokens_refuses_no_batch(tmp_path: Path) -> None:
+    """``node token next`` while the agents' Secret changes: taken before, during and after."""
+    others = "gpu-01 tok-one-0123456789abcdef\n"
+    controller_secret = SecretVolume(tmp_path / "ctl-secret",
+                                     {"tokens": f"{others}gpu-02 {OLD}\n".encode()})
+    agent_secret = SecretVolume(tmp_path / "agent-secret", {"token": f"{OLD}\n".encode()})
+    with running_controller(tmp_path, controller_secret.root / "tokens") as ctl:
+        url = f"http://127.0.0.1:{ctl.port}"
+        agent = KeepSending(url, "gpu-02", TokenFile(agent_secret.root / "token")).start()
+        eventually(lambda: agent.taken_since(0) >= 3, timeout=10)
+        for step in ({"tokens": f"{others}gpu-02 {OLD} {NEW}  # rotating\n".encode()},
+                     {"token": f"{NEW}\n".encode()},
+                     {"tokens": f"{others}gpu-02 {NEW}\n".encode()}):
+            (agent_secret if "token" in step else controller_secret).write(step)
+            since = time.monotonic()
+            eventually(lambda since=since: agent.taken_since(since) >= 3, timeout=10)
+            time.sleep(0.3)  # past the controller's next look at its file
+
+        for token, status in ((OLD, 401), (NEW, 200)):
+            sender = OutboxSender(AgentOutbox(None, node="gpu-02"), controllers=[url],
+                                  token=token, version="test")
+            assert sender.send_once().statuses == {url: status}
+            sender.close()
+        other = OutboxSender(AgentOutbox(None, node="gpu-01"), controllers=[url], token=NEW,
+                             version="test")
+        assert other.send_once().statuses == {url: 403}  # another node's token
+        other.close()
+        agent.finish()
+        _assert_nothing_lost(ctl, agent)
+        assert set(agent.statuses) == {200}
+        assert not agent.errors
+
+
+def test_a_tokens_line_has_one_token_or_two(tmp_path: Path) -> None:
+    from gpuhealth.tokens import token_file_problems
+
+    path = tmp_path / "tokens"
+    path.write_text("gpu-01 a b c\n")
+    assert token_file_problems(path) == [
+        f"{path}:1: expected 'node token' (or 'node token next' during a rotation), got 4 "
+        "words"]
+    path.write_text('{"gpu-01": ["a", "b", "c"]}')
+    assert "[token, next]" in token_file_problems(path)[0]
+    path.write_text('{"gpu-01": ["a", "b"], "gpu-02": "c"}')
+    assert token_file_problems(path) == []
