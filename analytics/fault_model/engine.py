@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import weakref
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -361,8 +362,12 @@ def merge_findings(findings: Iterable[Finding]) -> list[Finding]:
 
 def _merged(findings: Iterable[Finding]) -> dict[tuple[str, str, str, str], Finding]:
     """Return the findings merged per key (:func:`merge_findings` without the sort)."""
-    merged: dict[tuple[str, str, str, str], Finding] = {}
-    for finding in findings:
+    found = findings if isinstance(findings, list) else list(findings)
+    merged = {finding.key: finding for finding in found}
+    if len(merged) == len(found):
+        return merged  # no two about the same fault (the usual case): nothing to merge
+    merged.clear()
+    for finding in found:
         key = finding.key
         old = merged.get(key)
         if old is None:
@@ -577,15 +582,12 @@ class FindingFolder:
         moved: Findings taken out of or put into the sorted result by the last call.
     """
 
-    SPLICE_AT_MOST = 64
-    """Moves done one by one (binary search, insert); more re-sort the kept order."""
-
     def __init__(self, folds: Sequence[Fold] = FOLDS) -> None:
         self.folds = tuple(folds)
         self._inputs: dict[_Key, Finding] = {}
         self._members: dict[_Group, dict[_Key, Finding]] = {}
         self._outputs: dict[_Group, list[Finding]] = {}
-        self._entries: list[tuple[_OrderKey, Finding]] = []
+        self._sorted = _SortedFindings()
         self.folded = 0
         self.moved = 0
 
@@ -637,20 +639,75 @@ class FindingFolder:
             added.extend((_order_key(f), f) for f in after)
         self.folded = folded
         self.moved = len(removed) + len(added)
-        entries = self._entries
-        if self.moved <= self.SPLICE_AT_MOST:
+        ordered_result = self._sorted
+        if self.moved > len(ordered_result) // 4:
+            ordered_result.reset(itertools.chain.from_iterable(self._outputs.values()))
+        else:
             for finding in removed:
-                at = bisect_left(entries, (_order_key(finding),))
-                del entries[at]
-            for entry in added:
-                entries.insert(bisect_left(entries, (entry[0],)), entry)
-        elif removed or added:
-            gone = {id(f) for f in removed}
-            entries = [e for e in entries if id(e[1]) not in gone] if gone else entries
-            entries.extend(added)
-            entries.sort(key=_first)  # order keys are unique: findings are never compared
-            self._entries = entries
-        return [f for _, f in entries]
+                ordered_result.remove(finding)
+            for key_finding in added:
+                ordered_result.add(*key_finding)
+        return ordered_result.findings()
+
+
+class _SortedFindings:
+    """Findings in :func:`_order_key` order, kept in chunks so that one moves in a chunk."""
+
+    CHUNK = 256
+
+    def __init__(self) -> None:
+        self._keys: list[list[_OrderKey]] = []
+        self._items: list[list[Finding]] = []
+        self._last: list[_OrderKey] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def reset(self, findings: Iterable[Finding]) -> None:
+        """Hold ``findings`` (with unique keys) only."""
+        pairs = sorted(((_order_key(f), f) for f in findings), key=_first)
+        step = self.CHUNK
+        self._keys = [[k for k, _ in pairs[i:i + step]] for i in range(0, len(pairs), step)]
+        self._items = [[f for _, f in pairs[i:i + step]] for i in range(0, len(pairs), step)]
+        self._last = [keys[-1] for keys in self._keys]
+        self._size = len(pairs)
+
+    def remove(self, finding: Finding) -> None:
+        """Take out ``finding`` (it is held)."""
+        key = _order_key(finding)
+        chunk = bisect_left(self._last, key)
+        keys, items = self._keys[chunk], self._items[chunk]
+        at = bisect_left(keys, key)
+        del keys[at], items[at]
+        self._size -= 1
+        if not keys:
+            del self._keys[chunk], self._items[chunk], self._last[chunk]
+        elif at == len(keys):
+            self._last[chunk] = keys[-1]
+
+    def add(self, key: _OrderKey, finding: Finding) -> None:
+        """Put in ``finding``, whose order key is ``key`` (no held finding has it)."""
+        self._size += 1
+        if not self._last:
+            self._keys, self._items, self._last = [[key]], [[finding]], [key]
+            return
+        chunk = min(bisect_left(self._last, key), len(self._last) - 1)
+        keys, items = self._keys[chunk], self._items[chunk]
+        at = bisect_left(keys, key)
+        keys.insert(at, key)
+        items.insert(at, finding)
+        if at == len(keys) - 1:
+            self._last[chunk] = key
+        if len(keys) > 2 * self.CHUNK:
+            half = self.CHUNK
+            self._keys[chunk:chunk + 1] = [keys[:half], keys[half:]]
+            self._items[chunk:chunk + 1] = [items[:half], items[half:]]
+            self._last[chunk:chunk + 1] = [keys[half - 1], keys[-1]]
+
+    def findings(self) -> list[Finding]:
+        """Return the findings held, in order."""
+        return list(itertools.chain.from_iterable(self._items))
 
 
 def _first(entry: tuple[_OrderKey, Finding]) -> _OrderKey:
