@@ -340,15 +340,17 @@ class FeatureBuilder:
         detector's business, not a feature of zeros).
         """
         out: list[FeatureVector] = []
+        window, interval, emitted = self.window_seconds, self.interval_seconds, self._emitted
+        due = [(key, ent) for key, ent in self._entities.items()
+               if now - ent.last_at <= window
+               and now - emitted.get(key, float("-inf")) >= interval]
+        if not due:
+            return out
         by_node: dict[str, list[_Entity]] = {}
         for ent in self._entities.values():
             if not ent.is_link:
                 by_node.setdefault(ent.node, []).append(ent)
-        for key, ent in self._entities.items():
-            if now - ent.last_at > self.window_seconds:
-                continue
-            if now - self._emitted.get(key, float("-inf")) < self.interval_seconds:
-                continue
+        for key, ent in due:
             values = self._features(ent, now, by_node.get(ent.node, []))
             if not values:
                 continue

@@ -241,10 +241,13 @@ def controller(ctx: click.Context, config_path: str | None) -> None:
 @click.option("--events", "events_path", type=click.Path(dir_okay=False, writable=True),
               default=None, help="Also stream every prediction, anomaly, finding, alert and "
               "warning to this file as JSON lines, in the recording's time ('-': stdout).")
+@click.option("--precision", type=click.Choice(["ns", "us", "ms", "s"]), default="ns",
+              show_default=True, help="Unit of the line-protocol files' timestamps.")
 def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
            audit_log: str | None, max_disrupted_fraction: float,
            cluster_size: int | None, node_facts: str | None, live: bool,
-           wait_seconds: float, config_path: str | None, events_path: str | None) -> None:
+           wait_seconds: float, config_path: str | None, events_path: str | None,
+           precision: str) -> None:
     """Feed recorded files through the run pipeline; print findings, alerts and actions.
 
     Each file is its own node (named after the file) unless --context node=NAME is given.
@@ -267,8 +270,13 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
         audit_log = audit_log or live_options.pop("audit_log")
     analytics = _analytics_settings(config_path)
     with contextlib.ExitStack() as stack:
-        events = (stack.enter_context(click.open_file(events_path, "w", encoding="utf-8"))
-                  if events_path else None)
+        try:
+            events = (stack.enter_context(click.open_file(events_path, "w", encoding="utf-8"))
+                      if events_path else None)
+        except OSError as exc:  # a usage error, as for any other path given
+            click.echo(f"error: --events {events_path}: cannot write: "
+                       f"{exc.strerror or exc}", err=True)
+            sys.exit(64)
         report = run_replay(
             list(paths),
             facts=_parse_context(context),
@@ -280,6 +288,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
             wait_seconds=wait_seconds if live else 0.0,
             analytics=analytics,
             events=events,
+            precision=cast(Any, precision),
             **live_options,
         )
     if as_json:

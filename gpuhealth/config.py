@@ -149,7 +149,7 @@ class MetricsSettings(BaseModel):
 
     model_config = _FROZEN
 
-    enabled: bool = True
+    enabled: StrictBool = True
     """Serve ``/metrics``; on by default because it is how Prometheus and Grafana see us."""
 
     listen_address: str = "127.0.0.1"
@@ -173,7 +173,7 @@ class CollectorSettings(BaseModel):
     """Entry-point name in ``gpuhealth.collectors`` (``nvml``, ``kernel_log``, ``network``,
     ``probe``, ``dcgm_exporter``); defaults to the table name."""
 
-    enabled: bool = True
+    enabled: StrictBool = True
     """Run this collector; set ``false`` to switch off a default one."""
 
     interval_seconds: Duration | None = Field(default=None, gt=0)
@@ -338,7 +338,7 @@ class AnalyticsSettings(BaseModel):
                 raise ValueError(f"{kind}: {check_policy(str(kind), 1, 1)}")
         return {**{k: {"n": n, "m": m} for k, (n, m) in DEFAULT_DEBOUNCE.items()}, **value}
 
-    detectors: bool = True
+    detectors: StrictBool = True
     """Run the online detectors (``analytics.online``) on every sample the service handles:
     per-series anomalies (``warning`` findings of kind ``anomaly``, never more), telemetry
     gaps and peer comparison of GPU temperature at equal power."""
@@ -372,7 +372,7 @@ class AnalyticsSettings(BaseModel):
     anomaly_hold_seconds: Duration = Field(default=3600.0, gt=0)
     """How long an anomaly finding stays open after its last flagged sample."""
 
-    predictor: bool = True
+    predictor: StrictBool = True
     """Run the online failure predictor (``analytics.prediction_stage``): features per GPU
     and InfiniBand port, a probability of failure within the horizon, labels from later
     critical findings, state checkpointed to ``<data_dir>/predictor.pkl``."""
@@ -383,7 +383,7 @@ class AnalyticsSettings(BaseModel):
     predictor_interval_seconds: Duration = Field(default=300.0, gt=0)
     """One prediction per entity at most this often."""
 
-    vector_detector: bool = False
+    vector_detector: StrictBool = False
     """Also score each GPU's and port's whole feature vector with river's HalfSpaceTrees
     (``warning`` anomalies); off by default: its precision on the labelled stream is low
     (``docs/analytics.md``)."""
@@ -392,7 +392,7 @@ class AnalyticsSettings(BaseModel):
     """Failures the model must have learned before its predictions alert (an untrained
     model would flag everything)."""
 
-    predictor_refit: bool | None = None
+    predictor_refit: StrictBool | None = None
     """Refit the scikit-learn batch model hourly from the predictor's labelled history and
     serve it while it beats the online model (``analytics.refit``). ``None`` (default): on
     for ``gpuhealth run``, off for ``gpuhealth agent``, where importing scikit-learn would
@@ -495,7 +495,7 @@ class AlertingSettings(BaseModel):
     """Notifications kept per notifier while it is down (re-sends of one alert coalesce);
     10,000 covers an hour-long outage of a large fleet."""
 
-    api_enabled: bool = True
+    api_enabled: StrictBool = True
     """Serve the alerting HTTP API (alerts, silences, ingest) beside ``/metrics``."""
 
     api_listen_address: str = "127.0.0.1"
@@ -799,7 +799,7 @@ class AgentSettings(BaseModel):
     """Longest time between two batches when nothing is queued, seconds."""
     timeout_seconds: Duration = Field(default=10.0, gt=0)
     """Connect and read timeout of one request, seconds."""
-    protective_cordon: bool = False
+    protective_cordon: StrictBool = False
     """Opt-in: while no controller has answered for ``protective_cordon_after_seconds``, a
     ``critical`` finding on this node cordons it through ``[remediation] scheduler`` (as
     NHC drains its own node); dry-run unless ``[remediation] dry_run = false``; never
@@ -907,9 +907,9 @@ class PolicyRuleSettings(BaseModel):
     """Severity override."""
     action: Action | None = None
     """Recommended-action override (``reset_gpu``, ``reboot_node``, ``service_hardware``...)."""
-    sticky: bool = False
+    sticky: StrictBool = False
     """Keep the finding open until a person clears it (``gpuhealth mark-healthy``)."""
-    ignore: bool = False
+    ignore: StrictBool = False
     """Drop matching findings (never alerted or remediated; ``diagnose`` still shows them)."""
 
     @model_validator(mode="after")

@@ -71,7 +71,7 @@ from gpuhealth.diagnose import (
 )
 from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
-from storage.lineprotocol import CONVERSIONS, DecodeReport, read_lines
+from storage.lineprotocol import CONVERSIONS, DecodeReport, Precision, read_lines
 
 SCHEMA_VERSION = 1
 
@@ -579,6 +579,7 @@ def replay(
     guard: Guards | None = None,
     events: IO[str] | None = None,
     evaluate_seconds: float = 300.0,
+    precision: Precision = "ns",
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -629,6 +630,8 @@ def replay(
             step that holds an event and at least every this many seconds of the
             recording's time (> 0), so a state finding's times are the recording's to
             within this.
+        precision: Unit of the line-protocol files' timestamps (InfluxDB's ``ns``, ``us``,
+            ``ms``, ``s``).
 
     Raises:
         ValueError: ``evaluate_seconds`` is not > 0.
@@ -742,7 +745,7 @@ def replay(
             # own time, a cut-off last line, a NaN, a far-future or pre-2000 time is
             # counted and listed with its line number, never fed to the pipeline.
             decoded = DecodeReport()
-            lines = read_lines([path], report=decoded, clock=clock)
+            lines = read_lines([path], report=decoded, clock=clock, precision=precision)
             count = 0
             seen: set[str] = set()
             evaluated_at: float | None = None
@@ -783,6 +786,12 @@ def replay(
                 )
             if not count and not decoded.skipped:
                 report.issues.append(ParseIssue(file=path, line=None, reason="no records"))
+            out_of_range = decoded.skipped["past"] + decoded.skipped["future"]
+            if out_of_range and out_of_range >= count:
+                report.issues.append(ParseIssue(
+                    file=path, line=None,
+                    reason=f"{out_of_range} value(s) fell outside the accepted time range: is "
+                    f"--precision {precision} the unit of the file's timestamps?"))
             if behind:
                 report.issues.append(ParseIssue(
                     file=path, line=None,

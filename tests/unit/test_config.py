@@ -250,3 +250,15 @@ def test_storage_messages_name_the_key_once(tmp_path: Path) -> None:
     path = _write(tmp_path, '[storage]\ntype = "influxdb"\n')
     with pytest.raises(ConfigError, match=r"\[storage\] url: required when type = 'influxdb'$"):
         load_settings(str(path), env={})
+
+
+@pytest.mark.parametrize("section,key", [("analytics", "predictor"), ("analytics", "detectors"),
+                                         ("metrics", "enabled"), ("analytics", "predictor_refit")])
+def test_a_switch_must_be_a_toml_boolean(tmp_path: Path, section: str, key: str) -> None:
+    """Fresh-user finding: `predictor = "yes"` was taken as true (pydantic's lax bool); a
+    string is refused naming the key, as `dry_run = "no"` already was."""
+    path = _write(tmp_path, f'[{section}]\n{key} = "yes"\n')
+    with pytest.raises(ConfigError, match=rf"\[{section}\] {key}.*valid boolean"):
+        load_settings(path, env={})
+    assert getattr(getattr(load_settings(_write(tmp_path, f"[{section}]\n{key} = false\n"),
+                                         env={}), section), key) is False

@@ -237,3 +237,31 @@ def test_a_missing_recording_is_an_input_error_not_a_traceback(tmp_path) -> None
     assert result.exit_code == 4
     assert "missing.lp: cannot read: No such file or directory" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_unwritable_events_file_is_a_usage_error(tmp_path) -> None:
+    """Fresh-user finding: `--events /no/such/dir/x.jsonl` printed a traceback."""
+    lp = _port_recording(tmp_path / "n1.lp", minutes=5)
+    target = tmp_path / "no-such-dir" / "events.jsonl"
+    result = CliRunner().invoke(main, ["replay", str(lp), "--events", str(target)])
+    assert result.exit_code == 64, result.output
+    assert f"--events {target}: cannot write: No such file or directory" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_seconds_timestamps_get_a_precision_hint_and_replay_with_it(tmp_path) -> None:
+    """Fresh-user finding: a recording stamped in seconds was rejected line by line as
+    `past` without a word on why; the replay now says to give --precision, and takes it."""
+    ns = _port_recording(tmp_path / "ns.lp", minutes=30)
+    seconds = tmp_path / "n1.lp"
+    seconds.write_text("".join(
+        f"{line.rsplit(' ', 1)[0]} {int(line.rsplit(' ', 1)[1]) // 10**9}\n"
+        for line in ns.read_text().splitlines()))
+    wrong = replay([str(seconds)], clock=FakeClock(now=WALL), analyse=False)
+    assert any("--precision ns the unit of the file's timestamps?" in i.reason
+               for i in wrong.issues)
+    assert not wrong.nodes or not any(n.findings_seen for n in wrong.nodes)
+    right = CliRunner().invoke(main, ["replay", str(seconds), "--precision", "s", "--json"])
+    data = json.loads(right.output)
+    assert data["errors"] == []
+    assert right.exit_code in (1, 2, 3)  # the link went down: a finding, not an input error
