@@ -41,7 +41,8 @@ class WorkItem:
         kind: ``slurm_job`` or ``pod``.
         id: The Slurm job id, or ``<namespace>/<name>``.
         node: The node it runs on (``""`` while pending).
-        gpus: GPUs it holds on that node (0 when not known).
+        gpus: GPUs it holds, its whole allocation (every node of a multi-node job: a
+            fault on one node interrupts all of it); 0 when not known.
         started_at: When it started, epoch seconds (``None`` when not known).
         priority: Scheduling priority: Slurm's job priority, a pod's ``spec.priority``
             (higher runs first; 0 when not known).

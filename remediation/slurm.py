@@ -984,8 +984,7 @@ class SlurmScheduler:
     # --- PriorityScheduler (remediation.priority) ---
     @staticmethod
     def _item(job: SlurmJob, node: str) -> WorkItem:
-        gpus = job.gpus // max(1, len(job.nodes)) if node and job.nodes else job.gpus
-        return WorkItem(kind="slurm_job", id=job.job_id, node=node, gpus=gpus,
+        return WorkItem(kind="slurm_job", id=job.job_id, node=node, gpus=job.gpus,
                         started_at=job.started_at, priority=job.priority,
                         priority_class=job.qos, owner=job.user,
                         state="pending" if job.state == "PENDING" else "running")
@@ -994,8 +993,8 @@ class SlurmScheduler:
                           entity: EntityId | None = None) -> list[WorkItem]:
         """The jobs running on ``node`` with priority, QOS, GPUs and start time.
 
-        Node-level, as :meth:`work_on` (a job's GPUs on the node: its allocated
-        ``gres/gpu`` divided by its node count).
+        Node-level, as :meth:`work_on`; a job's GPUs are its whole allocation (a fault
+        on one node of a multi-node job interrupts all of it).
 
         Raises:
             SchedulerUnavailable: slurmctld cannot be reached.
