@@ -179,6 +179,10 @@ GPU reset is followed by cordon, drain, reboot): the failed step does not cancel
 
 _SEVERITY_ORDER = {s: i for i, s in enumerate(Severity)}
 
+WORK_PER_TICK = 128
+"""New incidents whose node's work is read per tick (one ``squeue --json`` serves all on
+Slurm; Kubernetes lists each node's pods): a burst is read before its drains start."""
+
 
 def incident_of(key: str) -> str:
     """Return the incident prefix of an idempotency key (``<incident>/<step>``)."""
@@ -616,9 +620,9 @@ class RemediationEngine:
     async def _record_work(self, now: float, live: Mapping[str, list[StoredAction]]) -> None:
         """Ask the scheduler what ran on the node of each incident not asked yet.
 
-        At most 16 incidents per tick, all within ``work_timeout_seconds``; a scheduler
-        that does not answer is asked again at the next tick (the incident's steps do not
-        wait for it).
+        At most :data:`WORK_PER_TICK` incidents per tick, all within
+        ``work_timeout_seconds``; a scheduler that does not answer is asked again at the
+        next tick (the incident's steps do not wait for it).
         """
         if not isinstance(self.scheduler, PriorityScheduler):
             return
@@ -629,7 +633,7 @@ class RemediationEngine:
             inc = self.store.incident(incident)
             if inc is not None and inc.state == INCIDENT_OPEN:
                 todo.append(inc)
-            if len(todo) >= 16:
+            if len(todo) >= WORK_PER_TICK:
                 break
         if not todo:
             return
@@ -652,6 +656,8 @@ class RemediationEngine:
 
     def _tiers(self, waiting: Mapping[str, list[StoredAction]]) -> list[list[str]]:
         """Incidents grouped by the top priority of their work, highest first."""
+        if not isinstance(self.scheduler, PriorityScheduler):
+            return [list(waiting)]
         groups: dict[float, list[str]] = {}
         for incident in waiting:
             top = top_priority(self.work_of(incident))
