@@ -352,6 +352,30 @@ class SlurmCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGHUP)
 
+    @contextlib.contextmanager
+    def conf_lines(self, *lines: str, timeout: float = 30.0) -> Iterator[None]:
+        """Add ``lines`` to ``slurm.conf`` (``HealthCheckProgram=...``) while the block runs.
+
+        slurmctld and slurmd re-read the file (``scontrol reconfigure``); at the end the
+        file is restored and read again, so the other tests of the session see the
+        cluster as it was.
+        """
+        original = self.conf.read_text()
+        self.conf.write_text(original + "# added by a test (SlurmCluster.conf_lines)\n"
+                             + "".join(f"{line}\n" for line in lines))
+        try:
+            self._reconfigure(timeout)
+            yield
+        finally:
+            self.conf.write_text(original)
+            self._reconfigure(timeout)
+
+    def _reconfigure(self, timeout: float) -> None:
+        """``scontrol reconfigure``, then wait until the real node answers again."""
+        self.run("scontrol", "reconfigure", timeout=timeout)
+        self.wait(lambda: "*" not in self.sinfo_state(self.host), timeout,
+                  f"{self.host} responding after reconfigure")
+
     def log(self, name: str = "slurmctld") -> str:
         """The tail of a daemon log."""
         path = self.folder / "log" / f"{name}.log"
