@@ -67,8 +67,8 @@ _IB_COUNTERS = {
     "ib_port_rcv_errors_total": "ib_rcv_error_rate",
 }
 PRECURSOR_FAMILIES = {
-    "dram_ce": "ce",
-    "sram_ce": "ce",
+    "dram_ce": "corrected_ecc",
+    "sram_ce": "corrected_ecc",
     "pcie_replay_rate": "pcie_replay",
     "nvlink_error_rate": "nvlink_error",
     "ib_symbol_rate": "ib_symbol",
@@ -76,8 +76,9 @@ PRECURSOR_FAMILIES = {
     "ib_rcv_error_rate": "ib_rcv_error",
 }
 """Counter features whose rise over the entity's own baseline is precursor evidence
-(:mod:`analytics.precursors`), by family. Xids (application errors among them) and the
-failures' own signals (uncorrected errors, link downed) are not precursors."""
+(:mod:`analytics.precursors`), by family (named in the field's terms, so that the evidence
+a warning names reads as what it is: ``corrected_ecc_evidence``). Xids (application errors
+among them) and the failures' own signals (uncorrected errors, link downed) are not precursors."""
 
 _REMAP_GAUGES = ("gpu_remapped_rows", "gpu_retired_pages")
 """Gauges that only grow on a healthy GPU: their increases are the ``remap`` family."""
@@ -188,7 +189,7 @@ class _Entity:
     gauges: dict[str, float] = field(default_factory=dict)
     last_at: float = 0.0
     precursors: dict[str, HourlyCounter] = field(default_factory=dict)
-    """Hourly increases per precursor family (``ce``, ``pcie_replay``, ``ib_symbol``...)."""
+    """Hourly increases per precursor family (``corrected_ecc``, ``pcie_replay``...)."""
     remap_seen: dict[str, float] = field(default_factory=dict)
     temp_excess: HourlyGauge | None = None
     """Hourly means of the temperature excess over the node's other GPUs at equal power."""

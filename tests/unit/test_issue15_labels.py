@@ -340,7 +340,7 @@ def test_a_new_fleet_starts_from_the_shipped_prior(tmp_path) -> None:
     assert max(peak.values()) < 0.05
     [warning] = stage.take_warnings()  # one warning, for the failing GPU
     assert warning.entity == UUIDS[FAILING]
-    assert next(iter(warning.top_features)) == "ce_evidence"
+    assert next(iter(warning.top_features)) == "corrected_ecc_evidence"
     stage.save()
     again = PredictionStage(checkpoint_path=tmp_path / "p.pkl", prior=PRIOR_PATH)
     assert again.predictor.from_prior  # the checkpoint, not a fresh copy of the prior

@@ -90,15 +90,15 @@ def test_a_rising_corrected_error_rate_is_evidence_and_a_steady_noisy_one_is_not
 
     _, rise = _ce_stream(rising, 36)
     _, noisy = _ce_stream(lambda h: 400.0, 72, seed=1)  # steady, high, all along
-    assert _peak(rise, "ce_evidence", 33) > 10
+    assert _peak(rise, "corrected_ecc_evidence", 33) > 10
     assert _peak(rise, GPU_MODEL_INPUT, 33) > 1.0
-    assert _peak(noisy, "ce_evidence") < 1.0
+    assert _peak(noisy, "corrected_ecc_evidence") < 1.0
     assert _peak(noisy, GPU_MODEL_INPUT) < 0.1
 
 
 def test_one_burst_is_not_a_rise() -> None:
     _, burst = _ce_stream(lambda h: 2000.0 if 30 <= h < 30.5 else 0.3, 40, seed=2)
-    assert _peak(burst, "ce_evidence") < 3.0
+    assert _peak(burst, "corrected_ecc_evidence") < 3.0
 
 
 def test_clumpy_errors_are_judged_by_their_own_dispersion() -> None:
@@ -107,7 +107,7 @@ def test_clumpy_errors_are_judged_by_their_own_dispersion() -> None:
         return 300.0 if int(h) % 5 == 0 else 0.0
 
     _, out = _ce_stream(clumps, 72, seed=3)
-    assert _peak(out, "ce_evidence", 20) < 3.0
+    assert _peak(out, "corrected_ecc_evidence", 20) < 3.0
 
 
 def test_no_evidence_without_a_baseline_nor_from_a_lifetime_counter() -> None:
@@ -116,8 +116,8 @@ def test_no_evidence_without_a_baseline_nor_from_a_lifetime_counter() -> None:
     _, out = _ce_stream(lambda h: 1.0, 48, start_value=50_000.0, seed=4)
     early = [v for at, v in out.items() if at < 11 * HOUR]
     assert early
-    assert all("ce_evidence" not in v for v in early)
-    assert _peak(out, "ce_evidence") < 3.0
+    assert all("corrected_ecc_evidence" not in v for v in early)
+    assert _peak(out, "corrected_ecc_evidence") < 3.0
 
 
 def test_hourly_counter_forgets_past_its_history() -> None:
