@@ -474,6 +474,13 @@ class ActionStore:
         row = self._row("SELECT value, at, who, why FROM control WHERE name = ?", (name,))
         return None if row is None else (str(row[0]), float(row[1]), str(row[2]), str(row[3]))
 
+    def controls(self, prefix: str) -> list[tuple[str, str, float, str, str]]:
+        """Return ``(name, value, at, who, why)`` of the control rows named ``prefix...``."""
+        rows = self._rows("SELECT name, value, at, who, why FROM control "
+                          "WHERE substr(name, 1, ?) = ? ORDER BY at, name",
+                          (len(prefix), prefix))
+        return [(str(r[0]), str(r[1]), float(r[2]), str(r[3]), str(r[4])) for r in rows]
+
     def set_control(self, name: str, value: str, *, at: float, who: str, why: str) -> None:
         """Set a control flag (the circuit breaker: ``breaker`` = ``open`` | ``closed``)."""
         with self.transaction() as db:

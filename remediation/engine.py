@@ -60,6 +60,7 @@ incident goes out within milliseconds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -163,6 +164,10 @@ ESCALATED = "escalated"
 PREEMPTING = "preempting"
 """Audited before a preemption is carried out (or, in a dry run, instead of it)."""
 PREEMPTED = "preempted"
+PREEMPT_PREFIX = "preempt:"
+"""``control`` rows ``preempt:<kind>:<critical work id>``: a preemption made (or recorded in
+a dry run) for that work, with the victim and its node (once per critical job; the
+preemption budget is rebuilt from them after a fail-over)."""
 PREEMPTION_HELD = "preemption_held"
 """A preemption that would place a critical job's recovery was not made (budget, breaker)."""
 
@@ -298,8 +303,9 @@ class RemediationEngine:
         self._work: dict[str, list[WorkItem]] = {}
         """Incident -> the work its node held when it opened (read from the store once)."""
         self._work_said = False
-        self._preemptions: deque[tuple[float, str]] = deque()
-        """``(at, victim node)`` of the preemptions within the preemption window."""
+        self._preemptions: deque[tuple[float, str]] | None = None
+        """``(at, victim node)`` of the preemptions within the preemption window (read from
+        the store at the first use, so a new leader keeps the budget)."""
         self._preempt_said: dict[str, str] = {}
         """Critical work id -> the last reason its preemption was held (audited once)."""
         if step_attempts < 1:
@@ -678,15 +684,21 @@ class RemediationEngine:
         scheduler = self.scheduler
         if not policy.enabled or not isinstance(scheduler, PriorityScheduler):
             return []
-        while self._preemptions and self._preemptions[0][0] <= now - policy.window_seconds:
-            self._preemptions.popleft()
+        if self._preemptions is None:
+            self._preemptions = deque()
+            for _, value, at, _, _ in self.store.controls(PREEMPT_PREFIX):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    self._preemptions.append((at, str(json.loads(value)["node"])))
+        preemptions = self._preemptions
+        while preemptions and preemptions[0][0] <= now - policy.window_seconds:
+            preemptions.popleft()
         waiting: list[tuple[StoredIncident, WorkItem]] = []
         for inc in self.store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
             if inc.out_of_service_at is None or now - inc.out_of_service_at < policy.wait_seconds:
                 continue
             for item in self.work_of(inc.incident):
                 if policy.is_critical(item) and \
-                        self.store.control(f"preempt:{item.kind}:{item.id}") is None:
+                        self.store.control(f"{PREEMPT_PREFIX}{item.kind}:{item.id}") is None:
                     waiting.append((inc, item))
         if not waiting:
             return []
@@ -707,7 +719,7 @@ class RemediationEngine:
                 limit = self.policy.disruption_limit
                 opted_out = set(self.policy.opt_out_nodes)
             avoid = frozenset(out_of_service | opted_out | {inc.node}
-                              | {node for _, node in self._preemptions} | taken)
+                              | {node for _, node in preemptions} | taken)
             victims = [v for v in policy.victims(item, running, avoid_nodes=avoid)
                        if v.id not in taken]
             key = f"{inc.incident}/preempt/{item.id}"
@@ -716,12 +728,12 @@ class RemediationEngine:
                 why = "no running lower-priority work that may be preempted holds enough GPUs"
             elif breaker:
                 why = "circuit breaker open"
-            elif len(self._preemptions) >= policy.max_preemptions:
-                why = (f"preemption budget spent: {len(self._preemptions)} of "
+            elif len(preemptions) >= policy.max_preemptions:
+                why = (f"preemption budget spent: {len(preemptions)} of "
                        f"{policy.max_preemptions} within {policy.window_seconds:.0f} s")
-            elif len(out_of_service | {n for _, n in self._preemptions}) + 1 > limit:
+            elif len(out_of_service | {n for _, n in preemptions}) + 1 > limit:
                 why = (f"disruption budget: {len(out_of_service)} node(s) out of service and "
-                       f"{len(self._preemptions)} preemption(s) of {limit} allowed")
+                       f"{len(preemptions)} preemption(s) of {limit} allowed")
             if why:
                 if self._preempt_said.get(item.id) != why:
                     self._preempt_said[item.id] = why
@@ -739,9 +751,11 @@ class RemediationEngine:
             out.append(self._preempt_audit(PREEMPTING, inc, item, victim, key, (
                 f"{'dry run: would preempt' if dry else 'preempting'} {victim.describe()} to "
                 f"place the recovery of {item.describe()}, which waits for capacity"), now))
-            self._preemptions.append((now, victim.node))
-            self.store.set_control(f"preempt:{item.kind}:{item.id}", victim.id, at=now,
-                                   who=self.identity, why=reason)
+            preemptions.append((now, victim.node))
+            self.store.set_control(f"{PREEMPT_PREFIX}{item.kind}:{item.id}",
+                                   json.dumps({"victim": victim.id, "node": victim.node,
+                                               "dry_run": dry}, sort_keys=True),
+                                   at=now, who=self.identity, why=reason)
             if dry:
                 continue
             try:

@@ -243,3 +243,31 @@ def test_policy_checks_and_classes():
         PreemptionPolicy(max_preemptions=0)
     assert not PreemptionPolicy().enabled
     assert priority_class_of([WorkItem(kind="pod", id="a", priority=3)]) == "default"
+
+
+def test_the_preemption_budget_survives_a_new_leader(tmp_path):
+    clock = FakeClock(now=1000.0)
+    p, sched, _ = make(tmp_path, 6, clock, preemption=preemption(max_preemptions=1))
+    sched.add_job("crit-a", "n1", priority=5000, qos="critical", gpus=4)
+    sched.add_job("low-1", "n3", priority=10, qos="scavenger", gpus=4)
+    sched.add_job("low-2", "n4", priority=10, qos="scavenger", gpus=4)
+    p.observe_findings([xid79("n1")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, clock, 40)
+    assert sched.preempted == ["low-1"]
+    p.close()
+    # a new controller on the same store: a second critical job waits; the budget is spent
+    p2 = Pipeline(facts={}, notifiers=[], audit_log_path=str(tmp_path / "audit2.jsonl"),
+                  dry_run=False, scheduler=sched, clock=clock, rules=[], cluster_size=6,
+                  max_disrupted_fraction=1.0, action_store_path=str(tmp_path / "actions.db"),
+                  engine_options={"probation_seconds": 600.0,
+                                  "preemption": preemption(max_preemptions=1)})
+    sched.add_job("crit-b", "n2", priority=6000, qos="critical", gpus=4)
+    p2.observe_findings([xid79("n2")], hold_seconds=1e6)
+    p2.evaluate()
+    run(p2, clock, 40)
+    assert sched.preempted == ["low-1"]  # crit-a is not preempted for again, crit-b waits
+    held = [r for r in read_audit_log(str(tmp_path / "audit2.jsonl"))
+            if r.decision == "preemption_held"]
+    assert [r.details["for"] for r in held] == ["slurm_job:crit-b"]
+    assert "preemption budget spent: 1 of 1" in held[0].reason
