@@ -189,7 +189,6 @@ class ReloadingTLS:
                 logger.error("TLS certificate not re-read: %s; the certificate in use "  # noqa: TRY400
                              "(sha256 %s) stays", exc, self.fingerprint[:16])
             return False
-        context.sni_callback = self._select
         self._current = context
         self.problem = ""
         self.reloads += 1

@@ -832,10 +832,11 @@ class ControllerSettings(BaseModel):
     port: int = Field(default=9837, ge=0, le=65535)
     """Port of the agents' API and the fleet ``/metrics``."""
     state: str | None = None
-    """Fleet state store: a PostgreSQL URI or libpq string (password from ``PGPASSWORD`` or
-    ``~/.pgpass``, never here), or a SQLite file for one controller; default: a SQLite
-    file in the data folder. Incidents, actions, the audit trail, accepted agent records
-    and the agent registry live there, shared by the controller replicas."""
+    """Fleet state store: a PostgreSQL URI or libpq string (password from
+    ``state_password_file``, ``PGPASSWORD`` or ``~/.pgpass``, never here), or a SQLite
+    file for one controller; default: a SQLite file in the data folder. Incidents,
+    actions, the audit trail, accepted agent records and the agent registry live there,
+    shared by the controller replicas."""
     state_password_file: Path | None = None
     """File holding the PostgreSQL password of ``state`` alone (a mounted Kubernetes
     Secret's key), re-read when it changes: new connections log in with the new
@@ -846,7 +847,9 @@ class ControllerSettings(BaseModel):
     """File of ``node token`` lines (or a JSON object ``{node: token}``): the only agents
     accepted, each only for its own node. Re-read when it changes."""
     tls_cert_file: Path | None = None
-    """PEM certificate chain of the listener; required beyond loopback."""
+    """PEM certificate chain of the listener; required beyond loopback. Re-read with the
+    key when either changes (new handshakes get the new pair; a pair that does not load
+    is logged and the one in use stays)."""
     tls_key_file: Path | None = None
     """PEM private key of the listener."""
     agent_silent_seconds: Duration = Field(default=60.0, gt=0)

@@ -163,6 +163,10 @@ def test_a_pair_rewritten_in_place_is_taken_whole_and_a_bad_one_refused(
                             verify=bundle).start()
         a, c = _fingerprint(certs["a"]["tls.crt"]), _fingerprint(certs["c"]["tls.crt"])
 
+        def still_sending() -> None:  # the agent's batches are taken at every step
+            since = time.monotonic()
+            eventually(lambda: agent.taken_since(since) >= 2, timeout=10)
+
         cert.write_bytes(certs["c"]["tls.crt"])  # an EC certificate, the RSA key still
         eventually(lambda: "is not the key of" in tls.problem, timeout=10)
         assert str(key) in tls.problem
@@ -171,25 +175,30 @@ def test_a_pair_rewritten_in_place_is_taken_whole_and_a_bad_one_refused(
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert any(f"tls_key_file {key} is not the key of" in m and "stays" in m
                    for m in errors), errors
+        still_sending()
 
         key.write_bytes(certs["c"]["tls.key"])
         eventually(lambda: _served(ctl.port, bundle) == c, timeout=10)
         assert tls.problem == ""
+        still_sending()
 
         half = certs["b"]["tls.crt"][: len(certs["b"]["tls.crt"]) // 2]
         cert.write_bytes(half)  # a copy cut short
         eventually(lambda: "not a complete PEM certificate" in tls.problem, timeout=10)
         assert f"tls_cert_file {cert}" in tls.problem
         assert _served(ctl.port, bundle) == c
+        still_sending()
 
         key.unlink()  # a file gone for a moment
         eventually(lambda: f"tls_key_file {key}: no such file" in tls.problem, timeout=10)
         assert _served(ctl.port, bundle) == c
+        still_sending()
 
         key.write_bytes(certs["b"]["tls.key"])
         cert.write_bytes(certs["b"]["tls.crt"])
         eventually(lambda: _served(ctl.port, bundle) == _fingerprint(certs["b"]["tls.crt"]),
                    timeout=10)
+        still_sending()
         agent.finish()
         _assert_nothing_lost(ctl, agent)
         assert set(agent.statuses) == {200}
