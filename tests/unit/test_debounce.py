@@ -234,3 +234,58 @@ def test_config_check_refuses_a_wrong_debounce(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["config", "check", "--config", str(path)])
     assert result.exit_code != 0
     assert "xid: not a polled state" in result.output
+
+
+def test_the_service_raises_a_link_that_stays_down_after_two_polls(tmp_path: Path) -> None:
+    """``gpuhealth run``'s service, a fake NVML: the state is sent once (only changes reach
+    the fault model), yet every poll counts, so a link that stays down is raised."""
+    import time as _time
+
+    from collectors.nvml import NvmlCollector
+    from collectors.testing import FakeNvml, given_for_dump
+    from gpuhealth.service import Service
+
+    dumps = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
+    settings = load_settings(_config(tmp_path, """
+[inventory]
+nvlink = "expected"
+[metrics]
+enabled = false
+[storage]
+flush_interval_seconds = "50ms"
+[analytics]
+evaluate_interval_seconds = "100ms"
+detectors = false
+predictor = false
+"""), env={})
+    fake = FakeNvml.from_dump(dumps / "a10-q.txt", **given_for_dump())
+    fake.gpus[0].set(nvlink_states=[1, 1, 1, 1])
+    collector = NvmlCollector(node="n1", nvml=fake, fast_interval_seconds=0.1,
+                              slow_interval_seconds=0.3, event_wait_ms=20)
+    service = Service(settings, collectors={"nvml": collector})
+    service.start()
+    try:
+        pipeline = service.pipeline
+        assert pipeline is not None
+        uuid = str(fake.gpus[0].facts["uuid"])
+
+        def counts() -> tuple[int, int] | None:
+            return pipeline.debounce.counts("n1", uuid, "nvlink", "link_down")
+
+        def wait(check, seconds: float = 15.0):  # type: ignore[no-untyped-def]
+            deadline = _time.monotonic() + seconds
+            while _time.monotonic() < deadline:
+                if (got := check()):
+                    return got
+                _time.sleep(0.05)
+            raise AssertionError(f"not within {seconds} s: {counts()}")
+
+        wait(lambda: (c := counts()) is not None and c[1] >= 2)  # healthy polls counted
+        fake.gpus[0].set(nvlink_states=[0, 1, 1, 1])
+        (alert,) = wait(lambda: [a for a in pipeline.active_alerts()
+                                 if a.labels.get("kind") == "nvlink"])
+        bad, readings = counts() or (0, 0)
+        assert bad >= 2, (bad, readings)  # raised on the second bad poll, not the first
+        assert alert.labels["entity"] == uuid
+    finally:
+        service.shutdown()
