@@ -120,18 +120,35 @@ def inhibited(alerts: Sequence[Alert], rules: Sequence[InhibitRule]) -> dict[str
 
 
 class Inhibitor:
-    """:func:`inhibited` with the per-alert rule matches cached by fingerprint.
+    """:func:`inhibited`, kept up to date from one call to the next (incremental).
 
-    A fingerprint stands for a label set, so whether an alert matches a rule's
-    source or target never changes; only the set of firing alerts does.
+    A fingerprint stands for a label set, so whether an alert matches a rule's source or
+    target never changes; only the set of firing alerts does. The inhibitor keeps, per
+    rule and ``equal`` values, the firing sources and targets and the first source (in
+    the order the alerts are given, as :func:`inhibited` picks it). At each call it
+    compares the firing fingerprints with the last ones: the same list is the same
+    answer; otherwise only the alerts added or gone, and the targets of a group whose
+    first source changed, are judged again. When the alerts that stay are given in
+    another order, or a fingerprint is given twice, it starts again from nothing.
 
     Args:
         rules: Inhibition rules.
+
+    Attributes:
+        touched: Alerts the last :meth:`muted` judged again (added, gone or re-judged).
     """
 
     def __init__(self, rules: Sequence[InhibitRule]) -> None:
         self.rules = tuple(rules)
         self._cache: dict[str, tuple[tuple[bool, bool, tuple[str, ...]], ...]] = {}
+        self._order: list[str] = []
+        self._rows: dict[str, tuple[tuple[bool, bool, tuple[str, ...]], ...]] = {}
+        self._sources: list[dict[tuple[str, ...], set[str]]] = [{} for _ in self.rules]
+        self._targets: list[dict[tuple[str, ...], set[str]]] = [{} for _ in self.rules]
+        self._first: list[dict[tuple[str, ...], str]] = [{} for _ in self.rules]
+        self._verdicts: dict[str, tuple[int, str]] = {}
+        self._result: dict[str, str] = {}
+        self.touched = 0
 
     def _matches(self, alert: Alert) -> tuple[tuple[bool, bool, tuple[str, ...]], ...]:
         found = self._cache.get(alert.fingerprint)
@@ -144,29 +161,107 @@ class Inhibitor:
             )
         return found
 
+    def _reset(self) -> None:
+        self._order, self._rows, self._verdicts, self._result = [], {}, {}, {}
+        self._sources = [{} for _ in self.rules]
+        self._targets = [{} for _ in self.rules]
+        self._first = [{} for _ in self.rules]
+
     def muted(self, alerts: Sequence[Alert]) -> dict[str, str]:
         """Return ``{target fingerprint: source fingerprint}`` for the firing ``alerts``."""
+        order = [a.fingerprint for a in alerts if a.state is AlertState.FIRING]
+        if order == self._order:
+            self.touched = 0
+            return dict(self._result)
         if len(self._cache) > 4 * len(alerts) + 1024:
             self._cache.clear()
-        rows = [(a.fingerprint, self._matches(a)) for a in alerts
-                if a.state is AlertState.FIRING]
-        muted: dict[str, str] = {}
-        for index in range(len(self.rules)):
-            sources: dict[tuple[str, ...], str] = {}
-            for fp, matches in rows:
-                is_source, _, key = matches[index]
+        now = dict.fromkeys(order)
+        rows = self._rows
+        added = now.keys() - rows.keys()
+        gone = rows.keys() - now.keys()
+        if len(now) != len(order) or (
+                [fp for fp in order if fp not in added]
+                != [fp for fp in self._order if fp not in gone]):
+            self._reset()  # reordered or repeated: judge all again
+            rows, added, gone = self._rows, set(now), set()
+        positions: dict[str, int] | None = None
+        judge: set[str] = set()
+        changed: set[tuple[int, tuple[str, ...]]] = set()
+        for fp in gone:
+            for index, (is_source, is_target, key) in enumerate(rows.pop(fp)):
                 if is_source:
-                    sources.setdefault(key, fp)
-            if not sources:
-                continue
-            for fp, matches in rows:
-                is_source, is_target, key = matches[index]
-                if not is_target or is_source or fp in muted:
+                    self._sources[index][key].discard(fp)
+                    changed.add((index, key))
+                elif is_target:
+                    targets = self._targets[index][key]
+                    targets.discard(fp)
+                    if not targets:
+                        del self._targets[index][key]
+            self._verdicts.pop(fp, None)
+        if added:
+            for alert in alerts:
+                fp = alert.fingerprint
+                if fp not in added or fp in rows or alert.state is not AlertState.FIRING:
                     continue
-                source = sources.get(key)
-                if source is not None and source != fp:
-                    muted[fp] = source
-        return muted
+                matches = rows[fp] = self._matches(alert)
+                for index, (is_source, is_target, key) in enumerate(matches):
+                    if is_source:
+                        self._sources[index].setdefault(key, set()).add(fp)
+                        changed.add((index, key))
+                    elif is_target:
+                        self._targets[index].setdefault(key, set()).add(fp)
+                        judge.add(fp)
+        for index, key in changed:
+            sources = self._sources[index].get(key)
+            if not sources:
+                self._sources[index].pop(key, None)
+                first = None
+            elif len(sources) == 1:
+                first = next(iter(sources))
+            else:
+                if positions is None:
+                    positions = _positions(order)
+                first = min(sources, key=positions.__getitem__)
+            if first != self._first[index].get(key):
+                if first is None:
+                    del self._first[index][key]
+                else:
+                    self._first[index][key] = first
+                judge.update(self._targets[index].get(key, ()))
+        verdicts = self._verdicts
+        moved = bool(gone & self._result.keys())
+        for fp in judge:
+            verdict = self._verdict(rows[fp])
+            if verdict != verdicts.get(fp):
+                moved = True
+                if verdict is None:
+                    del verdicts[fp]
+                else:
+                    verdicts[fp] = verdict
+        self.touched = len(gone) + len(judge | added)
+        self._order = order
+        if moved:  # as inhibited() lists them: by rule, then in the order of the alerts
+            if positions is None:
+                positions = _positions(order)
+            at = positions
+            self._result = {fp: source for fp, (_, source) in sorted(
+                verdicts.items(), key=lambda item: (item[1][0], at[item[0]]))}
+        return dict(self._result)
+
+    def _verdict(self, matches: tuple[tuple[bool, bool, tuple[str, ...]], ...]
+                 ) -> tuple[int, str] | None:
+        """The first rule that mutes an alert with these matches, and its source."""
+        for index, (is_source, is_target, key) in enumerate(matches):
+            if is_target and not is_source:
+                source = self._first[index].get(key)
+                if source is not None:
+                    return index, source
+        return None
+
+
+def _positions(order: Sequence[str]) -> dict[str, int]:
+    """Each fingerprint's first place in ``order``."""
+    return dict(zip(reversed(order), range(len(order) - 1, -1, -1), strict=True))
 
 
 @dataclass(slots=True)
@@ -175,6 +270,7 @@ class _Group:
     sent: Alert | None = None
     members: list[Alert] = field(default_factory=list)
     acknowledged: bool = False
+    order: int = 0
 
 
 class PageGrouper:
@@ -202,6 +298,14 @@ class PageGrouper:
         self.page_severity = Severity(page_severity)
         self.clock = clock
         self._groups: dict[tuple[str, ...], _Group] = {}
+        self._given: dict[str, Alert] | None = None
+        self._muted: set[str] = set()
+        self._blocked: set[str] = set()
+        self._members: dict[tuple[str, ...], dict[str, Alert]] = {}
+        self._group_of: dict[str, tuple[str, ...]] = {}
+        self._made = 0
+        self.touched = 0
+        """Alerts the last :meth:`update` looked at again (incremental evaluation)."""
 
     def _key(self, labels: Mapping[str, str]) -> tuple[str, ...]:
         return tuple(labels.get(name, "") for name in self.group_by)
@@ -215,6 +319,10 @@ class PageGrouper:
     ) -> list[Alert]:
         """Account for the alerts firing now; return the pages to send now.
 
+        Incremental: only the groups of alerts that are new, changed (another object),
+        gone, or newly muted or unmuted are looked at again; the pages are those that
+        looking at every alert would send.
+
         Args:
             firing: Every alert firing now.
             silenced: Fingerprints muted by a silence (they acknowledge, not resolve).
@@ -225,17 +333,73 @@ class PageGrouper:
             firing, acknowledged ones (annotation ``acknowledged=true``) and
             emptied ones resolved.
         """
+        alerts = list(firing)
+        muted = set(silenced)
+        blocked = set(inhibited)
+        given = {a.fingerprint: a for a in alerts}
+        if len(given) != len(alerts) or self._given is None:
+            every = self._update_all(alerts, silenced=muted, inhibited=blocked)
+            self._remember(given, muted, blocked)
+            if len(given) != len(alerts):
+                self._given = None  # an alert given twice: the next call looks at all too
+            return every
+        seen = self._given
+        changed = {fp for fp, a in given.items() if seen.get(fp) is not a}
+        changed |= seen.keys() - given.keys()
+        changed |= (muted ^ self._muted) | (blocked ^ self._blocked)
+        self.touched = len(changed)
+        dirty: set[tuple[str, ...]] = set()
+        for fp in changed:
+            old_key = self._group_of.pop(fp, None)
+            if old_key is not None:
+                self._members[old_key].pop(fp, None)
+                dirty.add(old_key)
+            alert = given.get(fp)
+            if alert is None or not self._pages(alert, blocked):
+                continue
+            key = self._key(alert.labels)
+            self._group_of[fp] = key
+            self._members.setdefault(key, {})[fp] = alert
+            dirty.add(key)
+        self._remember(given, muted, blocked, members=False)
+        if not dirty:
+            return []
+        now = self.clock()
+        pages: list[Alert] = []
+        live: list[tuple[int, tuple[str, ...], list[Alert]]] = []
+        emptied = sorted((g.order, k) for k in dirty if not self._members.get(k)
+                         and (g := self._groups.get(k)) is not None)
+        for _, key in emptied:  # in the order the groups were made, as before
+            self._members.pop(key, None)
+            gone = self._groups.pop(key)
+            if gone.sent is not None:
+                pages.append(_page(gone.labels, gone.sent.labels["severity"], gone.members,
+                                   state=AlertState.RESOLVED, starts_at=gone.sent.starts_at,
+                                   ends_at=now))
+        for key in dirty:
+            members_of = self._members.get(key)
+            if not members_of:
+                self._members.pop(key, None)
+                continue
+            live.append((0, key, list(members_of.values())))
+        if len(live) > 1:  # as the groups first appear among the alerts
+            positions = {fp: i for i, fp in enumerate(given)}
+            live = sorted((min(positions[a.fingerprint] for a in members), key, members)
+                          for _, key, members in live)
+        for _, key, members in live:
+            self._page_group(key, members, muted, pages, now)
+        return pages
+
+    def _update_all(self, firing: Iterable[Alert], *, silenced: Iterable[str] = (),
+                    inhibited: Iterable[str] = ()) -> list[Alert]:
+        """:meth:`update`, looking at every alert (the first call, or alerts given twice)."""
         now = self.clock()
         muted = set(silenced)
         blocked = set(inhibited)
         current: dict[tuple[str, ...], list[Alert]] = {}
         for alert in firing:
-            if alert.state is not AlertState.FIRING or alert.fingerprint in blocked:
-                continue
-            rank = _RANK.get(alert.labels.get("severity", ""))
-            if rank is None or rank < self.page_severity.rank:
-                continue
-            current.setdefault(self._key(alert.labels), []).append(alert)
+            if self._pages(alert, blocked):
+                current.setdefault(self._key(alert.labels), []).append(alert)
         pages: list[Alert] = []
         for key in [k for k in self._groups if k not in current]:
             gone = self._groups.pop(key)
@@ -244,29 +408,54 @@ class PageGrouper:
                                    state=AlertState.RESOLVED, starts_at=gone.sent.starts_at,
                                    ends_at=now))
         for key, members in current.items():
-            group = self._groups.get(key)
-            if group is None:
-                labels = {name: value for name, value in zip(self.group_by, key, strict=True)
-                          if value}
-                group = self._groups[key] = _Group(labels=labels)
-            members.sort(key=lambda a: (-_RANK[a.labels["severity"]], a.starts_at,
-                                        a.fingerprint))
-            group.members = members
-            worst = members[0].labels["severity"]
-            acked = all(a.fingerprint in muted for a in members)
-            if group.sent is None:
-                if acked:
-                    continue  # silenced before it ever paged: never page
-                group.sent = _page(group.labels, worst, members, state=AlertState.FIRING,
-                                   starts_at=now)
-                group.acknowledged = False
-                pages.append(group.sent)
-            elif worst != group.sent.labels["severity"] or acked != group.acknowledged:
-                group.sent = _page(group.labels, worst, members, state=AlertState.FIRING,
-                                   starts_at=group.sent.starts_at, acknowledged=acked)
-                group.acknowledged = acked
-                pages.append(group.sent)
+            self._page_group(key, members, muted, pages, now)
+        self.touched = sum(len(m) for m in current.values())
         return pages
+
+    def _pages(self, alert: Alert, blocked: set[str]) -> bool:
+        """Whether ``alert`` counts towards its group's page."""
+        if alert.state is not AlertState.FIRING or alert.fingerprint in blocked:
+            return False
+        rank = _RANK.get(alert.labels.get("severity", ""))
+        return rank is not None and rank >= self.page_severity.rank
+
+    def _remember(self, given: dict[str, Alert], muted: set[str], blocked: set[str], *,
+                  members: bool = True) -> None:
+        self._given, self._muted, self._blocked = given, muted, blocked
+        if members:
+            self._members = {}
+            self._group_of = {}
+            for fp, alert in given.items():
+                if self._pages(alert, blocked):
+                    key = self._group_of[fp] = self._key(alert.labels)
+                    self._members.setdefault(key, {})[fp] = alert
+
+    def _page_group(self, key: tuple[str, ...], members: list[Alert], muted: set[str],
+                    pages: list[Alert], now: float) -> None:
+        """Decide the page of one group with these (unsorted) members."""
+        group = self._groups.get(key)
+        if group is None:
+            labels = {name: value for name, value in zip(self.group_by, key, strict=True)
+                      if value}
+            self._made += 1
+            group = self._groups[key] = _Group(labels=labels, order=self._made)
+        members.sort(key=lambda a: (-_RANK[a.labels["severity"]], a.starts_at,
+                                    a.fingerprint))
+        group.members = members
+        worst = members[0].labels["severity"]
+        acked = all(a.fingerprint in muted for a in members)
+        if group.sent is None:
+            if acked:
+                return  # silenced before it ever paged: never page
+            group.sent = _page(group.labels, worst, members, state=AlertState.FIRING,
+                               starts_at=now)
+            group.acknowledged = False
+            pages.append(group.sent)
+        elif worst != group.sent.labels["severity"] or acked != group.acknowledged:
+            group.sent = _page(group.labels, worst, members, state=AlertState.FIRING,
+                               starts_at=group.sent.starts_at, acknowledged=acked)
+            group.acknowledged = acked
+            pages.append(group.sent)
 
     def open_pages(self) -> list[Alert]:
         """Return the pages firing now."""

@@ -11,9 +11,19 @@ import pytest
 
 import alerting.alerts as alerts_module
 import analytics.fault_model.engine as engine
-from alerting.alerts import AlertTracker
+from alerting.alerts import AlertTracker, fingerprint
+from alerting.router import DEFAULT_INHIBIT_RULES, Inhibitor, PageGrouper, inhibited
 from core.clock import FakeClock
-from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
+from core.records import (
+    Action,
+    Alert,
+    AlertState,
+    EntityId,
+    Evidence,
+    Finding,
+    NodeName,
+    Severity,
+)
 
 # Kinds and codes that exercise every fold (symptoms and roots on the same GPU).
 _KINDS = [
@@ -177,3 +187,81 @@ def test_tracker_touches_only_the_changed_finding_among_10000(
     clock.advance(3600.0)  # the re-send interval passed: every alert is due again
     assert len(tracker.update(gone)) == len(gone)
     assert tracker.touched == len(gone)
+
+
+_ALERT_KINDS = [("xid", "79"), ("xid", "13"), ("xid", "45"), ("gpu_lost", "x"),
+                ("node_down", "x"), ("ecc", "y")]
+
+
+def _alert(rng: random.Random) -> Alert:
+    kind, code = rng.choice(_ALERT_KINDS)
+    labels = {"alertname": kind + code,
+              "severity": rng.choice(["warning", "major", "critical", "info"]),
+              "node": f"n{rng.randrange(5)}", "entity": rng.choice(["node", "G0", "G1"]),
+              "kind": kind, "code": code}
+    if rng.random() < 0.3:
+        labels["cluster"] = rng.choice(["a", "b"])
+    state = rng.choice([AlertState.FIRING] * 8 + [AlertState.PENDING, AlertState.RESOLVED])
+    return Alert(fingerprint=fingerprint(labels), labels=labels,
+                 annotations={"summary": str(rng.random())}, state=state,
+                 starts_at=rng.choice([1.0, 2.0, 3.0]))
+
+
+def test_inhibitor_and_grouper_match_the_full_path_on_random_sequences() -> None:
+    rng = random.Random(3)
+    for trial in range(150):
+        clock = FakeClock(now=0.0)
+        inhibitor = Inhibitor(DEFAULT_INHIBIT_RULES)
+        severity = rng.choice([Severity.MAJOR, Severity.WARNING])
+        grouper = PageGrouper(clock=clock, page_severity=severity)
+        full = PageGrouper(clock=clock, page_severity=severity)
+        alerts = [_alert(rng) for _ in range(rng.randrange(0, 25))]
+        for step in range(20):
+            if rng.random() < 0.05 and alerts:
+                alerts = [*alerts, alerts[0]]  # one alert given twice
+            firing = [a for a in alerts if a.state is AlertState.FIRING]
+            want = inhibited(firing, DEFAULT_INHIBIT_RULES)
+            assert list(inhibitor.muted(alerts).items()) == list(want.items()), (trial, step)
+            fps = [a.fingerprint for a in alerts]
+            silenced = {fp for fp in fps if rng.random() < 0.2}
+            blocked = set(want) if rng.random() < 0.8 else {fp for fp in fps
+                                                             if rng.random() < 0.2}
+            pages = grouper.update(alerts, silenced=silenced, inhibited=blocked)
+            assert pages == full._update_all(alerts, silenced=silenced, inhibited=blocked)
+            assert grouper.open_pages() == full.open_pages()
+            clock.advance(1.0)
+            alerts = list({a.fingerprint: a for a in alerts}.values())
+            for _ in range(rng.randrange(4)):
+                roll = rng.random()
+                if roll < 0.3 and alerts:
+                    i = rng.randrange(len(alerts))
+                    alerts[i] = replace(alerts[i], annotations={"summary": "new"})
+                elif roll < 0.6:
+                    alerts.insert(rng.randrange(len(alerts) + 1), _alert(rng))
+                elif roll < 0.7:
+                    rng.shuffle(alerts)
+                elif alerts:
+                    del alerts[rng.randrange(len(alerts))]
+
+
+def test_one_new_alert_among_10000_is_the_only_one_judged() -> None:
+    clock = FakeClock(now=0.0)
+    tracker = AlertTracker(clock=clock)
+    tracker.update([f for f in _fleet(10_000) if f.severity is not Severity.INFO])
+    active = tracker.active()
+    inhibitor = Inhibitor(DEFAULT_INHIBIT_RULES)
+    grouper = PageGrouper(clock=clock)
+    inhibitor.muted(active)
+    grouper.update(active)
+    assert inhibitor.touched == len(active)
+    lost = Finding(node=NodeName("gpu-00001"), entity=EntityId("GPU-3"), kind="gpu_lost",
+                   code="fallen_off_bus", severity=Severity.CRITICAL,
+                   action=Action.REBOOT_NODE, summary="s", evidence=(), source="test")
+    tracker.update([*(f for f in _fleet(10_000) if f.severity is not Severity.INFO), lost])
+    active = tracker.active()
+    muted = inhibitor.muted(active)
+    assert muted == inhibited(active, DEFAULT_INHIBIT_RULES)
+    assert inhibitor.touched <= 2  # the new source, and the one alert of that GPU it mutes
+    pages = grouper.update(active, inhibited=set(muted))
+    assert grouper.touched <= 2
+    assert pages == []  # gpu-00001 already paged critical (its Xid 79)
