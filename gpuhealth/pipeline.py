@@ -69,6 +69,7 @@ from core.records import (
     NodeName,
     Prediction,
     Record,
+    Sample,
     Severity,
 )
 from remediation.actions import ActionStore
@@ -429,11 +430,22 @@ class Pipeline:
         """Count readings that repeat the last value of their series.
 
         The service gives :meth:`observe` only samples whose value changed; the readings
-        of a debounced state count at every poll (only those metrics are looked at).
+        of a debounced state count at every poll, and their time is kept as the state's
+        latest reading (so a link still down when a boot window ends is seen after it, as
+        a replay of the same polls sees it). Only those metrics are looked at.
         """
-        if self.debounce:
-            with self._lock:
-                self.debounce.observe(samples)
+        if not self.debounce:
+            return
+        metrics = self.debounce.metrics
+        kept = [s for s in samples if isinstance(s, Sample) and s.metric in metrics]
+        if not kept:
+            return
+        with self._lock:
+            self.debounce.observe(kept)
+            for sample in kept:
+                obs = self._nodes.get(sample.node)
+                if obs is not None:
+                    obs.add(sample)
 
     def observe_predictions(self, predictions: Iterable[Prediction]) -> None:
         """Account for failure predictions; the latest per entity alerts while it holds.

@@ -289,3 +289,22 @@ predictor = false
         assert alert.labels["entity"] == uuid
     finally:
         service.shutdown()
+
+
+def test_a_repeated_reading_moves_the_state_on_past_a_boot_window() -> None:
+    """A link down at boot, still down every poll after the window: the service sends the
+    value once, yet the state's latest reading is the latest poll, so it is a finding."""
+    p, clock = _pipeline()
+    p.observe([Event(kind="kernel_boot", code="boot", node=NodeName("n1"),
+                     entity=EntityId("node"), observed_at=T0)])
+    p.observe(_link(T0 + 30, False))
+    for at in (60, 90):
+        p.observe_readings(_link(T0 + at, False))
+    clock.advance(90)
+    assert _nvlink(p) == []  # within the boot window
+    for at in range(120, 721, 30):
+        p.observe_readings(_link(T0 + at, False))
+    clock.advance(630)
+    (finding,) = [f for f in p.evaluate().findings if f.kind == "nvlink"]
+    assert finding.last_seen_at == T0 + 720
+    p.close()
