@@ -184,6 +184,9 @@ GPU reset is followed by cordon, drain, reboot): the failed step does not cancel
 
 _SEVERITY_ORDER = {s: i for i, s in enumerate(Severity)}
 
+HELD_WORK_SECONDS = 60.0
+"""How often the work on the node of a held finding is read again, seconds."""
+
 WORK_PER_TICK = 128
 """New incidents whose node's work is read per tick (one ``squeue --json`` serves all on
 Slurm; Kubernetes lists each node's pods): a burst is read before its drains start."""
@@ -303,6 +306,8 @@ class RemediationEngine:
         self._work: dict[str, list[WorkItem]] = {}
         """Incident -> the work its node held when it opened (read from the store once)."""
         self._work_said = False
+        self._held_read: dict[str, float] = {}
+        """Node of a held finding -> when its work was last read."""
         self._preemptions: deque[tuple[float, str]] | None = None
         """``(at, victim node)`` of the preemptions within the preemption window (read from
         the store at the first use, so a new leader keeps the budget)."""
@@ -598,6 +603,7 @@ class RemediationEngine:
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         out.extend(await self._preempt(now, breaker))
+        await self._read_held_work(now)
         if now - self._placed_at >= self.placement_interval_seconds:
             # Scores are hints for the scheduler; the steps come first: a tick that
             # submitted steps (a burst) defers placement, by at most one more interval,
@@ -659,6 +665,43 @@ class RemediationEngine:
             ordered = by_priority(items)
             self.store.set_work(inc.incident, work_to_json(ordered), at=now, who=self.identity)
             self._work[inc.incident] = ordered
+
+    async def _read_held_work(self, now: float) -> None:
+        """Read the top priority of the work on the nodes of held findings, for the policy.
+
+        The disruption budget then goes to the node of the highest-priority work first
+        (:attr:`~remediation.policy.RemediationPolicy.work_priority`). Each node is read
+        again after :data:`HELD_WORK_SECONDS`; nodes no longer held are forgotten.
+        """
+        if not isinstance(self.scheduler, PriorityScheduler):
+            return
+        with self._lock:
+            nodes = self.policy.held_nodes
+        for node in set(self._held_read) - nodes:
+            del self._held_read[node]
+        due = sorted(n for n in nodes
+                     if now - self._held_read.get(n, float("-inf")) >= HELD_WORK_SECONDS)
+        due = due[:WORK_PER_TICK]
+        answers: list[list[WorkItem]] = []
+        if due:
+            scheduler = self.scheduler
+            try:
+                answers = await asyncio.wait_for(asyncio.gather(*(
+                    scheduler.work_detail(NodeName(n)) for n in due)), self.work_timeout_seconds)
+            except (TimeoutError, GpuHealthError, OSError) as exc:
+                logger.info("cannot read the work on held nodes: %s", exc)
+                return
+        with self._lock:
+            known = self.policy.work_priority
+            for node in set(known) - nodes:
+                del known[node]
+            for node, items in zip(due, answers, strict=True):
+                self._held_read[node] = now
+                top = top_priority(items)
+                if top is None:
+                    known.pop(node, None)
+                else:
+                    known[node] = float(top)
 
     def _tiers(self, waiting: Mapping[str, list[StoredAction]]) -> list[list[str]]:
         """Incidents grouped by the top priority of their work, highest first."""

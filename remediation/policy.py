@@ -489,6 +489,11 @@ class RemediationPolicy:
         self._held: dict[str, Finding] = {}
         self._held_plan: dict[str, tuple[list[PlannedStep], tuple[str, str] | None]] = {}
         self._shared: dict[str, dict[tuple[str, str, str, str], tuple[str, set[str]]]] = {}
+        self.work_priority: dict[str, float] = {}
+        """Top scheduling priority of the work on a node (Slurm job priority, pod
+        ``spec.priority``), set by the engine for the nodes of held findings
+        (:mod:`remediation.priority`): within one severity, the budget goes to the node
+        of the highest-priority work first."""
 
     @property
     def disruption_limit(self) -> int:
@@ -520,6 +525,16 @@ class RemediationPolicy:
     def held(self) -> frozenset[str]:
         """Fingerprints with steps held back, retried by :meth:`retry_held`."""
         return frozenset(self._held)
+
+    @property
+    def held_nodes(self) -> frozenset[str]:
+        """Nodes of the findings with steps held back (whose work the engine reads)."""
+        return frozenset(str(f.node) for f in self._held.values())
+
+    def _work_rank(self, node: str) -> float:
+        """Sort key of a node's work: its top priority, negated (unknown or idle: last)."""
+        top = self.work_priority.get(node)
+        return float("inf") if top is None else -top
 
     def checkpoint(self) -> PolicyCheckpoint:
         """Return a copy of the decision state, for :meth:`rollback`."""
@@ -568,21 +583,24 @@ class RemediationPolicy:
         """Retry the held findings and decide ``fresh`` ones, the most severe first.
 
         The disruption budget goes to the worst faults: critical before major before
-        warning; within one severity, held findings (older) before fresh ones, each in
-        arrival order. Without this a major fault that came first in a burst took the
-        last slot, and a GPU that had fallen off the bus after it waited.
+        warning; within one severity, the node of the higher-priority work first
+        (:attr:`work_priority`, when the engine has read it: critical work recovers
+        first), then held findings (older) before fresh ones, each in arrival order.
+        Without this a major fault that came first in a burst took the last slot, and a
+        GPU that had fallen off the bus after it waited.
 
         Args:
             fresh: (finding, alert fingerprint) pairs seen for the first time.
         """
         again = {fp for _, fp in fresh}
-        queue = [(-finding.severity.rank, 0, index, fp, finding)
+        queue = [(-finding.severity.rank, self._work_rank(str(finding.node)), 0, index, fp,
+                  finding)
                  for index, (fp, finding) in enumerate(self._held.items()) if fp not in again]
-        queue += [(-finding.severity.rank, 1, index, fp, finding)
-                  for index, (finding, fp) in enumerate(fresh)]
-        queue.sort(key=lambda item: item[:3])
+        queue += [(-finding.severity.rank, self._work_rank(str(finding.node)), 1, index, fp,
+                   finding) for index, (finding, fp) in enumerate(fresh)]
+        queue.sort(key=lambda item: item[:4])
         result = PolicyResult()
-        for _, is_fresh, _, fp, finding in queue:
+        for _, _, is_fresh, _, fp, finding in queue:
             if is_fresh:
                 result.extend(self.decide(finding, fingerprint=fp))
             elif fp in self._held:

@@ -271,3 +271,23 @@ def test_the_preemption_budget_survives_a_new_leader(tmp_path):
             if r.decision == "preemption_held"]
     assert [r.details["for"] for r in held] == ["slurm_job:crit-b"]
     assert "preemption budget spent: 1 of 1" in held[0].reason
+
+
+def test_the_disruption_budget_goes_to_the_node_of_the_critical_job_first(tmp_path):
+    clock = FakeClock(now=1000.0)
+    # a budget of one node out of ten
+    p, sched, cluster = make(tmp_path, 10, clock, fraction=0.1)
+    sched.add_job("scav", "n1", priority=10, qos="scavenger")
+    sched.add_job("norm", "n3", priority=500, qos="normal")
+    sched.add_job("crit", "n2", priority=5000, qos="critical")
+    p.observe_findings([xid79("n1"), xid79("n3"), xid79("n2")], hold_seconds=1e6)
+    p.evaluate()  # n1 came first and takes the budget; n3 and n2 wait
+    run(p, clock, 5)
+    assert {node for _, node in cluster.history} == {"n1"}
+    assert p.policy.work_priority == {"n2": 5000.0, "n3": 500.0}  # read while they wait
+    clock.advance(700.0)  # n1's probation passes: resumed, its slot is free
+    run(p, clock, 3)
+    p.evaluate()
+    run(p, clock, 5)
+    cordons = [node for step, node in cluster.history if step == "cordon"]
+    assert cordons == ["n1", "n2"]  # the critical job's node, though n3 waited longer
