@@ -40,7 +40,9 @@ still*, and does it through the scheduler adapters:
   node (jobs or pods, their priority, QOS or PriorityClass, GPUs, start time) is read
   when an incident opens and kept with it. Within a tick, incidents whose work has the
   higher priority take their steps first (they get the rate limit's tokens first); the
-  adapters requeue or evict the highest-priority work of a node first. With a
+  adapters requeue or evict the highest-priority work of a node first; the work on the
+  nodes of findings the disruption budget holds back is read too, so a freed slot goes
+  to the node of the highest-priority work (within one severity). With a
   ``preemption`` policy (off by default), a critical job whose recovery still waits for
   capacity after its node was drained may have a low-priority job elsewhere preempted
   for it: within the preemption budget and the disruption budget, never while the
