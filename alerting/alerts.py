@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import heapq
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -421,6 +422,8 @@ class _Tracked:
     history: collections.deque[tuple[float, int]] = field(
         default_factory=lambda: collections.deque(maxlen=64)
     )
+    seq: int = 0
+    """When it was first tracked (the order of :attr:`AlertTracker._active`)."""
 
 
 class AlertTracker:
@@ -482,6 +485,14 @@ class AlertTracker:
         self._by_fingerprint: dict[str, _Tracked] = {}
         self._firing: list[Alert] | None = None
         """:meth:`active` until an alert changes (``None``: to be listed again)."""
+        self._seq = 0
+        self._given: dict[int, Finding] | None = None
+        """The last findings by ``id`` (held, so no id is reused); ``None``: look at all."""
+        self._current: dict[tuple[str, str, str, str], Finding] = {}
+        self._pending: set[tuple[str, str, str, str]] = set()
+        self._missing: set[tuple[str, str, str, str]] = set()
+        self._due: list[tuple[float, int, tuple[str, str, str, str]]] = []
+        """Heap of when firing alerts are due for a re-send (stale entries are skipped)."""
         self.touched = 0
         """Findings the last :meth:`update` looked at beyond a comparison: new, changed,
         pending, due for a re-send, or gone (incremental evaluation, ``docs/scale.md``)."""
@@ -519,6 +530,12 @@ class AlertTracker:
     def update(self, findings: Iterable[Finding]) -> list[Alert]:
         """Account for the current findings; return the alerts to send now.
 
+        Incremental: the findings are compared with the last ones by identity (the fault
+        model hands the same objects for what did not change); only the new ones, the
+        gone ones, the pending faults and the firing ones due for a re-send (a heap of
+        due times) go through the lifecycle. When many changed, a finding is given
+        twice, or two share a fault, every finding is looked at, as before.
+
         Args:
             findings: Every finding that holds now (not only new ones).
 
@@ -526,17 +543,31 @@ class AlertTracker:
             Resolved alerts first, then firing ones in the order of ``findings``.
         """
         now = self.clock()
+        found = findings if isinstance(findings, list) else list(findings)
+        by_id = dict(zip(map(id, found), found, strict=True))
+        out = None
+        if self._given is not None and len(by_id) == len(found):
+            out = self._update_changes(found, by_id, now)
+        if out is None:
+            out = self._update_all(found, by_id, now)
+        for alert in out:
+            if alert.state is AlertState.RESOLVED:
+                logger.debug("alert %s (%s) resolved", alert.labels["alertname"],
+                             alert.fingerprint)
+        return out
+
+    def _update_all(self, found: list[Finding], by_id: dict[int, Finding], now: float
+                    ) -> list[Alert]:
+        """:meth:`update` looking at every finding (a firing, unchanged one is compared)."""
         resolved: list[Alert] = []
         firing: list[Alert] = []
         current: dict[tuple[str, str, str, str], Finding] = {}
         alerting = self._alerting
-        for finding in findings:
+        counted = 0
+        for finding in found:
             if finding.severity in alerting:
                 current[finding.key] = finding
-        # Incremental: a firing fault whose finding is the same (or an equal one) and is not
-        # due for a re-send is only compared; the rest is the full lifecycle below. Faults
-        # gone are looked for only when the counts say some are (every current fault is
-        # tracked after the loop), and their resolutions come first as before.
+                counted += 1
         active = self._active
         resend = self.resend_interval_seconds
         touched = 0
@@ -549,70 +580,174 @@ class AlertTracker:
                 tracked.finding = finding
                 continue
             touched += 1
-            policy = policy_for(self.policies, finding.kind, finding.code)
-            if tracked is None:
-                alert = self._new_alert(finding, now, AlertState.PENDING)
-                tracked = _Tracked(alert=alert, finding=finding, last_sent_at=now,
-                                   pending_since=now)
-                tracked.history.append((now, 0))
-                self._track(key, tracked)
-            tracked.missing_since = None
-            if tracked.history[-1][1] != finding.occurrences:
-                tracked.history.append((now, finding.occurrences))
-            old = tracked.finding
-            if not tracked.firing:
-                tracked.finding = finding
-                if finding.severity != old.severity:
-                    alert = self._new_alert(finding, tracked.pending_since, AlertState.PENDING)
-                    self._retrack(key, tracked, alert)
-                if self._ready(tracked, policy, now):
-                    alert = self._new_alert(finding, now, AlertState.FIRING)
-                    self._retrack(key, tracked, alert)
-                    tracked.firing = True
-                    self._firing = None
-                    tracked.last_sent_at = now
-                    firing.append(alert)
-                continue
-            if finding.severity != old.severity:
-                resolved.append(self._resolve(tracked.alert, now))
-                alert = self._new_alert(finding, now, AlertState.FIRING)
-                tracked.finding = finding
-                tracked.last_sent_at = now
-                self._retrack(key, tracked, alert)
-                firing.append(alert)
-            elif (
-                finding.occurrences != old.occurrences
-                or now - tracked.last_sent_at >= self.resend_interval_seconds
-            ):
-                alert = replace(
-                    tracked.alert,
-                    annotations=alert_annotations(finding, runbook_base_url=self.runbook_base_url),
-                )
-                tracked.finding = finding
-                tracked.last_sent_at = now
-                self._retrack(key, tracked, alert)
-                firing.append(alert)
-            else:
-                tracked.finding = finding
+            self._one(key, finding, now, resolved, firing)
+        ended: list[Alert] = []
         if len(active) > len(current):
-            ended: list[Alert] = []
             for key in [k for k in active if k not in current]:
                 touched += 1
-                gone = active[key]
-                if not gone.firing:
-                    self._forget(key)
-                    continue
-                keep = policy_for(self.policies, gone.finding.kind, gone.finding.code)
-                if gone.missing_since is None:
-                    gone.missing_since = now
-                if now - gone.missing_since >= keep.keep_firing_for_seconds:
-                    self._forget(key)
-                    ended.append(self._resolve(gone.alert, now))
-            resolved = ended + resolved
+                self._gone(key, now, ended)
         self.touched = touched
-        for alert in resolved:
-            logger.debug("alert %s (%s) resolved", alert.labels["alertname"], alert.fingerprint)
-        return resolved + firing
+        # What the next update compares with (nothing when two findings share a fault).
+        self._given = by_id if counted == len(current) and len(by_id) == len(found) else None
+        self._current = current
+        self._pending = {k for k, t in active.items() if not t.firing}
+        self._missing = {k for k, t in active.items() if t.missing_since is not None}
+        self._due = [(t.last_sent_at + resend, t.seq, k) for k, t in active.items()
+                     if t.firing]
+        heapq.heapify(self._due)
+        return ended + resolved + firing
+
+    def _update_changes(self, found: list[Finding], by_id: dict[int, Finding], now: float
+                        ) -> list[Alert] | None:
+        """:meth:`update` for what changed since the last call; ``None``: look at all."""
+        last = self._given
+        assert last is not None
+        new_ids = by_id.keys() - last.keys()
+        gone_ids = last.keys() - by_id.keys()
+        if 4 * (len(new_ids) + len(gone_ids)) > len(found) + 64:
+            return None
+        alerting = self._alerting
+        current = self._current
+        changed: dict[tuple[str, str, str, str], Finding] = {}
+        for i in new_ids:
+            finding = by_id[i]
+            if finding.severity not in alerting:
+                continue
+            key = finding.key
+            held = current.get(key)
+            if key in changed or (held is not None and id(held) not in gone_ids):
+                return None  # two findings about one fault: merged as a whole
+            changed[key] = finding
+        removed = []
+        for i in gone_ids:
+            finding = last[i]
+            key = finding.key
+            if current.get(key) is finding and key not in changed:
+                removed.append(key)
+        for key in removed:
+            del current[key]
+        current.update(changed)
+        active = self._active
+        resend = self.resend_interval_seconds
+        work = dict(changed)
+        for key in self._pending:
+            if key not in work and key in current:
+                work[key] = current[key]
+        due = self._due
+        while due and due[0][0] <= now:
+            _, _, key = heapq.heappop(due)
+            tracked = active.get(key)
+            if (tracked is not None and tracked.firing and key in current
+                    and now - tracked.last_sent_at >= resend):
+                work.setdefault(key, current[key])
+        resolved: list[Alert] = []
+        firing: list[Alert] = []
+        touched = 0
+        items = list(work.items())
+        if len(items) > 1:  # in the order of the findings, as before
+            at = dict(zip(map(id, found), range(len(found)), strict=True))
+            items.sort(key=lambda item: at[id(item[1])])
+        for key, finding in items:
+            tracked = active.get(key)
+            self._missing.discard(key)
+            if (tracked is not None and tracked.firing
+                    and (tracked.finding is finding or tracked.finding == finding)
+                    and now - tracked.last_sent_at < resend):
+                tracked.missing_since = None
+                tracked.finding = finding
+                continue
+            touched += 1
+            sent = tracked.last_sent_at if tracked is not None else None
+            self._one(key, finding, now, resolved, firing)
+            tracked = active[key]
+            if tracked.firing:
+                self._pending.discard(key)
+                if tracked.last_sent_at != sent:
+                    heapq.heappush(due, (tracked.last_sent_at + resend, tracked.seq, key))
+            else:
+                self._pending.add(key)
+        gone = [k for k in {*removed, *self._missing} if k in active and k not in current]
+        gone.sort(key=lambda k: active[k].seq)  # in the order they were first tracked
+        ended: list[Alert] = []
+        for key in gone:
+            touched += 1
+            self._gone(key, now, ended)
+            if key in active:
+                self._missing.add(key)
+            else:
+                self._missing.discard(key)
+                self._pending.discard(key)
+        if len(due) > 2 * len(active) + 1024:  # re-sent alerts leave their old due times
+            self._due = [(t.last_sent_at + resend, t.seq, k) for k, t in active.items()
+                         if t.firing]
+            heapq.heapify(self._due)
+        self._given = by_id
+        self.touched = touched
+        return ended + resolved + firing
+
+    def _one(self, key: tuple[str, str, str, str], finding: Finding, now: float,
+             resolved: list[Alert], firing: list[Alert]) -> None:
+        """The lifecycle of one current finding (appends what to send to the lists)."""
+        tracked = self._active.get(key)
+        policy = policy_for(self.policies, finding.kind, finding.code)
+        if tracked is None:
+            alert = self._new_alert(finding, now, AlertState.PENDING)
+            self._seq += 1
+            tracked = _Tracked(alert=alert, finding=finding, last_sent_at=now,
+                               pending_since=now, seq=self._seq)
+            tracked.history.append((now, 0))
+            self._track(key, tracked)
+        tracked.missing_since = None
+        if tracked.history[-1][1] != finding.occurrences:
+            tracked.history.append((now, finding.occurrences))
+        old = tracked.finding
+        if not tracked.firing:
+            tracked.finding = finding
+            if finding.severity != old.severity:
+                alert = self._new_alert(finding, tracked.pending_since, AlertState.PENDING)
+                self._retrack(key, tracked, alert)
+            if self._ready(tracked, policy, now):
+                alert = self._new_alert(finding, now, AlertState.FIRING)
+                self._retrack(key, tracked, alert)
+                tracked.firing = True
+                self._firing = None
+                tracked.last_sent_at = now
+                firing.append(alert)
+            return
+        if finding.severity != old.severity:
+            resolved.append(self._resolve(tracked.alert, now))
+            alert = self._new_alert(finding, now, AlertState.FIRING)
+            tracked.finding = finding
+            tracked.last_sent_at = now
+            self._retrack(key, tracked, alert)
+            firing.append(alert)
+        elif (
+            finding.occurrences != old.occurrences
+            or now - tracked.last_sent_at >= self.resend_interval_seconds
+        ):
+            alert = replace(
+                tracked.alert,
+                annotations=alert_annotations(finding, runbook_base_url=self.runbook_base_url),
+            )
+            tracked.finding = finding
+            tracked.last_sent_at = now
+            self._retrack(key, tracked, alert)
+            firing.append(alert)
+        else:
+            tracked.finding = finding
+
+    def _gone(self, key: tuple[str, str, str, str], now: float, ended: list[Alert]) -> None:
+        """A tracked fault with no current finding: drop it, or resolve it once kept enough."""
+        gone = self._active[key]
+        if not gone.firing:
+            self._forget(key)
+            return
+        keep = policy_for(self.policies, gone.finding.kind, gone.finding.code)
+        if gone.missing_since is None:
+            gone.missing_since = now
+        if now - gone.missing_since >= keep.keep_firing_for_seconds:
+            self._forget(key)
+            ended.append(self._resolve(gone.alert, now))
 
     def _track(self, key: tuple[str, str, str, str], tracked: _Tracked) -> None:
         self._active[key] = tracked
