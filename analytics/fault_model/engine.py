@@ -588,6 +588,8 @@ class FindingFolder:
         self._members: dict[_Group, dict[_Key, Finding]] = {}
         self._outputs: dict[_Group, list[Finding]] = {}
         self._sorted = _SortedFindings()
+        self._given: dict[int, Finding] | None = None
+        """The last findings by ``id`` (held, so no id is reused); ``None``: compare all."""
         self.folded = 0
         self.moved = 0
 
@@ -597,11 +599,24 @@ class FindingFolder:
         Args:
             findings: Every finding that holds now (not only the changed ones).
         """
-        merged = _merged(findings)
+        found = findings if isinstance(findings, list) else list(findings)
+        by_id = dict(zip(map(id, found), found, strict=True))
+        changes = None
+        if self._given is not None and len(by_id) == len(found):
+            changes = self._changes(found, by_id)
         inputs, members = self._inputs, self._members
+        if changes is None:  # compare every merged finding with the one held
+            merged = _merged(found)
+            updates, gone = merged, inputs.keys() - merged.keys()
+            # The next call compares objects, unless two findings were merged into one.
+            self._given = by_id if len(merged) == len(found) else None
+        else:
+            updates, gone = changes
+            self._given = by_id
         dirty: set[_Group] = set()
-        for key, finding in merged.items():
+        for key, finding in updates.items():
             old = inputs.get(key)
+            inputs[key] = finding
             if old is finding or (old is not None and old == finding):
                 continue
             group = (key[0], key[1])
@@ -610,12 +625,11 @@ class FindingFolder:
             if of_group is None:
                 of_group = members[group] = {}
             of_group[key] = finding
-        if len(merged) != len(inputs) or dirty:
-            for key in inputs.keys() - merged.keys():
-                group = (key[0], key[1])
-                dirty.add(group)
-                del members[group][key]
-        self._inputs = merged
+        for key in gone:
+            del inputs[key]
+            group = (key[0], key[1])
+            dirty.add(group)
+            del members[group][key]
         removed: list[Finding] = []
         added: list[tuple[_OrderKey, Finding]] = []
         folded = 0
@@ -648,6 +662,37 @@ class FindingFolder:
             for key_finding in added:
                 ordered_result.add(*key_finding)
         return ordered_result.findings()
+
+
+    def _changes(self, found: list[Finding], by_id: dict[int, Finding]
+                 ) -> tuple[dict[_Key, Finding], set[_Key]] | None:
+        """The findings new since the last call by identity, and the faults gone.
+
+        ``None`` when many changed or a new finding shares its fault with another (they
+        are merged: every finding is looked at).
+        """
+        last = self._given
+        assert last is not None
+        new_ids = by_id.keys() - last.keys()
+        gone_ids = last.keys() - by_id.keys()
+        if 4 * (len(new_ids) + len(gone_ids)) > len(found) + 64:
+            return None
+        inputs = self._inputs
+        updates: dict[_Key, Finding] = {}
+        for i in new_ids:
+            finding = by_id[i]
+            key = finding.key
+            held = inputs.get(key)
+            if key in updates or (held is not None and id(held) not in gone_ids):
+                return None
+            updates[key] = finding
+        gone: set[_Key] = set()
+        for i in gone_ids:
+            finding = last[i]
+            key = finding.key
+            if inputs.get(key) is finding and key not in updates:
+                gone.add(key)
+        return updates, gone
 
 
 class _SortedFindings:

@@ -71,6 +71,8 @@ def test_folder_matches_the_stateless_path_on_random_sequences(
         size = rng.randrange(0, 40) if trial % 2 else rng.randrange(100, 300)
         found = [_finding(rng, nodes, gpus) for _ in range(size)]
         for step in range(12):
+            if trial % 3 == 0:  # one finding per fault: the identity comparison is used
+                found = list({f.key: f for f in found}.values())
             assert folder.fold(found) == _reference(found), (trial, step)
             found = list(found)
             for _ in range(rng.randrange(0, 6)):  # change, add, remove, duplicate
