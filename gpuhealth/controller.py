@@ -90,7 +90,8 @@ class Controller:
         store: The fleet state store; opened from ``[controller] state`` by default.
 
     Raises:
-        ConfigError: No ``[controller] agent_tokens_file``, or a setting is wrong.
+        ConfigError: No ``[controller] agent_tokens_file``, a setting is wrong, the TLS pair
+            does not load or the state password file cannot be read (names the file).
     """
 
     def __init__(self, settings: Settings, *, store: FleetStore | None = None) -> None:
@@ -128,6 +129,11 @@ class Controller:
     def _init(self, settings: Settings, tokens_file: Path, store: FleetStore | None) -> None:
         c = settings.controller
         self.settings = settings
+        self.tls: ReloadingTLS | None = None
+        """The listener's certificate, re-read on change (``None`` without TLS)."""
+        if c.tls_cert_file and c.tls_key_file:  # a pair that does not load: before any store
+            self.tls = ReloadingTLS(c.tls_cert_file, c.tls_key_file,
+                                    where=f"{settings.source}: [controller]")
         self.tokens = AgentTokens(tokens_file)
         self._tokens_problem = ""
         self._refused_logged: dict[str, float] = {}
@@ -170,8 +176,6 @@ class Controller:
         self._report_scheduler: Any = None
         self._db = ThreadPoolExecutor(max_workers=c.pool_size,
                                       thread_name_prefix="gpuhealth-state")
-        self.tls: ReloadingTLS | None = None
-        """The listener's certificate, re-read on change (``None`` without TLS)."""
         self.secrets_check_seconds = SECRETS_CHECK_SECONDS
         self._password_problem = ""
 
@@ -428,11 +432,7 @@ class Controller:
             OSError: The listener cannot be bound.
         """
         c = self.settings.controller
-        context: ssl.SSLContext | None = None
-        if c.tls_cert_file and c.tls_key_file:
-            self.tls = ReloadingTLS(c.tls_cert_file, c.tls_key_file,
-                                    where=f"{self.settings.source}: [controller]")
-            context = self.tls.context
+        context: ssl.SSLContext | None = None if self.tls is None else self.tls.context
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, c.listen_address, c.port, ssl_context=context)

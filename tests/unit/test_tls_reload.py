@@ -317,3 +317,27 @@ def test_a_tokens_line_has_one_token_or_two(tmp_path: Path) -> None:
     assert "[token, next]" in token_file_problems(path)[0]
     path.write_text('{"gpu-01": ["a", "b"], "gpu-02": "c"}')
     assert token_file_problems(path) == []
+
+
+def test_a_controller_whose_pair_does_not_load_does_not_start(
+        tmp_path: Path, certs: dict[str, dict[str, bytes]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gpuhealth.config import load_settings
+    from gpuhealth.controller import run_controller
+    from gpuhealth.service import EXIT_CONFIG
+    from tests.servers import free_port
+
+    cert = _write(tmp_path / "tls.crt", certs["a"]["tls.crt"])
+    key = _write(tmp_path / "tls.key", certs["b"]["tls.key"])
+    config = tmp_path / "ctl.toml"
+    config.write_text(f"""
+[node]
+data_dir = "{tmp_path / 'ctl'}"
+[report]
+enabled = false
+[controller]
+port = {free_port()}
+agent_tokens_file = "{_tokens(tmp_path)}"
+{_tls_config(cert, key)}""")
+    assert run_controller(load_settings(config, env={})) == EXIT_CONFIG
+    assert f"tls_key_file {key} is not the key of tls_cert_file {cert}" in caplog.text
