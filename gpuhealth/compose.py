@@ -18,7 +18,7 @@ import logging
 import math
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from remediation.attribution import WorkAttribution
 from remediation.audit import AuditLog
 from remediation.bundle import BundleCollector, Bundler, LocalBundler, NodeAgentBundler
 from remediation.dry_run import DryRunScheduler
+from remediation.priority import PreemptionPolicy
 from remediation.protective import ProtectiveCordon
 from remediation.validation import (
     LocalValidator,
@@ -90,6 +91,8 @@ class Guards:
         step_timeout_seconds: Longest a step may run before it is failed.
         step_attempts: Tries of a transiently failing step before it fails for good.
         step_retry_max_seconds: Longest wait between two tries.
+        preemption: ``[remediation.preemption]``: when low-priority work may be preempted
+            for a critical job's recovery (off by default).
     """
 
     dry_run: bool
@@ -108,6 +111,7 @@ class Guards:
     step_timeout_seconds: float
     step_attempts: int = 8
     step_retry_max_seconds: float = 300.0
+    preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
 
     def engine_options(self, identity: str) -> dict[str, Any]:
         """Keyword arguments of :class:`~remediation.engine.RemediationEngine` for these guards."""
@@ -122,6 +126,7 @@ class Guards:
             "step_timeout_seconds": self.step_timeout_seconds,
             "step_attempts": self.step_attempts,
             "retry_max_seconds": self.step_retry_max_seconds,
+            "preemption": self.preemption,
         }
 
 
@@ -166,6 +171,7 @@ def guards(settings: Settings, *, cluster_size: int | None = None,
         step_timeout_seconds=r.step_timeout_seconds,
         step_attempts=r.step_attempts,
         step_retry_max_seconds=r.step_retry_max_seconds,
+        preemption=r.preemption.policy(),
     )
 
 
@@ -220,6 +226,7 @@ def guards_of(pipeline: Pipeline) -> Guards:
         step_timeout_seconds=engine.step_timeout_seconds,
         step_attempts=engine.step_attempts,
         step_retry_max_seconds=engine.retry_max_seconds,
+        preemption=engine.preemption,
     )
 
 

@@ -15,7 +15,10 @@ takes over writes the same keys again: every write is an upsert, so nothing is d
   close), the steps carried out, and ``attrs`` the report's remediation section reads:
   ``approval`` (a step waited for a human), ``budget_blocked`` and ``circuit_breaker``
   (a step waited for them), ``dry_run`` (only dry-run steps: the node was never taken
-  out, so no out-of-service time and no repair are recorded).
+  out, so no out-of-service time and no repair are recorded), ``work`` and
+  ``priority_class`` (the jobs or pods on the node when the incident opened, and the
+  class of the highest-priority one: the report's interrupted jobs, their GPU-hours and
+  MTTR by priority class; :func:`remediation.priority.history_attrs`).
 * **Predictions**: every published prediction at or above 0.5 (those that alert).
 """
 
@@ -28,6 +31,7 @@ from collections.abc import Callable, Iterable
 from core.errors import GpuHealthError
 from core.records import ActionPhase, Prediction, Sample
 from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, ActionStore
+from remediation.priority import history_attrs
 from storage.fleet import AgentRow
 from storage.history import (
     IncidentHistory,
@@ -154,6 +158,7 @@ class HistoryRecorder:
                 attrs["circuit_breaker"] = "true"
             if inc.note:
                 attrs["note"] = inc.note
+            attrs.update(history_attrs(store.work(inc.incident)))
             closed = inc.state in (INCIDENT_CLOSED, INCIDENT_HUMAN)
             dry = bool(actions) and all(a.dry_run for a in actions)
             if dry:
