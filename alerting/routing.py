@@ -19,6 +19,7 @@ nothing and delays no other.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -149,16 +150,18 @@ class AlertRouter:
                 self._silence_key, self._silence_cache = key, {}
             cache = self._silence_cache
             if live:
+                # Only alerts not judged since the silences last changed are matched; the
+                # rest is a look-up (in C: the fingerprints, their verdicts, the hits).
                 for alert in active:
-                    fp = alert.fingerprint
-                    if fp in cache:
-                        hit = cache[fp]
-                    else:
-                        hit = cache[fp] = next(
+                    if alert.fingerprint not in cache:
+                        cache[alert.fingerprint] = next(
                             (s.id for s in live if s.mutes(alert.labels, now)), None)
-                    if hit is not None:
-                        silenced.add(fp)
-                        muted.setdefault(fp, f"silenced:{hit}")
+                fps = [a.fingerprint for a in active]
+                hits = list(map(cache.__getitem__, fps))
+                for fp, hit in zip(itertools.compress(fps, hits),
+                                   itertools.compress(hits, hits), strict=True):
+                    silenced.add(fp)
+                    muted.setdefault(fp, f"silenced:{hit}")
         self._muted = muted
         out: list[Alert] = []
         sent_now: set[str] = set()
@@ -175,12 +178,14 @@ class AlertRouter:
                 self._notified.add(fp)
                 sent_now.add(fp)
                 out.append(alert)
-        for alert in active:  # unmuted since: a silence expired, the inhibitor resolved
-            fp = alert.fingerprint
-            if fp not in muted and fp not in self._notified:
-                self._notified.add(fp)
-                sent_now.add(fp)
-                out.append(alert)
+        # Unmuted since (a silence expired, the inhibitor resolved): looked for in C first.
+        if {a.fingerprint for a in active}.difference(muted, self._notified):
+            for alert in active:
+                fp = alert.fingerprint
+                if fp not in muted and fp not in self._notified:
+                    self._notified.add(fp)
+                    sent_now.add(fp)
+                    out.append(alert)
         for name in self._alert_targets:
             self._outbox.enqueue(name, out)
         if self._alert_targets and out:
