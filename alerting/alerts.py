@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import heapq
+import itertools
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -644,9 +645,10 @@ class AlertTracker:
         firing: list[Alert] = []
         touched = 0
         items = list(work.items())
-        if len(items) > 1:  # in the order of the findings, as before
-            at = dict(zip(map(id, found), range(len(found)), strict=True))
-            items.sort(key=lambda item: at[id(item[1])])
+        if len(items) > 1:  # in the order of the findings, as before (picked out in C)
+            wanted = {id(f) for f in work.values()}
+            items = [(f.key, f) for f in itertools.compress(
+                found, map(wanted.__contains__, map(id, found)))]
         for key, finding in items:
             tracked = active.get(key)
             self._missing.discard(key)

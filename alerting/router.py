@@ -22,6 +22,7 @@ resolves when none is left.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -382,10 +383,13 @@ class PageGrouper:
                 self._members.pop(key, None)
                 continue
             live.append((0, key, list(members_of.values())))
-        if len(live) > 1:  # as the groups first appear among the alerts
-            positions = {fp: i for i, fp in enumerate(given)}
-            live = sorted((min(positions[a.fingerprint] for a in members), key, members)
-                          for _, key, members in live)
+        if len(live) > 1:  # as the groups first appear among the alerts (picked out in C)
+            group_of = self._group_of
+            wanted = {a.fingerprint for _, _, members in live for a in members}
+            rank: dict[tuple[str, ...], int] = {}
+            for fp in itertools.compress(given, map(wanted.__contains__, given)):
+                rank.setdefault(group_of[fp], len(rank))
+            live = sorted((rank[key], key, members) for _, key, members in live)
         for _, key, members in live:
             self._page_group(key, members, muted, pages, now)
         return pages
