@@ -831,6 +831,7 @@ def _register() -> None:
     main.lazy = {
         "actions": "gpuhealth.actions_cli:actions",
         "check": "gpuhealth.check_cli:check",
+        "drill": "gpuhealth.drill_cli:drill",
         "mark-healthy": "gpuhealth.mark_healthy_cli:mark_healthy",
         "report": "gpuhealth.report_cli:report",
     }

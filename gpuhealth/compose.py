@@ -369,6 +369,7 @@ def build_pipeline(
     event_window_seconds: float | None = None,
     clock: Clock = system_clock,
     rules: Any = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Pipeline:
     """Build the analyse → alert → remediate pipeline with ``guard``.
 
@@ -391,6 +392,7 @@ def build_pipeline(
         event_window_seconds: Forget events not seen again for this long (``None``: never).
         clock: Now, epoch seconds.
         rules: Fault-model rules (default: all registered).
+        labels: Labels on every alert besides ``cluster`` (a drill's ``drill=<id>``).
 
     Raises:
         ConfigError: The pipeline cannot be built from these settings (names the cause).
@@ -419,7 +421,8 @@ def build_pipeline(
             page_notifiers=pagers,
             silences=silences,
             alert_policies=alert_policies(settings),
-            extra_labels={"cluster": a.cluster} if a.cluster else None,
+            extra_labels={**({"cluster": a.cluster} if a.cluster else {}),
+                          **(labels or {})} or None,
             group_by=a.group_by,
             page_severity=a.page_severity,
             outbox_path=outbox_path,

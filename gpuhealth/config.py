@@ -769,6 +769,65 @@ class ReportSettings(BaseModel):
         return value
 
 
+class DrillSettings(BaseModel):
+    """``[drill]``: ``gpuhealth drill`` and its schedule (``docs/remediation.md``, "Drills")."""
+
+    model_config = _FROZEN
+
+    nodes: tuple[str, ...] = ()
+    """Nodes drilled when ``--node`` is not given; a scheduled drill takes the next one in
+    turn. Empty: ``[node] name``."""
+    kind: Literal["xid79", "xid48", "nvlink"] = "xid79"
+    """The fault injected when ``--kind`` is not given (``remediation.drill.FAULTS``)."""
+    live: StrictBool = False
+    """Drill through the ``[remediation] scheduler`` (the node is really cordoned, drained,
+    rebooted); ``false``: through the dry-run adapter (nothing changes on the node)."""
+    schedule: str | None = None
+    """Crontab line (minute hour day month weekday, apscheduler's ``from_crontab``) of
+    ``gpuhealth drill --scheduled``; none: drills run only when asked (the default)."""
+    timezone: str = "UTC"
+    """IANA zone of ``schedule``."""
+    timeout_seconds: Duration = 900.0
+    """Longest a drill waits for its last stage; a stage not reached by then fails it."""
+    evaluate_seconds: Duration = Field(default=0.5, gt=0)
+    """How often the drill's pipeline evaluates (the service's cadence is ``[analytics]``)."""
+    pci_bus_id: str = Field(default="0000:b1:00", pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"
+                            r"[0-9a-fA-F]{2}(\.[0-7])?$")
+    """The GPU the kernel-log faults name (``NVRM: Xid (PCI:<bus>)``)."""
+    slo: dict[str, Duration] = Field(default_factory=dict)
+    """``[drill.slo]``: the service-level objective of each stage, seconds from injection
+    (``detect``, ``alert``, ``cordon``, ``drain``, ``reboot``, ``reset_gpu``, ``validate``,
+    ``resume``, ``total``); ``--slo stage=duration`` overrides one."""
+
+    @field_validator("slo")
+    @classmethod
+    def _known_stages(cls, value: dict[str, float]) -> dict[str, float]:
+        from remediation.drill import check_stage
+
+        return {check_stage(k): v for k, v in value.items()}
+
+    @field_validator("timezone")
+    @classmethod
+    def _drill_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name like UTC)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _cron(self) -> DrillSettings:
+        if self.schedule is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(self.schedule, timezone=self.timezone)
+            except ValueError as exc:
+                raise ValueError(f"schedule {self.schedule!r} is not a crontab line "
+                                 f"(minute hour day month weekday): {exc}") from None
+        return self
+
+
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -1022,6 +1081,8 @@ class Settings(BaseModel):
     """``[agent]``: the controllers an agent reports to."""
     controller: ControllerSettings = ControllerSettings()
     """``[controller]``: the fleet controller's listener, agents and state store."""
+    drill: DrillSettings = DrillSettings()
+    """``[drill]``: fault drills, their SLOs and schedule."""
 
     source: str = "(defaults)"
     """The file the settings came from, for messages."""

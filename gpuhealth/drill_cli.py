@@ -1,0 +1,450 @@
+"""``gpuhealth drill``: a labelled synthetic fault through the real path, every stage timed.
+
+::
+
+    gpuhealth drill --config F [--node N ...] [--kind xid79|xid48|nvlink] [--live]
+                    [--slo detect=5s ...] [--timeout 10m] [--id ID] [--json]
+    gpuhealth drill --config F --scheduled     # the [drill] schedule, in the foreground
+
+Each drill builds the pipeline ``gpuhealth run`` builds from the same file (the same
+fault model, alert policy, remediation guards, scheduler adapter, validation and
+bundles), injects the fault (:data:`remediation.drill.FAULTS`) marked as a drill, drives
+evaluation and remediation as the service does, and prints one row per stage (seconds
+from injection, the SLO, the verdict). Without ``--live`` (and ``[drill] live``) the
+steps go to the dry-run adapter: nothing changes on the node. With it they go to the
+``[remediation] scheduler``: the node is really cordoned, drained, rebooted or reset,
+validated and resumed, with ``gpuhealth: drill <id>:`` reasons; a hand-off to hardware
+service is never made (it fails the drill instead).
+
+A drill keeps its own state in ``<data_dir>/drills/<id>/`` (action store, audit log,
+outbox, ``result.json``), never the service's, and writes one incident into the incident
+history marked ``drill``, so the weekly report lists it under drills, not failures.
+
+Before it starts, a drill is refused (exit 3) when the node opted out
+(``[remediation] opt_out_nodes``, or the scheduler shows the opt-out label), when a human
+or gpuhealth already took the node out of service, or when the nodes gpuhealth holds out
+of service already fill the disruption budget. Exit status: 0 every stage happened
+within its SLO; 1 a stage missed its SLO or never happened; 3 refused; 78 a bad
+configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from core.errors import ConfigError, GpuHealthError
+
+logger = logging.getLogger(__name__)
+
+EXIT_FAILED, EXIT_REFUSED, EXIT_CONFIG = 1, 3, 78
+
+DRILLS_FOLDER = "drills"
+"""Folder of the drills' own state inside ``[node] data_dir``."""
+
+
+@dataclass(slots=True, kw_only=True)
+class DrillOutcome:
+    """What one drill did.
+
+    Attributes:
+        drill_id: The drill.
+        node: The drilled node.
+        kind: The fault (``xid79``).
+        live: Whether the steps went to the real scheduler adapter.
+        refused: Why the drill did not start (opt-out, budget), else ``""``.
+        results: One :class:`~remediation.drill.StageResult` per stage, then ``total``.
+        problems: What went wrong on the way (a step held back, failed, a hand-off).
+        passed: Every stage happened within its SLO and nothing went wrong.
+        folder: The drill's own state.
+        handed_off: Hand-offs to hardware service the drill did not make.
+    """
+
+    drill_id: str
+    node: str
+    kind: str
+    live: bool
+    refused: str = ""
+    results: list[Any] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    passed: bool = False
+    folder: str = ""
+    handed_off: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The outcome as JSON (``result.json``, ``--json``)."""
+        from remediation.drill import results_to_json
+
+        return {"drill": self.drill_id, "node": self.node, "kind": self.kind,
+                "mode": "live" if self.live else "dry-run", "refused": self.refused or None,
+                "passed": self.passed, "stages": results_to_json(self.results),
+                "problems": self.problems, "handed_off_not_made": self.handed_off,
+                "folder": self.folder}
+
+
+def _open_store(settings: Any) -> Any:
+    """The service's action store (read for the budget), or ``None`` when it has none yet."""
+    from remediation.actions import ActionStore
+    from storage.sql import is_postgres
+
+    state = settings.controller.state
+    if state and is_postgres(str(state)):
+        return ActionStore(str(state))
+    path = Path(settings.action_store_path)
+    return ActionStore(str(path)) if path.exists() else None
+
+
+def out_of_service(settings: Any) -> dict[str, str]:
+    """Nodes gpuhealth holds out of service now (open incidents taken out), by incident.
+
+    Read from the service's action store (``run``'s ``actions.db`` or the controller
+    pair's PostgreSQL) and from the drills still running.
+    """
+    from remediation.actions import INCIDENT_OPEN, INCIDENT_PROBATION, ActionStore
+
+    held: dict[str, str] = {}
+    stores = []
+    with contextlib.suppress(GpuHealthError, OSError):
+        store = _open_store(settings)
+        if store is not None:
+            stores.append(store)
+    folder = Path(settings.node.data_dir) / DRILLS_FOLDER
+    for path in sorted(folder.glob("*/actions.db")) if folder.is_dir() else []:
+        with contextlib.suppress(GpuHealthError, OSError):
+            stores.append(ActionStore(str(path)))
+    for store in stores:
+        try:
+            for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
+                if inc.out_of_service_at is not None:
+                    held.setdefault(str(inc.node), inc.incident)
+        except (GpuHealthError, OSError) as exc:
+            logger.warning("cannot read the open incidents: %s", exc)
+        finally:
+            store.close()
+    return held
+
+
+async def preflight(settings: Any, node: str, *, adapter: Any, disruption_limit: int) -> str:
+    """Return why drilling ``node`` now is refused, or ``""`` (see the module docstring)."""
+    from core.protocols import NodeInspector
+    from core.records import NodeName
+
+    if node in settings.remediation.opt_out_nodes:
+        return (f"node {node} opted out of automatic remediation ([remediation] "
+                "opt_out_nodes): no drill")
+    held = out_of_service(settings)
+    if node in held:
+        return (f"node {node} is already out of service because of gpuhealth "
+                f"(incident {held[node]}): no drill")
+    if len(held) >= disruption_limit:
+        return (f"disruption budget: {len(held)} of {disruption_limit} node(s) already out "
+                f"of service because of gpuhealth ({', '.join(sorted(held))}): no drill")
+    if adapter is not None and isinstance(adapter, NodeInspector):
+        state = await adapter.node_state(NodeName(node), workload=False)
+        if not state.exists:
+            return f"node {node} is not known to the scheduler: no drill"
+        if state.opted_out:
+            return f"node {node} carries the opt-out label: no drill"
+        if not state.schedulable:
+            who = "gpuhealth" if state.owned else "a human"
+            return (f"node {node} is out of service already ({who}: "
+                    f"{state.reason or state.state}): no drill")
+    return ""
+
+
+def run_drill(settings: Any, *, node: str, kind: str, live: bool,
+              slos: dict[str, float], drill_id: str | None = None,
+              timeout_seconds: float | None = None,
+              echo: Callable[[str], None] = lambda _: None) -> DrillOutcome:
+    """Run one drill on ``node`` (see the module docstring) and return what it did.
+
+    Raises:
+        ConfigError: The pipeline or the scheduler adapter cannot be built.
+    """
+    from gpuhealth.compose import build_notifiers, build_schedulers, guards
+    from remediation.drill import FAULTS, check_drill_id, drill_adapter, new_drill_id
+
+    fault = FAULTS[kind]
+    drill_id = check_drill_id(drill_id or new_drill_id())
+    d = settings.drill
+    folder = Path(settings.node.data_dir) / DRILLS_FOLDER / drill_id
+    outcome = DrillOutcome(drill_id=drill_id, node=node, kind=kind, live=live,
+                           folder=str(folder))
+    if live and settings.remediation.scheduler == "dry_run":
+        raise ConfigError(f"{settings.source}: a live drill needs a [remediation] scheduler "
+                          '("slurm", "kubernetes" or "webhook"); the dry-run adapter changes '
+                          "nothing")
+    guard = guards(settings, dry_run=not live)
+    scheduler, node_agent = build_schedulers(settings, live=live)
+    adapter = drill_adapter(scheduler, drill_id) if scheduler is not None else None
+    agent = drill_adapter(node_agent, drill_id) if node_agent is not None else None
+    loop = asyncio.new_event_loop()
+    try:
+        outcome.refused = loop.run_until_complete(preflight(
+            settings, node, adapter=adapter, disruption_limit=guard.disruption_limit))
+        if outcome.refused:
+            return outcome
+        notifiers, pagers = build_notifiers(settings)
+        folder.mkdir(parents=True, exist_ok=True)
+        return _drive(settings, outcome, loop=loop, fault=fault, guard=guard,
+                      adapter=adapter, agent=agent, notifiers=notifiers, pagers=pagers,
+                      slos={**d.slo, **slos}, folder=folder, echo=echo,
+                      timeout_seconds=d.timeout_seconds if timeout_seconds is None
+                      else timeout_seconds)
+    finally:
+        loop.close()
+
+
+def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventLoop,
+           fault: Any, guard: Any, adapter: Any, agent: Any, notifiers: Sequence[Any],
+           pagers: Sequence[Any], slos: dict[str, float], folder: Path,
+           echo: Callable[[str], None], timeout_seconds: float) -> DrillOutcome:
+    from gpuhealth.compose import build_pipeline
+    from remediation.drill import DRILL, DrillAuditLog, DrillTimeline, judge, passed
+
+    drill_id, node = outcome.drill_id, outcome.node
+    audit_path = folder / "audit.jsonl"
+    pipeline = build_pipeline(
+        settings, guard=guard, identity=f"drill:{drill_id}", scheduler=adapter,
+        node_agent=agent, notifiers=notifiers, pagers=pagers, is_leader=lambda: True,
+        facts={"node": settings.node.name, **settings.inventory},
+        audit_log_path=str(audit_path), action_store_path=str(folder / "actions.db"),
+        outbox_path=str(folder / "outbox.sqlite"),
+        event_window_seconds=settings.analytics.event_window_seconds,
+        labels={DRILL: drill_id})
+    pipeline.remediation.audit = DrillAuditLog(path=str(audit_path), drill_id=drill_id)
+    pipeline.boot_window_seconds = 0.0  # the drill's fault is no boot-time transient
+    validating = pipeline.engine.validator is not None
+    injected_at = time.time()
+    batches = fault.inject(node=node, drill_id=drill_id, folder=folder,
+                           bus=settings.drill.pci_bus_id, now=injected_at)
+    timeline = DrillTimeline(drill_id=drill_id, node=node, fault=fault,
+                             injected_at=injected_at, validating=validating)
+    echo(f"drill {drill_id}: {fault.name} on {node} "
+         f"({'LIVE' if outcome.live else 'dry-run'}), injected")
+    evaluate_every = settings.drill.evaluate_seconds
+    deadline = time.monotonic() + timeout_seconds
+    evaluated = float("-inf")
+    try:
+        while True:
+            if time.monotonic() - evaluated >= evaluate_every:
+                if batches:
+                    batch = batches.pop(0)
+                    pipeline.observe(batch)
+                    pipeline.observe_readings(batch)
+                out = loop.run_until_complete(pipeline.aevaluate())
+                now = time.time()
+                evaluated = time.monotonic()
+                timeline.saw_findings(out.findings, at=now)
+                timeline.saw_alerts(out.alerts, at=now)
+                timeline.saw_audit(out.audit)
+            timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
+            if timeline.finished() or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.1, evaluate_every))
+        timeline.saw_actions(pipeline.actions.actions())
+    finally:
+        loop.run_until_complete(pipeline.aclose())
+        pipeline.close()
+    results = judge(timeline, slos)
+    outcome.results = results
+    outcome.problems = list(timeline.problems)
+    if time.monotonic() >= deadline and not timeline.finished():
+        outcome.problems.append(f"not finished within {timeout_seconds:g} s")
+    outcome.passed = passed(results, timeline) and not outcome.problems
+    outcome.handed_off = len(adapter.handed_off) if adapter is not None else 0
+    (folder / "result.json").write_text(json.dumps(outcome.to_json(), indent=2) + "\n",
+                                        encoding="utf-8")
+    _record_history(settings, timeline, outcome)
+    return outcome
+
+
+def _record_history(settings: Any, timeline: Any, outcome: DrillOutcome) -> None:
+    """Write the drill's incident into the incident history, marked ``drill``."""
+    from remediation.drill import history_attrs
+    from storage.history import IncidentHistory, IncidentRecord, cause_of
+    from storage.sql import is_postgres
+
+    at = timeline.at
+    record = IncidentRecord(
+        incident_id=f"{outcome.node}/drill-{outcome.drill_id}", node=outcome.node,
+        entity="node", kind=timeline.fault.kind, code=timeline.fault.code or "drill",
+        severity="info", cause=cause_of(timeline.fault.kind, timeline.fault.code),
+        detected_at=at.get("detect", timeline.injected_at),
+        out_of_service_at=(min(v for k, v in at.items() if k in ("cordon", "drain"))
+                           if outcome.live and {"cordon", "drain"} & set(at) else None),
+        back_in_service_at=at.get("resume") if outcome.live else None,
+        resolved_at=max(at.values()) if at else None,
+        source="gpuhealth",
+        actions=tuple(s for s in ("cordon", "drain", "reboot", "reset_gpu", "resume")
+                      if s in at),
+        attrs=history_attrs(timeline, outcome.results, live=outcome.live))
+    state = settings.controller.state
+    target = (str(state) if not settings.report.history and state and is_postgres(str(state))
+              else settings.history_path)
+    try:
+        history = IncidentHistory(target)
+    except (GpuHealthError, OSError) as exc:
+        logger.warning("the drill is not in the incident history: %s", exc)
+        return
+    try:
+        history.upsert_incidents([record])
+    except (GpuHealthError, OSError) as exc:
+        logger.warning("the drill is not in the incident history: %s", exc)
+    finally:
+        history.close()
+
+
+def _print(outcome: DrillOutcome, as_json: bool) -> None:
+    from remediation.drill import render_table
+
+    if as_json:
+        click.echo(json.dumps(outcome.to_json(), indent=2))
+        return
+    mode = "LIVE" if outcome.live else "dry-run"
+    if outcome.refused:
+        click.echo(f"drill {outcome.drill_id} on {outcome.node} refused: {outcome.refused}",
+                   err=True)
+        return
+    click.echo(f"drill {outcome.drill_id}: {outcome.kind} on {outcome.node} ({mode})")
+    click.echo(render_table(outcome.results))
+    for problem in outcome.problems:
+        click.echo(f"problem: {problem}")
+    if outcome.handed_off:
+        click.echo(f"hand-offs to hardware service not made (a drill): {outcome.handed_off}")
+    verdict = "PASSED" if outcome.passed else "FAILED"
+    missed = [r.stage for r in outcome.results if not r.ok]
+    click.echo(f"drill {outcome.drill_id} {verdict}"
+               + (f": {', '.join(missed)} missed or never happened" if missed else ""))
+    if not outcome.passed:
+        click.echo(f"drill {outcome.drill_id} FAILED on {outcome.node}: see "
+                   f"{outcome.folder}/result.json", err=True)
+
+
+def _exit_code(outcomes: Sequence[DrillOutcome]) -> int:
+    if any(o.refused for o in outcomes):
+        return EXIT_REFUSED
+    return 0 if all(o.passed for o in outcomes) else EXIT_FAILED
+
+
+def schedule_drills(settings: Any, scheduler: Any, *,
+                    run: Callable[[str], DrillOutcome]) -> Any:
+    """Add the ``[drill] schedule`` job to an apscheduler 3.x ``scheduler``; return the job.
+
+    Each firing drills the next node of ``[drill] nodes`` in turn (``[node] name`` when
+    empty) with ``run(node)``; one drill at a time (``max_instances=1``), a firing missed
+    by more than an hour is skipped.
+
+    Raises:
+        ConfigError: No ``[drill] schedule``.
+    """
+    from apscheduler.triggers.cron import CronTrigger
+
+    d = settings.drill
+    if d.schedule is None:
+        raise ConfigError(f"{settings.source}: [drill] schedule is not set (drills are not "
+                          "scheduled by default)")
+    nodes = list(d.nodes) or [settings.node.name]
+    turn = {"next": 0}
+
+    def fire() -> None:
+        node = nodes[turn["next"] % len(nodes)]
+        turn["next"] += 1
+        outcome = run(node)
+        if outcome.refused:
+            logger.warning("scheduled drill on %s refused: %s", node, outcome.refused)
+        elif outcome.passed:
+            logger.info("scheduled drill %s on %s passed", outcome.drill_id, node)
+        else:
+            logger.error("scheduled drill %s on %s FAILED: %s", outcome.drill_id, node,
+                         "; ".join(outcome.problems) or ", ".join(
+                             r.stage for r in outcome.results if not r.ok))
+
+    trigger = CronTrigger.from_crontab(d.schedule, timezone=d.timezone)
+    return scheduler.add_job(fire, trigger, id="gpuhealth-drill", max_instances=1,
+                             coalesce=True, misfire_grace_time=3600)
+
+
+@click.command("drill")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="GPUHEALTH_CONFIG", help="TOML settings file (the one `run` uses).")
+@click.option("--node", "nodes", multiple=True, help="Node to drill (repeatable; default "
+              "[drill] nodes, else [node] name).")
+@click.option("--kind", type=click.Choice(["xid79", "xid48", "nvlink"]), default=None,
+              help="The fault injected (default [drill] kind, xid79).")
+@click.option("--live", is_flag=True, default=None, help="Through the real scheduler adapter "
+              "(the node is really cordoned, drained, rebooted, resumed); default dry-run.")
+@click.option("--slo", "slos", multiple=True, metavar="STAGE=DURATION",
+              help="SLO of a stage (detect, alert, cordon, drain, reboot, reset, validate, "
+                   "resume, total), e.g. detect=5s; over [drill.slo].")
+@click.option("--timeout", "timeout", default=None, help="Longest wait for the last stage "
+              "(default [drill] timeout_seconds).")
+@click.option("--id", "drill_id", default=None, help="The drill's id (default generated).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.option("--scheduled", is_flag=True, help="Run the [drill] schedule in the foreground.")
+def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
+          live: bool | None, slos: tuple[str, ...], timeout: str | None,
+          drill_id: str | None, as_json: bool, scheduled: bool) -> None:
+    """Inject a labelled synthetic fault and time every stage against its SLO."""
+    from gpuhealth.config import load_settings
+    from remediation.drill import duration_seconds, parse_slos
+
+    try:
+        settings = load_settings(config_path)
+        wanted = parse_slos(slos)
+        wait = duration_seconds(timeout) if timeout is not None else None
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    d = settings.drill
+    kind = kind or d.kind
+    is_live = d.live if live is None else live
+
+    def one(node: str, name: str | None = None) -> DrillOutcome:
+        return run_drill(settings, node=node, kind=kind, live=is_live, slos=wanted,
+                         drill_id=name, timeout_seconds=wait,
+                         echo=lambda text: click.echo(text, err=True))
+
+    try:
+        if scheduled:
+            from apscheduler.schedulers.blocking import BlockingScheduler
+
+            blocking = BlockingScheduler()
+            job = schedule_drills(settings, blocking, run=one)
+            click.echo(f"drills scheduled ({d.schedule}, {d.timezone}); next at "
+                       f"{job.trigger.get_next_fire_time(None, _now(d.timezone))}", err=True)
+            with contextlib.suppress(KeyboardInterrupt, SystemExit):
+                blocking.start()
+            return
+        targets = list(nodes) or list(d.nodes) or [settings.node.name]
+        outcomes = []
+        for i, node in enumerate(targets):
+            name = drill_id if drill_id is None or len(targets) == 1 else f"{drill_id}-{i}"
+            outcome = one(node, name)
+            _print(outcome, as_json)
+            outcomes.append(outcome)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    sys.exit(_exit_code(outcomes))
+
+
+def _now(timezone: str) -> Any:
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    return dt.datetime.now(ZoneInfo(timezone))
