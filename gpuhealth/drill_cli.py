@@ -173,6 +173,7 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
     """
     from gpuhealth.compose import build_notifiers, build_schedulers, guards
     from remediation.drill import FAULTS, check_drill_id, drill_adapter, new_drill_id
+    from remediation.dry_run import DryRunScheduler
 
     fault = FAULTS[kind]
     drill_id = check_drill_id(drill_id or new_drill_id())
@@ -186,12 +187,14 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
                           "nothing")
     guard = guards(settings, dry_run=not live)
     scheduler, node_agent = build_schedulers(settings, live=live)
-    adapter = drill_adapter(scheduler, drill_id) if scheduler is not None else None
+    adapter = drill_adapter(scheduler if scheduler is not None else DryRunScheduler(),
+                            drill_id)
     agent = drill_adapter(node_agent, drill_id) if node_agent is not None else None
     loop = asyncio.new_event_loop()
     try:
         outcome.refused = loop.run_until_complete(preflight(
-            settings, node, adapter=adapter, disruption_limit=guard.disruption_limit))
+            settings, node, adapter=adapter if live else None,
+            disruption_limit=guard.disruption_limit))
         if outcome.refused:
             return outcome
         notifiers, pagers = build_notifiers(settings)
@@ -215,14 +218,19 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
     drill_id, node = outcome.drill_id, outcome.node
     audit_path = folder / "audit.jsonl"
     pipeline = build_pipeline(
-        settings, guard=guard, identity=f"drill:{drill_id}", scheduler=adapter,
-        node_agent=agent, notifiers=notifiers, pagers=pagers, is_leader=lambda: True,
+        settings, guard=guard, identity=f"drill:{drill_id}",
+        scheduler=adapter.inner if outcome.live else None,
+        node_agent=agent.inner if agent is not None else None, notifiers=notifiers,
+        pagers=pagers, is_leader=lambda: True,
         facts={"node": settings.node.name, **settings.inventory},
         audit_log_path=str(audit_path), action_store_path=str(folder / "actions.db"),
         outbox_path=str(folder / "outbox.sqlite"),
         event_window_seconds=settings.analytics.event_window_seconds,
         labels={DRILL: drill_id})
     pipeline.remediation.audit = DrillAuditLog(path=str(audit_path), drill_id=drill_id)
+    pipeline.engine.scheduler = adapter  # every step marked, no hand-off made
+    if agent is not None:
+        pipeline.engine.node_agent = agent
     pipeline.boot_window_seconds = 0.0  # the drill's fault is no boot-time transient
     validating = pipeline.engine.validator is not None
     injected_at = time.time()
@@ -310,6 +318,8 @@ def _print(outcome: DrillOutcome, as_json: bool) -> None:
 
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2))
+        if not outcome.passed and not outcome.refused:
+            click.echo(f"drill {outcome.drill_id} FAILED on {outcome.node}", err=True)
         return
     mode = "LIVE" if outcome.live else "dry-run"
     if outcome.refused:
