@@ -49,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 EXIT_FAILED, EXIT_REFUSED, EXIT_CONFIG = 1, 3, 78
 
+SETTLE_SECONDS = 30.0
+"""After a drill failed, how long the steps already decided (a hand-off) are still
+carried out, so that what the drill did is complete, seconds."""
+
 DRILLS_FOLDER = "drills"
 """Folder of the drills' own state inside ``[node] data_dir``."""
 
@@ -212,7 +216,7 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
            fault: Any, guard: Any, adapter: Any, agent: Any, notifiers: Sequence[Any],
            pagers: Sequence[Any], slos: dict[str, float], folder: Path,
            echo: Callable[[str], None], timeout_seconds: float) -> DrillOutcome:
-    from gpuhealth.compose import build_pipeline
+    from gpuhealth.compose import build_attribution, build_pipeline
     from remediation.drill import DRILL, DrillAuditLog, DrillTimeline, judge, passed
 
     drill_id, node = outcome.drill_id, outcome.node
@@ -231,6 +235,8 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
     pipeline.engine.scheduler = adapter  # every step marked, no hand-off made
     if agent is not None:
         pipeline.engine.node_agent = agent
+    pipeline.attribution = build_attribution(settings, adapter.inner if outcome.live
+                                             else None)
     pipeline.boot_window_seconds = 0.0  # the drill's fault is no boot-time transient
     validating = pipeline.engine.validator is not None
     injected_at = time.time()
@@ -260,7 +266,13 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
             if timeline.finished() or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.1, evaluate_every))
+        if timeline.problems:  # let the steps already decided (a hand-off) reach the adapter
+            settle = min(deadline, time.monotonic() + SETTLE_SECONDS)
+            while _in_flight(pipeline.actions) and time.monotonic() < settle:
+                timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
+                time.sleep(0.1)
         timeline.saw_actions(pipeline.actions.actions())
+        _end_incidents(pipeline.actions, time.time())
     finally:
         loop.run_until_complete(pipeline.aclose())
         pipeline.close()
@@ -275,6 +287,25 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
                                         encoding="utf-8")
     _record_history(settings, timeline, outcome)
     return outcome
+
+
+def _in_flight(store: Any) -> bool:
+    from core.records import ActionPhase
+
+    return bool(store.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING)))
+
+
+def _end_incidents(store: Any, now: float) -> None:
+    """Close the drill's incidents in its own store once it is over.
+
+    A node the drill left out of service (it failed on the way) is then seen as the
+    scheduler shows it, and a human who resumes it frees it for the next drill.
+    """
+    from remediation.actions import INCIDENT_CLOSED, INCIDENT_OPEN, INCIDENT_PROBATION
+
+    for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
+        store.update_incident(inc.incident, state=INCIDENT_CLOSED, closed_at=now,
+                              note="drill over")
 
 
 def _record_history(settings: Any, timeline: Any, outcome: DrillOutcome) -> None:

@@ -327,8 +327,10 @@ class DrillTimeline:
             elif r.decision == "validated":
                 self._mark("validate", r.at)
             elif r.decision == "validation_failed":
-                self.notes["validate"] = f"failed: {r.reason}"
-                self._problem(f"validation failed: {r.reason}")
+                why = " ".join(r.reason.split())
+                self.notes["validate"] = "failed"
+                self._problem(why if why.startswith("validation failed") else
+                              f"validation failed: {why}")
             elif r.decision in ("failed", "cancelled") and r.step is not None:
                 self._problem(f"{r.step.value} {r.decision}: {r.reason}")
             if r.step == RemediationStep.HAND_OFF and r.decision == "requested":
@@ -336,6 +338,7 @@ class DrillTimeline:
                               "(not done: a drill)")
 
     def _problem(self, text: str) -> None:
+        text = " ".join(text.split())[:500]
         if text not in self.problems:
             self.problems.append(text)
 
