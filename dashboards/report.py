@@ -54,9 +54,16 @@ SECTIONS = (
     ("checkpointing", "Recommended checkpoint interval per job size"),
     ("spare_capacity", "Spare capacity"),
     ("week_over_week", "Change from the previous window"),
+    ("drills", "Drills (synthetic faults, never counted as failures)"),
 )
 """Section keys and titles, in the order issue #8 lists them (with the work hit, issue
-#16, after availability)."""
+#16, after availability, and the drills of issue #18 last)."""
+
+DRILL_ATTR = "drill"
+"""``IncidentRecord.attrs`` key of a drill's incident (``gpuhealth drill``: its id). Such
+an incident is left out of every failure figure and listed under ``drills``; its other
+attrs (``drill_kind``, ``drill_mode``, ``drill_result``, ``drill_stages`` as JSON,
+``drill_missed``, ``drill_problems``) are written by ``remediation.drill.history_attrs``."""
 
 WORK_ATTR = "work"
 """``IncidentRecord.attrs`` key: JSON list of the jobs or pods on the node when the incident
@@ -211,6 +218,7 @@ def build_report(history: IncidentHistory, options: ReportOptions | None = None,
     generated = now()
     inventory = history.inventory(source=opts.source)
     incidents_all = history.incidents(source=opts.source)
+    incidents_all, drills_all = _split_drills(incidents_all)
     predictions = history.predictions()
     if opts.source is not None and len(predictions):
         nodes = set(inventory["node"]) | set(incidents_all["node"])
@@ -240,6 +248,7 @@ def build_report(history: IncidentHistory, options: ReportOptions | None = None,
         "checkpointing": _checkpointing(fleet, opts, caveats),
         "spare_capacity": _spare(inventory, incidents_all, window, fleet, opts),
         "week_over_week": _wow(inventory, incidents_all, window, opts),
+        "drills": _drills(drills_all, window),
     }
     sources = sorted(set(inventory["source"]) | set(incidents_all["source"]))
     if "titan" in sources:
@@ -255,6 +264,7 @@ def build_report(history: IncidentHistory, options: ReportOptions | None = None,
         "window_hours": window.hours, "source": opts.source or "all",
         "sources_present": sources, "history": history_path,
         "incidents_in_window": len(in_window), "incidents_total": len(incidents_all),
+        "drills_total": len(drills_all),
         "inventory_residencies": len(inventory), "predictions_total": len(predictions),
         "options": _clean(asdict(opts)),
     }
@@ -264,6 +274,48 @@ def build_report(history: IncidentHistory, options: ReportOptions | None = None,
         "inputs": inputs, "sections": sections, "caveats": caveats.items,
     })
     return result
+
+
+def _is_drill(attrs: Any) -> bool:
+    return isinstance(attrs, Mapping) and bool(attrs.get(DRILL_ATTR))
+
+
+def _split_drills(incidents: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(failures, drills)``: the incidents marked :data:`DRILL_ATTR` are drills."""
+    if not len(incidents):
+        return incidents, incidents
+    drill = incidents["attrs"].map(_is_drill).astype(bool)
+    return incidents[~drill], incidents[drill]
+
+
+def _drills(drills: pd.DataFrame, window: rel.Window) -> dict[str, Any]:
+    """The drills of the window: how many, passed or failed, and each one's stages."""
+    in_window = drills[(drills["detected_at"] >= window.start)
+                       & (drills["detected_at"] < window.end)] if len(drills) else drills
+    rows: list[dict[str, Any]] = []
+    for record in _records(in_window):
+        attrs = record.get("attrs") or {}
+        try:
+            stages = json.loads(str(attrs.get("drill_stages", "{}")))
+        except ValueError:
+            stages = {}
+        rows.append({
+            "drill": str(attrs.get(DRILL_ATTR, "")), "node": record["node"],
+            "kind": str(attrs.get("drill_kind", record["kind"])),
+            "mode": str(attrs.get("drill_mode", "")),
+            "result": str(attrs.get("drill_result", "")),
+            "at": record["detected_at"],
+            "stages_seconds": {str(k): v for k, v in stages.items()
+                               if isinstance(v, int | float)},
+            "missed": [x for x in str(attrs.get("drill_missed", "")).split(",") if x],
+            "problems": str(attrs.get("drill_problems", "")),
+        })
+    results = Counter(r["result"] for r in rows)
+    out: dict[str, Any] = {"drills": len(rows), "passed": results.get("passed", 0),
+                           "failed": results.get("failed", 0), "rows": rows}
+    if not rows:
+        out["note"] = "no drill in this window (gpuhealth drill)"
+    return out
 
 
 def _availability(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
@@ -810,6 +862,22 @@ def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]
     if w.get("note"):
         blocks.append(("", w["note"]))
     out["week_over_week"] = blocks
+
+    dr = s["drills"]
+    blocks = [("", (["Figure", "Value"], [
+        ["Drills", _num(dr["drills"])], ["Passed", _num(dr["passed"])],
+        ["Failed (a stage missed its SLO or never happened)", _num(dr["failed"])],
+    ]))]
+    if dr["rows"]:
+        blocks.append(("", (["Drill", "Node", "Kind", "Mode", "When", "Result",
+                             "Stages (s from injection)", "Missed"], [
+            [r["drill"], r["node"], r["kind"], r["mode"], _when(r["at"], tz), r["result"],
+             ", ".join(f"{k} {_num(v, 2)}" for k, v in r["stages_seconds"].items()),
+             ", ".join(r["missed"]) or "-"]
+            for r in dr["rows"][:top]])))
+    if dr.get("note"):
+        blocks.append(("", dr["note"]))
+    out["drills"] = blocks
     return out
 
 
@@ -1037,6 +1105,7 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
         "interrupted_jobs": s["work"]["interrupted_jobs"],
         "gpu_hours_of_jobs_hit": s["work"]["gpu_hours"],
         "spare_capacity_fits": s["spare_capacity"]["fits"],
+        "drills": s["drills"]["drills"], "drills_failed": s["drills"]["failed"],
         "caveats": len(report["caveats"]),
     })
     return result

@@ -303,3 +303,29 @@ def test_the_schedule_drills_the_nodes_in_turn(tmp_path):
     off = load_settings(_config(tmp_path / "off"))
     with pytest.raises(Exception, match="not scheduled by default"):
         schedule_drills(off, scheduler, run=run)
+
+
+def test_the_report_counts_drills_as_drills_never_as_failures(tmp_path):
+    from dashboards.report import ReportOptions, build_report, render_markdown
+
+    config = _config(tmp_path)
+    assert _drill(config, "--id", "rep-ok")[0] == 0
+    assert _drill(config, "--id", "rep-bad", "--slo", "detect=0")[0] == 1
+    history = IncidentHistory(tmp_path / "data/history.sqlite")
+    try:
+        figures = build_report(history, ReportOptions(since=0.0))
+    finally:
+        history.close()
+    s = figures["sections"]
+    assert s["mtbf"]["fleet"]["failures"] == 0  # no failure counted
+    assert figures["inputs"]["incidents_total"] == 0
+    assert figures["inputs"]["drills_total"] == 2
+    drills = s["drills"]
+    assert (drills["drills"], drills["passed"], drills["failed"]) == (2, 1, 1)
+    by_id = {r["drill"]: r for r in drills["rows"]}
+    assert by_id["rep-bad"]["missed"] == ["detect"]
+    assert by_id["rep-ok"]["mode"] == "dry-run"
+    assert by_id["rep-ok"]["stages_seconds"]["resume"] > 0
+    text = render_markdown(figures)
+    assert "## Drills (synthetic faults, never counted as failures)" in text
+    assert "| rep-bad | n1 | xid79 | dry-run |" in text
