@@ -413,8 +413,8 @@ def render_table(results: Sequence[StageResult]) -> str:
     Examples:
         >>> print(render_table([StageResult(stage="detect", seconds=0.5, slo_seconds=5.0,
         ...                                 status=OK)]))
-        stage      seconds       slo  ok
-        detect       0.500     5.000  ok
+        stage       seconds       slo  ok
+        detect        0.500     5.000  ok
     """
     lines = [f"{'stage':<9} {'seconds':>9} {'slo':>9}  ok"]
     for r in results:
