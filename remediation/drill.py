@@ -331,6 +331,8 @@ class DrillTimeline:
                 self.notes["validate"] = "failed"
                 self._problem(why if why.startswith("validation failed") else
                               f"validation failed: {why}")
+            elif r.decision == "awaiting_approval" and r.step is not None:
+                self._problem(f"{r.step.value} waits for a human's approval: {r.reason}")
             elif r.decision in ("failed", "cancelled") and r.step is not None:
                 self._problem(f"{r.step.value} {r.decision}: {r.reason}")
             if r.step == RemediationStep.HAND_OFF and r.decision == "requested":

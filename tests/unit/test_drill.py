@@ -329,3 +329,17 @@ def test_the_report_counts_drills_as_drills_never_as_failures(tmp_path):
     text = render_markdown(figures)
     assert "## Drills (synthetic faults, never counted as failures)" in text
     assert "| rep-bad | n1 | xid79 | dry-run |" in text
+
+
+def test_a_step_waiting_for_approval_fails_the_drill_at_once():
+    timeline = DrillTimeline(drill_id="ap", node="n1", fault=FAULTS["xid79"], injected_at=0.0)
+    timeline.at.update({"detect": 1.0, "alert": 1.0})
+    timeline.expected.add("reboot")
+    assert not timeline.finished()
+    timeline.saw_audit([AuditRecord(
+        at=1.0, actor="drill:ap", decision="awaiting_approval", step=RemediationStep.REBOOT,
+        node=NodeName("n1"), entity="node",  # type: ignore[arg-type]
+        reason="waits for a human's approval", idempotency_key="fp/reboot", dry_run=False)])
+    assert timeline.finished()
+    assert "approval" in timeline.problems[0]
+    assert not passed(judge(timeline, {}), timeline)
