@@ -779,6 +779,9 @@ class DrillSettings(BaseModel):
     turn. Empty: ``[node] name``."""
     kind: Literal["xid79", "xid48", "nvlink"] = "xid79"
     """The fault injected when ``--kind`` is not given (``remediation.drill.FAULTS``)."""
+    notify: StrictBool = True
+    """Send the drill's alerts (labelled ``drill=<id>``) to the ``[alerting]`` notifiers and
+    pagers, as a real fault's; ``false``: to the log only."""
     live: StrictBool = False
     """Drill through the ``[remediation] scheduler`` (the node is really cordoned, drained,
     rebooted); ``false``: through the dry-run adapter (nothing changes on the node)."""

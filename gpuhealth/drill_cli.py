@@ -176,6 +176,7 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
         ConfigError: The pipeline or the scheduler adapter cannot be built.
     """
     from gpuhealth.compose import build_notifiers, build_schedulers, guards
+    from gpuhealth.config import Settings
     from remediation.drill import FAULTS, check_drill_id, drill_adapter, new_drill_id
     from remediation.dry_run import DryRunScheduler
 
@@ -201,7 +202,8 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
             disruption_limit=guard.disruption_limit))
         if outcome.refused:
             return outcome
-        notifiers, pagers = build_notifiers(settings)
+        notifiers, pagers = (build_notifiers(settings) if d.notify
+                             else build_notifiers(Settings(node=settings.node)))
         folder.mkdir(parents=True, exist_ok=True)
         return _drive(settings, outcome, loop=loop, fault=fault, guard=guard,
                       adapter=adapter, agent=agent, notifiers=notifiers, pagers=pagers,
@@ -373,9 +375,9 @@ def _print(outcome: DrillOutcome, as_json: bool) -> None:
 
 
 def _exit_code(outcomes: Sequence[DrillOutcome]) -> int:
-    if any(o.refused for o in outcomes):
-        return EXIT_REFUSED
-    return 0 if all(o.passed for o in outcomes) else EXIT_FAILED
+    if any(not o.refused and not o.passed for o in outcomes):
+        return EXIT_FAILED
+    return EXIT_REFUSED if any(o.refused for o in outcomes) else 0
 
 
 def schedule_drills(settings: Any, scheduler: Any, *,
@@ -423,8 +425,9 @@ def schedule_drills(settings: Any, scheduler: Any, *,
               "[drill] nodes, else [node] name).")
 @click.option("--kind", type=click.Choice(["xid79", "xid48", "nvlink"]), default=None,
               help="The fault injected (default [drill] kind, xid79).")
-@click.option("--live", is_flag=True, default=None, help="Through the real scheduler adapter "
-              "(the node is really cordoned, drained, rebooted, resumed); default dry-run.")
+@click.option("--live/--dry-run", "live", default=None, help="Through the real scheduler "
+              "adapter (the node is really cordoned, drained, rebooted, resumed), or the "
+              "dry-run adapter (nothing changes); default [drill] live, false.")
 @click.option("--slo", "slos", multiple=True, metavar="STAGE=DURATION",
               help="SLO of a stage (detect, alert, cordon, drain, reboot, reset, validate, "
                    "resume, total), e.g. detect=5s; over [drill.slo].")

@@ -115,7 +115,8 @@ class DrillFault:
         kind: The finding's kind (``xid``, ``nvlink``).
         code: The finding's code (``79``), or ``""`` for any code of ``kind``.
         line: The kernel-log line (``{bus}``, ``{mark}`` filled in), or ``""``.
-        polls: NVLink readings given, one poll per evaluation (NVML faults only).
+        polls: NVLink readings given, one poll per evaluation (NVML faults only); the
+            GPU is named by its PCI bus id, as the kernel-log faults name it.
         summary: One line for ``--help`` and the docs.
     """
 
@@ -146,7 +147,7 @@ class DrillFault:
             finally:
                 collector.close()
             return [[event]]
-        entity = EntityId(f"GPU-{MARK}-{drill_id}")
+        entity = EntityId(bus.lower() if "." in bus else f"{bus.lower()}.0")  # as Xid lines
         return [[Sample(metric="gpu_nvlink_state", value=0.0 if link == 0 else 1.0,
                         observed_at=now + i, node=NodeName(node), entity=entity,
                         labels={"link": str(link), DRILL: drill_id})

@@ -343,3 +343,14 @@ def test_a_step_waiting_for_approval_fails_the_drill_at_once():
     assert timeline.finished()
     assert "approval" in timeline.problems[0]
     assert not passed(judge(timeline, {}), timeline)
+
+
+def test_dry_run_flag_wins_over_a_live_file(tmp_path):
+    # [drill] live = true with the dry-run adapter would be refused as a bad configuration
+    config = _config(tmp_path, "[drill]\nlive = true\n")
+    code, output, _ = _drill(config, "--id", "lv1")
+    assert code == 78, output
+    assert "a live drill needs a [remediation] scheduler" in output
+    code, output, result = _drill(config, "--id", "lv2", "--dry-run")
+    assert code == 0, output
+    assert result["mode"] == "dry-run"
