@@ -153,21 +153,14 @@ def test_every_stage_carries_the_drill_marker(tmp_path):
     assert row["attrs"]["drill_mode"] == "dry-run"
 
 
-def test_alerts_are_labelled_drill(tmp_path):
-    settings = load_settings(_config(tmp_path))
-
+def test_alerts_are_labelled_drill(tmp_path, monkeypatch):
     from alerting.testing import RecordingNotifier  # the stage's own fake
 
+    settings = load_settings(_config(tmp_path))
     recorder = RecordingNotifier()
-    import gpuhealth.compose as compose
-
-    original = compose.build_notifiers
-    compose.build_notifiers = lambda s: ([recorder], [])  # type: ignore[assignment]
-    try:
-        outcome = run_drill(settings, node="n1", kind="xid79", live=False, slos={},
-                            drill_id="lab1")
-    finally:
-        compose.build_notifiers = original  # type: ignore[assignment]
+    monkeypatch.setattr("gpuhealth.compose.build_notifiers", lambda s: ([recorder], []))
+    outcome = run_drill(settings, node="n1", kind="xid79", live=False, slos={},
+                        drill_id="lab1")
     assert outcome.passed, outcome
     seen = [dict(a.labels) for a in recorder.sent]
     assert seen
@@ -354,3 +347,16 @@ def test_dry_run_flag_wins_over_a_live_file(tmp_path):
     code, output, result = _drill(config, "--id", "lv2", "--dry-run")
     assert code == 0, output
     assert result["mode"] == "dry-run"
+
+
+def test_notify_false_keeps_the_drills_alerts_in_the_log(tmp_path, monkeypatch):
+    from alerting.testing import RecordingNotifier
+
+    settings = load_settings(_config(tmp_path, "[drill]\nnotify = false\n"))
+    recorder = RecordingNotifier()
+    monkeypatch.setattr("gpuhealth.compose.build_notifiers",
+                        lambda s: ([recorder] if s is settings else [], []))
+    outcome = run_drill(settings, node="n1", kind="xid79", live=False, slos={},
+                        drill_id="quiet")
+    assert outcome.passed, outcome
+    assert recorder.sent == []
