@@ -264,6 +264,7 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
                 timeline.saw_findings(out.findings, at=now)
                 timeline.saw_alerts(out.alerts, at=now)
                 timeline.saw_audit(out.audit)
+                timeline.saw_actions(pipeline.actions.actions())  # steps audited tersely
             timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
             if timeline.finished() or time.monotonic() >= deadline:
                 break
