@@ -440,7 +440,13 @@ def schedule_drills(settings: Any, scheduler: Any, *,
 def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
           live: bool | None, slos: tuple[str, ...], timeout: str | None,
           drill_id: str | None, as_json: bool, scheduled: bool) -> None:
-    """Inject a labelled synthetic fault and time every stage against its SLO."""
+    """Inject a labelled synthetic fault and time every stage against its SLO.
+
+    Prints one row per stage (detect, alert, cordon, drain, reboot or reset, validate,
+    resume, total): seconds from injection, the SLO, the verdict. Exit status: 0 every
+    stage within its SLO; 1 a stage missed its SLO or never happened; 3 refused (opt-out,
+    node already out of service, disruption budget full); 78 a bad configuration.
+    """
     from gpuhealth.config import load_settings
     from remediation.drill import duration_seconds, parse_slos
 

@@ -299,7 +299,7 @@ def test_the_schedule_drills_the_nodes_in_turn(tmp_path):
 
 
 def test_the_report_counts_drills_as_drills_never_as_failures(tmp_path):
-    from dashboards.report import ReportOptions, build_report, render_markdown
+    from dashboards.report import ReportOptions, build_report, render_html, render_markdown
 
     config = _config(tmp_path)
     assert _drill(config, "--id", "rep-ok")[0] == 0
@@ -322,6 +322,9 @@ def test_the_report_counts_drills_as_drills_never_as_failures(tmp_path):
     text = render_markdown(figures)
     assert "## Drills (synthetic faults, never counted as failures)" in text
     assert "| rep-bad | n1 | xid79 | dry-run |" in text
+    page = render_html(figures, plots=False)
+    assert "Drills (synthetic faults, never counted as failures)" in page
+    assert "rep-ok" in page
 
 
 def test_a_step_waiting_for_approval_fails_the_drill_at_once():
