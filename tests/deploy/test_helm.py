@@ -39,7 +39,7 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 def test_option_sets_exist() -> None:
     assert {p.name for p in VALUE_FILES} >= {
         "monitoring-values.yaml", "protective-cordon-values.yaml",
-        "existing-secrets-values.yaml", "fleet-values.yaml"}
+        "existing-secrets-values.yaml", "fleet-values.yaml", "full-dsn-values.yaml"}
 
 
 @pytest.mark.parametrize("values", option_sets())
@@ -336,6 +336,9 @@ def test_rendered_settings_load_for_their_role(values: Path | None, tmp_path: Pa
         else:
             files = {f"CONTROLLER__{k.upper()}": wired["controller"][k]
                      for k in ("tls_cert_file", "tls_key_file", "agent_tokens_file")}
+            if "GPUHEALTH_CONTROLLER__STATE_PASSWORD_FILE" in env:
+                files["CONTROLLER__STATE_PASSWORD_FILE"] = env[
+                    "GPUHEALTH_CONTROLLER__STATE_PASSWORD_FILE"]
         for key, configured in files.items():
             assert str(Path(configured).parent) in mounts, (key, configured)
             stand_in = tmp_path / f"{role}-{key}"
@@ -354,6 +357,8 @@ def test_rendered_settings_load_for_their_role(values: Path | None, tmp_path: Pa
             assert settings.controller.state == "host=db dbname=gpuhealth"
             assert settings.controller.listen_address == "0.0.0.0"
             assert settings.controller.tls_cert_file is not None
+            from_file = _state_password(values).get("fromFile", True)
+            assert (settings.controller.state_password_file is not None) is from_file
             assert not fleet_problems(settings, env)
         expected_dry = values_of(values).get("remediation", {}).get("dryRun", True)
         if role == "controller" or settings.agent.protective_cordon:
@@ -437,3 +442,88 @@ def test_values_yaml_documents_every_key() -> None:
             undocumented.append(line.strip())
         documented.append((indent, here or inherited))
     assert not undocumented
+
+
+# --- secrets that rotate: mounted folders ----------------------------------------------
+
+PASSWORD_FILE = "/etc/gpuhealth/state-password/state-password"
+
+
+def _state_password(values: Path | None) -> dict[str, Any]:
+    return values_of(values).get("secrets", {}).get("controller", {}).get("statePassword", {})
+
+
+@pytest.mark.parametrize("values", option_sets())
+def test_the_state_password_is_a_mounted_secret_file(values: Path | None) -> None:
+    """The DSN carries no password; the password is a Secret key mounted as a folder and
+    named by GPUHEALTH_CONTROLLER__STATE_PASSWORD_FILE (statePassword.fromFile, the
+    default), or nothing is mounted and the DSN is the site's full one (fromFile=false)."""
+    chosen = _state_password(values)
+    own = values_of(values).get("secrets", {}).get("controller", {})
+    (deploy,) = objects(values, "Deployment").values()
+    pod = deploy["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert "secretKeyRef" in env["GPUHEALTH_CONTROLLER__STATE"]["valueFrom"]
+    assert "PGPASSWORD" not in env
+    controller_secret = own.get("existingSecret") or "gpuhealth-controller"
+    chart_secret = objects(values, "Secret").get("gpuhealth-controller")
+    assert (chart_secret is None) is bool(own.get("existingSecret"))
+    if chart_secret is not None:
+        dsn = chart_secret["stringData"]["state-dsn"]
+        assert ("password=" in dsn or ":test-password@" in dsn) is (
+            chosen.get("fromFile", True) is False)
+    if chosen.get("fromFile", True) is False:
+        assert "GPUHEALTH_CONTROLLER__STATE_PASSWORD_FILE" not in env
+        assert "state-password" not in volumes
+        assert "state-password" not in mounts
+        if chart_secret is not None:
+            assert set(chart_secret["stringData"]) == {"agent-tokens", "state-dsn",
+                                                       "api-token"}
+        return
+    assert env["GPUHEALTH_CONTROLLER__STATE_PASSWORD_FILE"] == {
+        "name": "GPUHEALTH_CONTROLLER__STATE_PASSWORD_FILE", "value": PASSWORD_FILE}
+    key = chosen.get("key", "state-password")
+    assert volumes["state-password"]["secret"] == {
+        "secretName": chosen.get("existingSecret") or controller_secret,
+        "defaultMode": 0o440, "items": [{"key": key, "path": "state-password"}]}
+    assert mounts["state-password"] == {"name": "state-password", "readOnly": True,
+                                        "mountPath": str(Path(PASSWORD_FILE).parent)}
+    if chart_secret is not None and not chosen.get("existingSecret"):
+        assert chart_secret["stringData"][key] == chosen.get("value", "")
+
+
+@pytest.mark.parametrize("values", option_sets())
+def test_rotating_secrets_are_mounted_as_folders(values: Path | None) -> None:
+    """kubelet updates a Secret volume in place but never a subPath mount: the agent
+    tokens, the TLS pair and the password, which the processes re-read, are folders."""
+    for kind, wanted in (("DaemonSet", {"agent-token", "tls"}),
+                         ("Deployment", {"agent-tokens", "tls"})):
+        (workload,) = objects(values, kind).values()
+        pod = workload["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
+        assert secrets >= wanted
+        for mount in container["volumeMounts"]:
+            if mount["name"] in secrets:
+                assert "subPath" not in mount, (kind, mount)
+                assert mount["readOnly"] is True, (kind, mount)
+
+
+@pytest.mark.parametrize("controller", [
+    {"stateDsn": "host=db dbname=gpuhealth user=gpuhealth password=secret"},
+    {"stateDsn": "postgresql://gpuhealth:secret@db:5432/gpuhealth"},
+    {"stateDsn": "host=db user=gpuhealth", "statePassword": {"fromFile": False,
+                                                             "value": "secret"}},
+], ids=["keywords", "uri", "value-ignored"])
+def test_the_chart_refuses_a_password_in_two_places(controller: dict[str, Any]) -> None:
+    """With the password file on, a DSN that carries a password would stop the controller
+    (it refuses both): the render fails, naming the values to change."""
+    render = render_module()
+    with pytest.raises(Exception, match="statePassword"):
+        render.render({"secrets": {"controller": controller}})
+    fine = {**controller, "statePassword": {"fromFile": False}}
+    if "value" not in controller.get("statePassword", {}):
+        assert render.render({"secrets": {"controller": fine}})

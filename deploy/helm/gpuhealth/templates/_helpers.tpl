@@ -38,6 +38,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpuhealth.controllerSecret" -}}
 {{- default (printf "%s-controller" (include "gpuhealth.fullname" .)) .Values.secrets.controller.existingSecret -}}
 {{- end -}}
+{{- define "gpuhealth.statePasswordSecret" -}}
+{{- default (include "gpuhealth.controllerSecret" .) .Values.secrets.controller.statePassword.existingSecret -}}
+{{- end -}}
+
+{{/*
+The DSN the chart writes must not carry the password the password file gives (the
+controller would refuse to start), and a password value must not be ignored silently.
+*/}}
+{{- define "gpuhealth.checkStateDsn" -}}
+{{- $password := .Values.secrets.controller.statePassword -}}
+{{- $dsn := .Values.secrets.controller.stateDsn -}}
+{{- $inDsn := or (regexMatch "(^|\\s)password\\s*=" $dsn) (regexMatch "^postgres(ql)?://[^/@]*:[^/@]*@" $dsn) -}}
+{{- if and $password.fromFile $inDsn -}}
+{{- fail "gpuhealth: secrets.controller.stateDsn holds a password: take it out and give it as secrets.controller.statePassword.value (a file that rotates), or set secrets.controller.statePassword.fromFile=false for a full DSN" -}}
+{{- end -}}
+{{- if and (not $password.fromFile) $password.value -}}
+{{- fail "gpuhealth: secrets.controller.statePassword.value is set but statePassword.fromFile is false: put the password in stateDsn, or turn fromFile on" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpuhealth.tlsSecret" -}}
 {{- default (printf "%s-controller-tls" (include "gpuhealth.fullname" .)) .Values.tls.existingSecret -}}
 {{- end -}}
