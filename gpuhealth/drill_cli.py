@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -112,30 +113,44 @@ def out_of_service(settings: Any) -> dict[str, str]:
     """Nodes gpuhealth holds out of service now (open incidents taken out), by incident.
 
     Read from the service's action store (``run``'s ``actions.db`` or the controller
-    pair's PostgreSQL) and from the drills still running.
+    pair's PostgreSQL) and from the drills still running (one whose store cannot be read
+    is skipped, with a warning).
+
+    Raises:
+        GpuHealthError, OSError, sqlite3.Error: The service's action store cannot be read
+            (a drill is then refused: the budget cannot be known).
     """
-    from remediation.actions import INCIDENT_OPEN, INCIDENT_PROBATION, ActionStore
+    from remediation.actions import ActionStore
 
     held: dict[str, str] = {}
-    stores = []
-    with contextlib.suppress(GpuHealthError, OSError):
-        store = _open_store(settings)
-        if store is not None:
-            stores.append(store)
-    folder = Path(settings.node.data_dir) / DRILLS_FOLDER
-    for path in sorted(folder.glob("*/actions.db")) if folder.is_dir() else []:
-        with contextlib.suppress(GpuHealthError, OSError):
-            stores.append(ActionStore(str(path)))
-    for store in stores:
+    store = _open_store(settings)
+    if store is not None:
         try:
-            for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
-                if inc.out_of_service_at is not None:
-                    held.setdefault(str(inc.node), inc.incident)
-        except (GpuHealthError, OSError) as exc:
-            logger.warning("cannot read the open incidents: %s", exc)
+            _held_by(store, held)
         finally:
             store.close()
+    folder = Path(settings.node.data_dir) / DRILLS_FOLDER
+    for path in sorted(folder.glob("*/actions.db")) if folder.is_dir() else []:
+        try:
+            drill_store = ActionStore(str(path))
+        except (GpuHealthError, OSError, sqlite3.Error) as exc:
+            logger.warning("cannot read the drill store %s: %s", path, exc)
+            continue
+        try:
+            _held_by(drill_store, held)
+        except (GpuHealthError, OSError, sqlite3.Error) as exc:
+            logger.warning("cannot read the drill store %s: %s", path, exc)
+        finally:
+            drill_store.close()
     return held
+
+
+def _held_by(store: Any, held: dict[str, str]) -> None:
+    from remediation.actions import INCIDENT_OPEN, INCIDENT_PROBATION
+
+    for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
+        if inc.out_of_service_at is not None:
+            held.setdefault(str(inc.node), inc.incident)
 
 
 async def preflight(settings: Any, node: str, *, adapter: Any, disruption_limit: int) -> str:
@@ -146,7 +161,11 @@ async def preflight(settings: Any, node: str, *, adapter: Any, disruption_limit:
     if node in settings.remediation.opt_out_nodes:
         return (f"node {node} opted out of automatic remediation ([remediation] "
                 "opt_out_nodes): no drill")
-    held = out_of_service(settings)
+    try:
+        held = out_of_service(settings)
+    except (GpuHealthError, OSError, sqlite3.Error) as exc:
+        return (f"the nodes gpuhealth holds out of service cannot be read ({exc}): the "
+                "disruption budget is unknown, no drill")
     if node in held:
         return (f"node {node} is already out of service because of gpuhealth "
                 f"(incident {held[node]}): no drill")
@@ -154,7 +173,10 @@ async def preflight(settings: Any, node: str, *, adapter: Any, disruption_limit:
         return (f"disruption budget: {len(held)} of {disruption_limit} node(s) already out "
                 f"of service because of gpuhealth ({', '.join(sorted(held))}): no drill")
     if adapter is not None and isinstance(adapter, NodeInspector):
-        state = await adapter.node_state(NodeName(node), workload=False)
+        try:
+            state = await adapter.node_state(NodeName(node), workload=False)
+        except GpuHealthError as exc:
+            return f"the scheduler cannot show node {node} ({exc}): no drill"
         if not state.exists:
             return f"node {node} is not known to the scheduler: no drill"
         if state.opted_out:

@@ -363,3 +363,12 @@ def test_notify_false_keeps_the_drills_alerts_in_the_log(tmp_path, monkeypatch):
                         drill_id="quiet")
     assert outcome.passed, outcome
     assert recorder.sent == []
+
+
+def test_an_unreadable_service_store_refuses_the_drill(tmp_path):
+    config = _config(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/actions.db").write_text("not a database")
+    code, output, result = _drill(config, "--id", "ur1")
+    assert code == 3, output
+    assert "disruption budget is unknown" in result["refused"]
