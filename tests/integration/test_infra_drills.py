@@ -169,3 +169,51 @@ def test_leader_killed_mid_burst(tmp_path: Path, postgres: Postgres) -> None:  #
             agents.close()
             for p in procs.values():
                 p.stop()
+
+
+def test_postgres_restarted_mid_burst(tmp_path: Path, postgres: Postgres) -> None:  # noqa: F811
+    """PostgreSQL (the fleet state) stopped for 4 s and started again during a burst.
+
+    Must hold: both controller processes keep running (and a leader is back); the agents
+    get 503 (or no answer) while the database is away and keep their records; every
+    record queued is stored once, in its agent's order; no remediation step twice.
+    """
+    nodes = [f"pg-{i:02d}" for i in range(8)]
+    dsn = fresh_database(postgres.dsn, postgres.port, "drill_pg")
+    tokens = write_tokens(tmp_path / "tokens", nodes)
+    procs, ports = _pair(tmp_path, dsn, tmp_path / "tokens", cluster_size=len(nodes),
+                         election_name="drill-pg")
+    agents = SimAgents(nodes, tokens, [f"http://127.0.0.1:{p}" for p in ports.values()])
+    try:
+        for p in procs.values():
+            p.start()
+        eventually(lambda: leader_of(ports), timeout=30)
+        agents.start()
+        for n in nodes:
+            agents.queue(n, "finding", xid79(n, time.time()))
+        stopped = False
+        for i in range(120):  # a burst of 960 records, the database away in the middle
+            for n in nodes:
+                agents.queue(n, "inventory", {"n": i})
+            if i == 30:
+                eventually(lambda: agents.acked > 0, timeout=20)
+                postgres.stop()
+                stopped, stopped_at = True, time.monotonic()
+            if stopped and time.monotonic() - stopped_at < 4.0:
+                time.sleep(0.05)
+            if i == 90:
+                while time.monotonic() - stopped_at < 4.0:
+                    time.sleep(0.1)
+                postgres.start()
+        agents.finish(timeout=45)
+        assert agents.statuses[503] > 0, f"the outage was not seen: {agents.statuses}"
+        assert all(p.alive() for p in procs.values()), "a controller died"
+        eventually(lambda: leader_of(ports), timeout=LEASE_SECONDS + 15)
+        _assert_stored_once(dsn, agents)
+        steps = action_steps(dsn)
+        assert len(steps) == len(set(steps)), "a remediation step stored twice"
+        print(f"postgres restarted: agents' answers {dict(agents.statuses)}")  # noqa: T201
+    finally:
+        agents.close()
+        for p in procs.values():
+            p.stop()
