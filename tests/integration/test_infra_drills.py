@@ -48,10 +48,19 @@ Drills that already existed and are not repeated here:
 
 from __future__ import annotations
 
+import json
+import logging
 import signal
 import time
+import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import httpx
+import pytest
+
+from core.records import EntityId, Event, NodeName, Sample
 from tests.drill_helpers import (
     GPUHEALTH,
     Proc,
@@ -217,3 +226,128 @@ def test_postgres_restarted_mid_burst(tmp_path: Path, postgres: Postgres) -> Non
         agents.close()
         for p in procs.values():
             p.stop()
+
+
+class _CountingStore:
+    """A store that counts the writes tried on it (the spool's retries)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.tries = 0
+
+    def write(self, samples: Sequence[Sample], events: Sequence[Event]) -> None:
+        self.tries += 1
+        self.inner.write(samples, events)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _exported(url: str, metric: str, node: str) -> list[tuple[str, int]]:
+    """Every (entity, timestamp in ms) VictoriaMetrics holds for ``metric`` on ``node``."""
+    query = urllib.parse.quote(f'{{__name__="{metric}",node="{node}"}}')
+    text = httpx.get(f"{url}/api/v1/export?match[]={query}", timeout=30).text
+    return [(json.loads(line)["metric"].get("entity", ""), ts) for line in text.splitlines()
+            for ts in json.loads(line)["timestamps"]]
+
+
+def test_tsdb_down_ten_minutes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """VictoriaMetrics down for 10 minutes of simulated time behind the agent's spool.
+
+    The spool's clock is simulated (a batch of 16 GPUs' samples every 10 s, an Xid event
+    every minute); the server is really stopped and started again on its data. Must
+    hold: with the default bound the spool holds everything and drains after, every
+    (series, timestamp) stored once; a spool bounded below the outage's volume stays
+    within its bound, drops only its oldest samples (counted exactly) and never an event;
+    the store is retried with a doubling backoff (not at every batch) and the outage
+    is logged once per spool.
+    """
+    from core.clock import FakeClock
+    from storage.influxdb import InfluxDbStore
+    from storage.spool import SpoolingStore
+    from tests.vm_server import start_victoria_metrics
+
+    caplog.set_level(logging.INFO, logger="storage.spool")
+    (tmp_path / "vm").mkdir()
+    vm = start_victoria_metrics(tmp_path / "vm", "-dedup.minScrapeInterval=1ms")
+    clock = FakeClock(now=time.time() - 700.0)
+    stores = {n: _CountingStore(InfluxDbStore(url=vm.url, org="o", bucket="b", token="x",
+                                              max_retries=0, timeout_seconds=2.0))
+              for n in ("tsdb-big", "tsdb-small")}
+    bound, segment = 48 * 1024, 8 * 1024
+    spools = {"tsdb-big": SpoolingStore(store=stores["tsdb-big"], path=tmp_path / "big",
+                                        retry_seconds=1.0, max_retry_seconds=30.0,
+                                        clock=clock),
+              "tsdb-small": SpoolingStore(store=stores["tsdb-small"], path=tmp_path / "small",
+                                          max_bytes=bound, segment_bytes=segment,
+                                          retry_seconds=1.0, max_retry_seconds=30.0,
+                                          clock=clock)}
+    sent: dict[str, list[tuple[str, int]]] = {n: [] for n in spools}
+    events: dict[str, int] = dict.fromkeys(spools, 0)
+
+    def write(step: int) -> None:
+        at = clock()
+        for node, spool in spools.items():
+            samples = [Sample(metric="gpu_power_watts", value=float(step), observed_at=at,
+                              node=NodeName(node), entity=EntityId(f"GPU-{g:02d}"))
+                       for g in range(16)]
+            xids = [Event(kind="xid", code="31", node=NodeName(node),
+                          entity=EntityId("0000:b1:00.0"), observed_at=at,
+                          message=f"Xid 31 at step {step}", source="kernel_log")
+                    ] if step % 6 == 0 else []
+            spool.write(samples, xids)
+            sent[node] += [(s.entity, round(at * 1000)) for s in samples]
+            events[node] += len(xids)
+
+    try:
+        for step in range(3):  # the server up: straight through
+            write(step)
+            clock.advance(10.0)
+        vm.stop()
+        tries_before = {n: s.tries for n, s in stores.items()}
+        for step in range(3, 63):  # ten minutes down
+            write(step)
+            clock.advance(10.0)
+            small = spools["tsdb-small"]
+            assert small._bytes() <= bound + segment, "the bounded spool outgrew its bound"
+        tries = {n: s.tries - tries_before[n] for n, s in stores.items()}
+        held = spools["tsdb-big"].depth
+        vm.start()
+        for step in range(63, 66):  # back: later batches go behind the spooled ones
+            write(step)
+            clock.advance(10.0)
+        for spool in spools.values():
+            deadline = time.monotonic() + 30
+            while spool.depth and time.monotonic() < deadline:
+                spool.flush(budget_seconds=0)
+                time.sleep(0.05)
+            assert spool.depth == 0
+        vm.flush()
+        time.sleep(0.5)
+        big = _exported(vm.url, "gpu_power_watts", "tsdb-big")
+        small_got = _exported(vm.url, "gpu_power_watts", "tsdb-small")
+        dropped = spools["tsdb-small"].dropped_samples
+        print(f"tsdb down 600 s (simulated): 60 batches spooled ({held} records held), "  # noqa: T201
+              f"store tried {tries} times while down; bounded spool dropped {dropped} of "
+              f"{len(sent['tsdb-small'])} samples")
+        assert len(big) == len(set(big)), "a sample stored twice"
+        assert sorted(big) == sorted(sent["tsdb-big"]), "the spool lost samples"
+        assert spools["tsdb-big"].dropped_samples == 0
+        # the bounded spool: exactly the oldest outage samples are missing, counted
+        assert len(small_got) == len(set(small_got))
+        missing = set(sent["tsdb-small"]) - set(small_got)
+        assert 0 < dropped == len(missing), "drops not counted exactly"
+        outage = set(sent["tsdb-small"][3 * 16:])  # what was written while it was down
+        assert missing <= outage
+        kept = {ts for _, ts in set(small_got) & outage}
+        assert max(ts for _, ts in missing) < min(kept), "a newer sample dropped first"
+        for node in spools:  # events are never dropped
+            assert len(_exported(vm.url, "gpuhealth_event_count", node)) == events[node]
+        # backoff: tries while down grow with log2 of the wait, not with the batches
+        assert all(t <= 30 for t in tries.values()), tries
+        outages = [r for r in caplog.records if "cannot take writes" in r.getMessage()]
+        assert len(outages) == 2, [r.getMessage()[:80] for r in outages]
+    finally:
+        for spool in spools.values():
+            spool.close()
+        vm.stop()
