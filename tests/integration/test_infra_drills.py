@@ -239,6 +239,13 @@ class _CountingStore:
         self.tries += 1
         self.inner.write(samples, events)
 
+    def read(self, metric: str, entities: Any, since_at: float, until_at: float,
+             step_seconds: float | None = None) -> Any:
+        return self.inner.read(metric, entities, since_at, until_at, step_seconds)
+
+    def entities(self) -> Any:
+        return self.inner.entities()
+
     def close(self) -> None:
         self.inner.close()
 
