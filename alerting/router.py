@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ from core.records import Alert, AlertState, Severity
 logger = logging.getLogger(__name__)
 
 _RANK = {s.value: s.rank for s in Severity}
+_FINGERPRINT = operator.attrgetter("fingerprint")
+_STATE = operator.attrgetter("state")
 
 PAGE_ALERTNAME = "GpuhealthPage"
 """``alertname`` of a page (a group notification)."""
@@ -170,21 +173,26 @@ class Inhibitor:
 
     def muted(self, alerts: Sequence[Alert]) -> dict[str, str]:
         """Return ``{target fingerprint: source fingerprint}`` for the firing ``alerts``."""
-        order = [a.fingerprint for a in alerts if a.state is AlertState.FIRING]
+        states = list(map(_STATE, alerts))
+        if states.count(AlertState.FIRING) == len(states):  # all firing: listed in C
+            order = list(map(_FINGERPRINT, alerts))
+        else:
+            order = [a.fingerprint for a in alerts if a.state is AlertState.FIRING]
         if order == self._order:
             self.touched = 0
             return dict(self._result)
         if len(self._cache) > 4 * len(alerts) + 1024:
             self._cache.clear()
-        now = dict.fromkeys(order)
+        now = set(order)
         rows = self._rows
-        added = now.keys() - rows.keys()
-        gone = rows.keys() - now.keys()
+        added = now - rows.keys()
+        gone = rows.keys() - now
         if len(now) != len(order) or (
-                [fp for fp in order if fp not in added]
-                != [fp for fp in self._order if fp not in gone]):
+                (list(itertools.filterfalse(added.__contains__, order)) if added else order)
+                != (list(itertools.filterfalse(gone.__contains__, self._order)) if gone
+                    else self._order)):
             self._reset()  # reordered or repeated: judge all again
-            rows, added, gone = self._rows, set(now), set()
+            rows, added, gone = self._rows, now, set()
         positions: dict[str, int] | None = None
         judge: set[str] = set()
         changed: set[tuple[int, tuple[str, ...]]] = set()
@@ -337,7 +345,7 @@ class PageGrouper:
         alerts = list(firing)
         muted = set(silenced)
         blocked = set(inhibited)
-        given = {a.fingerprint: a for a in alerts}
+        given = dict(zip(map(_FINGERPRINT, alerts), alerts, strict=True))
         if len(given) != len(alerts) or self._given is None:
             every = self._update_all(alerts, silenced=muted, inhibited=blocked)
             self._remember(given, muted, blocked)
@@ -345,7 +353,8 @@ class PageGrouper:
                 self._given = None  # an alert given twice: the next call looks at all too
             return every
         seen = self._given
-        changed = {fp for fp, a in given.items() if seen.get(fp) is not a}
+        changed = set(itertools.compress(  # new or another object: compared in C
+            given, map(operator.is_not, map(seen.get, given), given.values())))
         changed |= seen.keys() - given.keys()
         changed |= (muted ^ self._muted) | (blocked ^ self._blocked)
         self.touched = len(changed)

@@ -20,6 +20,7 @@ nothing and delays no other.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -29,6 +30,8 @@ from alerting.silences import SilenceStore
 from core.clock import Clock, system_clock
 from core.protocols import AsyncCloseable, Notifier, Resending
 from core.records import Alert, AlertState, Severity
+
+_FINGERPRINT = operator.attrgetter("fingerprint")
 
 MAX_BACKLOG = 10_000
 """Undelivered notifications kept per notifier; beyond it the oldest are dropped (and counted)."""
@@ -152,11 +155,12 @@ class AlertRouter:
             if live:
                 # Only alerts not judged since the silences last changed are matched; the
                 # rest is a look-up (in C: the fingerprints, their verdicts, the hits).
-                for alert in active:
+                fps = list(map(_FINGERPRINT, active))
+                for alert in itertools.compress(
+                        active, map(operator.not_, map(cache.__contains__, fps))):
                     if alert.fingerprint not in cache:
                         cache[alert.fingerprint] = next(
                             (s.id for s in live if s.mutes(alert.labels, now)), None)
-                fps = [a.fingerprint for a in active]
                 hits = list(map(cache.__getitem__, fps))
                 for fp, hit in zip(itertools.compress(fps, hits),
                                    itertools.compress(hits, hits), strict=True):
@@ -179,7 +183,7 @@ class AlertRouter:
                 sent_now.add(fp)
                 out.append(alert)
         # Unmuted since (a silence expired, the inhibitor resolved): looked for in C first.
-        if {a.fingerprint for a in active}.difference(muted, self._notified):
+        if set(map(_FINGERPRINT, active)).difference(muted, self._notified):
             for alert in active:
                 fp = alert.fingerprint
                 if fp not in muted and fp not in self._notified:
