@@ -160,11 +160,12 @@ class AgentLink:
                 shown = self.up
                 self.exporter.render()
             if self.up is False:
-                wait = delay
+                # New records do not cut the backoff short (a failing node queues a record
+                # per evaluation: it would retry at each one); only a stop does.
+                self.stop.wait(delay)
             else:  # idle: forward() wakes this thread for new records; else the heartbeat
-                wait = max(self.interval_seconds,
-                           self.heartbeat_seconds - (time.monotonic() - last_sent))
-            self.wake.wait(wait)
+                self.wake.wait(max(self.interval_seconds,
+                                   self.heartbeat_seconds - (time.monotonic() - last_sent)))
             self.wake.clear()
 
     def close(self) -> None:

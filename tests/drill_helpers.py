@@ -14,14 +14,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +305,26 @@ def action_steps(dsn: str) -> list[tuple[str, str]]:
     with psycopg.connect(dsn) as conn:
         return [(str(r[0]), str(r[1])) for r in conn.execute(
             "SELECT node, step FROM actions ORDER BY id")]
+
+
+@contextlib.contextmanager
+def controller_in_thread(config: Path) -> Iterator[Any]:
+    """A real :class:`~gpuhealth.controller.Controller` of ``config`` serving in a thread."""
+    from gpuhealth.config import load_settings
+    from gpuhealth.controller import Controller
+
+    settings = load_settings(config, env={})
+    settings.node.data_dir.mkdir(parents=True, exist_ok=True)
+    ctl = Controller(settings)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=loop.run_until_complete, args=(ctl.serve(stop),),
+                              name="drill-controller")
+    thread.start()
+    try:
+        assert ctl.ready.wait(20)
+        yield ctl
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(20)
+        loop.close()

@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -61,6 +62,7 @@ import httpx
 import pytest
 
 from core.records import EntityId, Event, NodeName, Sample
+from storage.agent_outbox import OutboxSender
 from tests.drill_helpers import (
     GPUHEALTH,
     Proc,
@@ -358,3 +360,96 @@ def test_tsdb_down_ten_minutes(tmp_path: Path, caplog: pytest.LogCaptureFixture)
         for spool in spools.values():
             spool.close()
         vm.stop()
+
+
+class _CountingSender(OutboxSender):
+    """The real sender, counting its tries."""
+
+    tries = 0
+
+    def send_once(self) -> Any:
+        self.tries += 1
+        return super().send_once()
+
+
+SPEED = 600.0
+"""Simulated seconds per wall second in the controller-outage drill (an hour in 6 s)."""
+
+
+def test_controller_unreachable_an_hour(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No controller answers for an hour of simulated time (600x: 6 s of wall time).
+
+    The real agent link (outbox file bounded at 200 records, sender, sender thread) with
+    every timing scaled by 1/600: an evaluation every 10 simulated seconds queues the
+    failing GPU's changed finding (360 in the hour), the retry backoff is capped at 30
+    simulated seconds. Then a real controller starts on the agents' URL. Must hold: the
+    outbox stays within its bound and drops only the oldest (counted, logged once); the
+    sender retries with the capped backoff (at most ~one try per 30 simulated seconds),
+    logs the outage once and the recovery once; after, every kept record arrives once,
+    in the order it was queued, and the controller holds the newest state of the finding.
+    """
+    import dataclasses
+
+    import gpuhealth.agent as agent_module
+    from core.codec import finding_from_json
+    from gpuhealth.agent import AgentLink
+    from gpuhealth.metrics import MetricsExporter
+    from storage.agent_outbox import AgentOutbox
+    from tests.drill_helpers import controller_in_thread
+
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(agent_module, "MAX_BACKOFF_SECONDS", 30.0 / SPEED)
+    node, bound, evaluations = "far-01", 200, 360
+    tokens = write_tokens(tmp_path / "tokens", [node])
+    port = free_port()
+    start = time.time() - evaluations * 10.0  # the simulated hour ends now
+    sim = {"now": start}
+    outbox = AgentOutbox(tmp_path / "agent" / "agent-outbox.sqlite", node=node,
+                         max_records=bound)
+    sender = _CountingSender(outbox, controllers=[f"http://127.0.0.1:{port}"],
+                             token=tokens[node], version="drill", clock=lambda: sim["now"],
+                             timeout_seconds=2.0)
+    stop = threading.Event()
+    link = AgentLink(outbox=outbox, sender=sender, exporter=MetricsExporter(), stop=stop,
+                     interval_seconds=1.0 / SPEED, heartbeat_seconds=10.0 / SPEED)
+    link._thread.start()
+    base = finding_from_json(xid79(node, start))
+    keys: list[str] = []
+    closed = False
+    try:
+        wall0 = time.monotonic()
+        for i in range(evaluations):
+            sim["now"] = start + 10.0 * i
+            before = len(outbox) + outbox.dropped
+            link.forward([dataclasses.replace(base, occurrences=i + 1, last_seen_at=sim["now"])])
+            assert len(outbox) + outbox.dropped == before + 1
+            assert len(outbox) <= bound
+            time.sleep(max(0.0, wall0 + (i + 1) * 10.0 / SPEED - time.monotonic()))
+        tries_down = sender.tries
+        assert outbox.dropped == evaluations - bound
+        kept = [r.key for r in outbox.peek(bound)]
+        config = controller_config(tmp_path / "ctl.toml", name="ctl", port=port,
+                                   state=str(tmp_path / "ctl" / "fleet.sqlite"),
+                                   tokens=tmp_path / "tokens")
+        with controller_in_thread(config) as ctl:
+            eventually(lambda: len(outbox) == 0, timeout=20)
+            rows = [r for r in ctl.store.read_after(0, limit=10_000) if r.kind == "finding"]
+            keys = [r.key for r in rows]
+            held = eventually(lambda: [f for f in ctl.pipeline.held_findings()
+                                       if f.node == node and f.code == "79"], timeout=10)
+            assert held[0].occurrences == evaluations
+            link.close()  # before the controller goes: its going is no outage to log
+            closed = True
+    finally:
+        if not closed:
+            link.close()
+    print(f"controller away 3600 s (simulated): {evaluations} records queued, "  # noqa: T201
+          f"{outbox.dropped} oldest dropped (bound {bound}), {tries_down} tries while away")
+    assert keys == kept, "not every kept record arrived once, in order"
+    # an hour with the backoff capped at 30 s: about 120 tries (+ the doubling at first)
+    assert tries_down <= 3600 / 30 * 1.25 + 10, tries_down
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("no controller took the batch" in m for m in messages) == 1
+    assert sum("answers again" in m for m in messages) == 1
+    assert sum("agent outbox full" in m for m in messages) == 1
