@@ -16,6 +16,7 @@ once and the recovery once, and ``gpuhealth_agent_controller_up`` says which hol
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,6 +60,8 @@ class AgentLink:
         self.up: bool | None = None
         self.unreachable_since: float | None = None
         """Since when no controller took a batch (epoch seconds); ``None`` while one does."""
+        self._queue_problem = ""
+        self._ack_failed = False
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="gpuhealth-agent-link",
                                         daemon=True)
@@ -118,8 +121,13 @@ class AgentLink:
             with self._lock:
                 queued = self.forwarder.observe(findings, now=time.time())
         except Exception as exc:  # a full disk: the next evaluation tries again
-            logger.error("agent outbox: cannot queue findings: %s", exc)  # noqa: TRY400
+            if str(exc) != self._queue_problem:  # once per problem, not per evaluation
+                self._queue_problem = str(exc)
+                logger.error("agent outbox: cannot queue findings: %s", exc)  # noqa: TRY400
             return
+        if self._queue_problem:
+            self._queue_problem = ""
+            logger.warning("agent outbox: findings are queued again")
         if queued:
             self.wake.set()
 
@@ -130,7 +138,16 @@ class AgentLink:
         while not self.stop.is_set():
             due = len(self.outbox) > 0 or time.monotonic() - last_sent >= self.heartbeat_seconds
             if due:
-                result = self.sender.send_once()
+                try:
+                    result = self.sender.send_once()
+                except (sqlite3.Error, OSError) as exc:  # a full disk: the acks; retry later
+                    if not self._ack_failed:
+                        logger.error("agent outbox: cannot record what the controller "  # noqa: TRY400
+                                     "took (sent again later, same keys): %s", exc)
+                    self._ack_failed = True
+                    self.stop.wait(delay)
+                    continue
+                self._ack_failed = False
                 if result.controller is not None:
                     last_sent = time.monotonic()
                     delay = self.interval_seconds

@@ -141,7 +141,8 @@ class AgentOutbox:
                                      "(SELECT id FROM outbox ORDER BY id LIMIT ?)", (over,))
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite ends it itself on a full disk
+                    self._db.execute("ROLLBACK")
                 raise
         if over > 0:
             self.dropped += over
@@ -172,8 +173,13 @@ class AgentOutbox:
             return
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
-            self._db.execute("COMMIT")
+            try:
+                self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+                self._db.execute("COMMIT")
+            except BaseException:  # a full disk: the records stay, sent again (same keys)
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
             if not self._count():
                 self._warned = False
 
