@@ -217,7 +217,8 @@ def test_postgres_restarted_mid_burst(tmp_path: Path, postgres: Postgres) -> Non
                     time.sleep(0.1)
                 postgres.start()
         agents.finish(timeout=45)
-        assert agents.statuses[503] > 0, f"the outage was not seen: {agents.statuses}"
+        # 503, or no answer in the agent's timeout (a request waiting for the pool)
+        assert agents.statuses[503] + agents.statuses[0] > 0, agents.statuses
         assert all(p.alive() for p in procs.values()), "a controller died"
         eventually(lambda: leader_of(ports), timeout=LEASE_SECONDS + 15)
         _assert_stored_once(dsn, agents)
