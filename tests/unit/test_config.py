@@ -252,8 +252,9 @@ def test_storage_messages_name_the_key_once(tmp_path: Path) -> None:
         load_settings(str(path), env={})
 
 
-@pytest.mark.parametrize("section,key", [("analytics", "predictor"), ("analytics", "detectors"),
-                                         ("metrics", "enabled"), ("analytics", "predictor_refit")])
+@pytest.mark.parametrize(("section", "key"), [
+    ("analytics", "predictor"), ("analytics", "detectors"), ("metrics", "enabled"),
+    ("analytics", "predictor_refit")])
 def test_a_switch_must_be_a_toml_boolean(tmp_path: Path, section: str, key: str) -> None:
     """Fresh-user finding: `predictor = "yes"` was taken as true (pydantic's lax bool); a
     string is refused naming the key, as `dry_run = "no"` already was."""

@@ -129,6 +129,7 @@ def test_shared_and_fresh_labels_give_the_same_vectors():
         other.observe([s("gpu_ecc_errors_total", v, t, entity=entity, **shared)])
     a = {v.entity: v.values for v in one.vectors(7200)}
     b = {v.entity: v.values for v in other.vectors(7200)}
-    assert a == b and set(a) == {"GPU-0", "GPU-1"}
+    assert a == b
+    assert set(a) == {"GPU-0", "GPU-1"}
     # one shared dictionary, two series: GPU-1's errors come three times as often
     assert a["GPU-1"]["dram_ce_rate"] > 2 * a["GPU-0"]["dram_ce_rate"]

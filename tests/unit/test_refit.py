@@ -100,7 +100,8 @@ def test_memorised_failure_episodes_are_not_adopted(tmp_path) -> None:
         label = episode is not None
         fingerprint = (episode / day * 0.7919) % 1.0 if label else rng.random()
         online = min(1.0, max(0.0, 0.5 + (0.1 if label else 0.0) + rng.gauss(0, 0.2)))
-        rows.append(({"corrected_ecc_evidence": fingerprint, "noise_fold": rng.random()}, label, online, t))
+        rows.append(({"corrected_ecc_evidence": fingerprint, "noise_fold": rng.random()},
+                     label, online, t))
     leaky = refit(rows, seed=0, gap_seconds=0.0, calibration_fraction=0.0)
     assert leaky.adopted, leaky.why  # what a cut without the gap concludes
     stage = PredictionStage(checkpoint_path=tmp_path / "p.pkl", min_positives=0)  # 24 h
