@@ -121,12 +121,13 @@ def out_of_service(settings: Any) -> dict[str, str]:
             (a drill is then refused: the budget cannot be known).
     """
     from remediation.actions import ActionStore
+    from remediation.drill import held_out_of_service
 
     held: dict[str, str] = {}
     store = _open_store(settings)
     if store is not None:
         try:
-            _held_by(store, held)
+            held_out_of_service(store, held)
         finally:
             store.close()
     folder = Path(settings.node.data_dir) / DRILLS_FOLDER
@@ -137,7 +138,7 @@ def out_of_service(settings: Any) -> dict[str, str]:
             logger.warning("cannot read the drill store %s: %s", path, exc)
             continue
         try:
-            _held_by(drill_store, held)
+            held_out_of_service(drill_store, held)
         except (GpuHealthError, OSError, sqlite3.Error) as exc:
             logger.warning("cannot read the drill store %s: %s", path, exc)
         finally:
@@ -145,18 +146,9 @@ def out_of_service(settings: Any) -> dict[str, str]:
     return held
 
 
-def _held_by(store: Any, held: dict[str, str]) -> None:
-    from remediation.actions import INCIDENT_OPEN, INCIDENT_PROBATION
-
-    for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
-        if inc.out_of_service_at is not None:
-            held.setdefault(str(inc.node), inc.incident)
-
-
 async def preflight(settings: Any, node: str, *, adapter: Any, disruption_limit: int) -> str:
-    """Return why drilling ``node`` now is refused, or ``""`` (see the module docstring)."""
-    from core.protocols import NodeInspector
-    from core.records import NodeName
+    """Why drilling ``node`` now is refused, or ``""`` (:func:`remediation.drill.refusal`)."""
+    from remediation.drill import refusal
 
     if node in settings.remediation.opt_out_nodes:
         return (f"node {node} opted out of automatic remediation ([remediation] "
@@ -166,26 +158,7 @@ async def preflight(settings: Any, node: str, *, adapter: Any, disruption_limit:
     except (GpuHealthError, OSError, sqlite3.Error) as exc:
         return (f"the nodes gpuhealth holds out of service cannot be read ({exc}): the "
                 "disruption budget is unknown, no drill")
-    if node in held:
-        return (f"node {node} is already out of service because of gpuhealth "
-                f"(incident {held[node]}): no drill")
-    if len(held) >= disruption_limit:
-        return (f"disruption budget: {len(held)} of {disruption_limit} node(s) already out "
-                f"of service because of gpuhealth ({', '.join(sorted(held))}): no drill")
-    if adapter is not None and isinstance(adapter, NodeInspector):
-        try:
-            state = await adapter.node_state(NodeName(node), workload=False)
-        except GpuHealthError as exc:
-            return f"the scheduler cannot show node {node} ({exc}): no drill"
-        if not state.exists:
-            return f"node {node} is not known to the scheduler: no drill"
-        if state.opted_out:
-            return f"node {node} carries the opt-out label: no drill"
-        if not state.schedulable:
-            who = "gpuhealth" if state.owned else "a human"
-            return (f"node {node} is out of service already ({who}: "
-                    f"{state.reason or state.state}): no drill")
-    return ""
+    return await refusal(node, held=held, disruption_limit=disruption_limit, adapter=adapter)
 
 
 def run_drill(settings: Any, *, node: str, kind: str, live: bool,
@@ -241,7 +214,15 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
            pagers: Sequence[Any], slos: dict[str, float], folder: Path,
            echo: Callable[[str], None], timeout_seconds: float) -> DrillOutcome:
     from gpuhealth.compose import build_attribution, build_pipeline
-    from remediation.drill import DRILL, DrillAuditLog, DrillTimeline, judge, passed
+    from remediation.drill import (
+        DRILL,
+        DrillAuditLog,
+        DrillTimeline,
+        end_incidents,
+        in_flight,
+        judge,
+        passed,
+    )
 
     drill_id, node = outcome.drill_id, outcome.node
     audit_path = folder / "audit.jsonl"
@@ -293,11 +274,11 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
             time.sleep(min(0.1, evaluate_every))
         if timeline.problems:  # let the steps already decided (a hand-off) reach the adapter
             settle = min(deadline, time.monotonic() + SETTLE_SECONDS)
-            while _in_flight(pipeline.actions) and time.monotonic() < settle:
+            while in_flight(pipeline.actions) and time.monotonic() < settle:
                 timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
                 time.sleep(0.1)
         timeline.saw_actions(pipeline.actions.actions())
-        _end_incidents(pipeline.actions, time.time())
+        end_incidents(pipeline.actions, time.time())
     finally:
         loop.run_until_complete(pipeline.aclose())
         pipeline.close()
@@ -312,25 +293,6 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
                                         encoding="utf-8")
     _record_history(settings, timeline, outcome)
     return outcome
-
-
-def _in_flight(store: Any) -> bool:
-    from core.records import ActionPhase
-
-    return bool(store.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING)))
-
-
-def _end_incidents(store: Any, now: float) -> None:
-    """Close the drill's incidents in its own store once it is over.
-
-    A node the drill left out of service (it failed on the way) is then seen as the
-    scheduler shows it, and a human who resumes it frees it for the next drill.
-    """
-    from remediation.actions import INCIDENT_CLOSED, INCIDENT_OPEN, INCIDENT_PROBATION
-
-    for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
-        store.update_incident(inc.incident, state=INCIDENT_CLOSED, closed_at=now,
-                              note="drill over")
 
 
 def _record_history(settings: Any, timeline: Any, outcome: DrillOutcome) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.kernel_log import KernelLogCollector
-from core.errors import PermanentError
+from core.errors import GpuHealthError, PermanentError
 from core.records import (
     ActionPhase,
     ActionRequest,
@@ -556,3 +556,71 @@ def drill_adapter(inner: Any, drill_id: str) -> DrillAdapter:
     cls = type(f"Drill{type(inner).__name__}", (DrillAdapter,), members)
     adapter: DrillAdapter = cls(inner, drill_id)
     return adapter
+
+
+def held_out_of_service(store: Any, held: dict[str, str]) -> None:
+    """Add to ``held`` the nodes ``store``'s open incidents took out of service, by incident.
+
+    ``store`` is an :class:`~remediation.actions.ActionStore` (the service's or a drill's);
+    a node already in ``held`` keeps its first incident.
+    """
+    from remediation.actions import INCIDENT_OPEN, INCIDENT_PROBATION
+
+    for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
+        if inc.out_of_service_at is not None:
+            held.setdefault(str(inc.node), inc.incident)
+
+
+async def refusal(node: str, *, held: Mapping[str, str], disruption_limit: int,
+                  adapter: Any = None) -> str:
+    """Return why drilling ``node`` is refused now, or ``""``.
+
+    Refused when gpuhealth holds the node out of service already (``held``: node ->
+    incident), when the disruption budget (``disruption_limit`` nodes) is full, and, with
+    a live ``adapter`` that can show nodes (:class:`~core.protocols.NodeInspector`), when
+    the scheduler does not know the node, shows it opted out, or shows it out of service
+    (by gpuhealth or by a human: a drill never undoes what a person did).
+    """
+    from core.protocols import NodeInspector
+    from core.records import NodeName
+
+    if node in held:
+        return (f"node {node} is already out of service because of gpuhealth "
+                f"(incident {held[node]}): no drill")
+    if len(held) >= disruption_limit:
+        return (f"disruption budget: {len(held)} of {disruption_limit} node(s) already out "
+                f"of service because of gpuhealth ({', '.join(sorted(held))}): no drill")
+    if adapter is not None and isinstance(adapter, NodeInspector):
+        try:
+            state = await adapter.node_state(NodeName(node), workload=False)
+        except GpuHealthError as exc:
+            return f"the scheduler cannot show node {node} ({exc}): no drill"
+        if not state.exists:
+            return f"node {node} is not known to the scheduler: no drill"
+        if state.opted_out:
+            return f"node {node} carries the opt-out label: no drill"
+        if not state.schedulable:
+            who = "gpuhealth" if state.owned else "a human"
+            return (f"node {node} is out of service already ({who}: "
+                    f"{state.reason or state.state}): no drill")
+    return ""
+
+
+def in_flight(store: Any) -> bool:
+    """Whether ``store`` has a step pending or running."""
+    from core.records import ActionPhase
+
+    return bool(store.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING)))
+
+
+def end_incidents(store: Any, now: float) -> None:
+    """Close the drill's incidents in its own store once it is over.
+
+    A node the drill left out of service (it failed on the way) is then seen as the
+    scheduler shows it, and a human who resumes it frees it for the next drill.
+    """
+    from remediation.actions import INCIDENT_CLOSED, INCIDENT_OPEN, INCIDENT_PROBATION
+
+    for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
+        store.update_incident(inc.incident, state=INCIDENT_CLOSED, closed_at=now,
+                              note="drill over")
