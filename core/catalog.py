@@ -848,6 +848,14 @@ CATALOG: tuple[MetricSpec, ...] = (
         help="Whether a controller answered the last batch (1) or none did (0)",
     ),
     MetricSpec(
+        name="gpuhealth_agent_clock_skew_seconds",
+        type=G,
+        unit="seconds",
+        help="An agent's clock minus this controller replica's, from its last batch's "
+        "sent_at (includes the transit time; > 0: the agent is ahead)",
+        labels=("node",),
+    ),
+    MetricSpec(
         name="gpuhealth_controller_records_accepted_total",
         type=C,
         unit="1",

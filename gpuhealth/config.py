@@ -917,6 +917,10 @@ class ControllerSettings(BaseModel):
     agent_silent_seconds: Duration = Field(default=60.0, gt=0)
     """An agent not heard from for this long gets a ``warning`` finding (its node is not
     drained on that alone)."""
+    agent_clock_skew_warn_seconds: Duration = Field(default=60.0, gt=0)
+    """An agent whose clock (its batches' ``sent_at``) is further off the controller's than
+    this is logged once, until back within half of it; the skew of every agent is the
+    gauge ``gpuhealth_agent_clock_skew_seconds{node}``. Nothing is decided on it."""
     consume_interval_seconds: Duration = Field(default=0.2, gt=0)
     """How often every replica reads newly accepted records, seconds."""
     retention_seconds: Duration = Field(default=7 * 86400.0, gt=0)

@@ -24,8 +24,11 @@ leader's actions (each exactly once, by its idempotency key) after a fail-over.
 
 A node whose agent has sent nothing for ``[controller] agent_silent_seconds`` gets a
 ``warning`` finding (``agent``/``silent``, action none): it is watched, never drained
-on that alone. All network I/O of a replica runs on one event loop; database calls run
-on a thread pool of the pool's size.
+on that alone. Heartbeats are stamped with the replica's own clock; an agent's clock
+is compared with it at every batch (``sent_at``, :class:`storage.fleet.ClockSkewWatch`):
+``gpuhealth_agent_clock_skew_seconds{node}``, and a warning once per node beyond
+``[controller] agent_clock_skew_warn_seconds``. All network I/O of a replica runs on one
+event loop; database calls run on a thread pool of the pool's size.
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ from gpuhealth.tokens import AgentTokens
 from remediation.metrics import RemediationCollector
 from storage.fleet import (
     BatchError,
+    ClockSkewWatch,
     FleetStore,
+    batch_sent_at,
     finding_updates,
     open_fleet_store,
     parse_batch,
@@ -166,6 +171,8 @@ class Controller:
                                           window_seconds=c.correlate_window_seconds)
         self.cursor = 0
         self.silence = AgentSilence(after_seconds=c.agent_silent_seconds)
+        self.clock_skew = ClockSkewWatch(warn_seconds=c.agent_clock_skew_warn_seconds)
+        """Each agent's clock against this replica's (``sent_at`` of its batches)."""
         self.canary = CanaryWatch(attribute="driver_version")
         self.canary_verdict: CanaryVerdict | None = None
         self._canary_said = ""
@@ -224,6 +231,7 @@ class Controller:
         self.exporter.inc("gpuhealth_controller_batches_total", {"code": str(status)})
 
     async def _batch(self, request: web.Request) -> web.Response:
+        received_at = time.time()  # before the body is read: the skew's other end
         node = request.match_info["node"]
         header = request.headers.get("Authorization", "")
         token = header[7:] if header.startswith("Bearer ") else ""
@@ -259,6 +267,9 @@ class Controller:
         except BatchError as exc:
             self._count(exc.status)
             return web.json_response({"error": str(exc)}, status=exc.status)
+        skew = self.clock_skew.observe(node, batch_sent_at(payload), received_at)
+        if skew is not None:
+            self.exporter.set("gpuhealth_agent_clock_skew_seconds", skew.skew, {"node": node})
         try:
             result = await self._db_call(self.store.accept, node, records)
             gpus = heartbeat.get("gpus", []) if heartbeat else []

@@ -20,6 +20,12 @@ Wire format (``POST <controller>/api/v1/agents/<node>/batch``, JSON,
      "records": [{"key": "gpu-02:5f1c...", "kind": "finding", "at": 1764600000.1,
                   "body": {<finding JSON, docs/fault-model.md>}}]}
 
+``sent_at`` is the agent's wall clock (epoch seconds) when this try left, stamped again
+for each replica tried: the controller compares it with its own clock on receipt
+(``gpuhealth_agent_clock_skew_seconds{node}``, :class:`storage.fleet.ClockSkewWatch`);
+it is optional there (older agents send none). Record ``at`` and ``heartbeat.at`` are
+the agent's clock too; the controller stamps the heartbeat with its own.
+
 The controller answers 200 ``{"accepted": n, "duplicates": m}`` only after the records
 are written to its state store; 401 for a missing or wrong token, 403 for a batch about
 another node, 400 for a malformed batch (the body names the key), 5xx or no answer when
@@ -328,6 +334,9 @@ class OutboxSender:
         for attempt in range(len(self.controllers)):
             url = self.controllers[(self._next + attempt) % len(self.controllers)]
             target = f"{url}/api/v1/agents/{self.outbox.node}/batch"
+            if attempt:  # the try before may have waited a whole timeout: stamp anew
+                payload["sent_at"] = self.clock()
+                body = json.dumps(payload, separators=(",", ":")).encode()
             try:
                 answer = self._client.post(target, content=body, headers=headers)
             except httpx.HTTPError as exc:

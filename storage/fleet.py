@@ -51,6 +51,7 @@ __all__ = [
     "FLEET_RECORD_KINDS",
     "AcceptResult",
     "AgentRow",
+    "ClockSkewWatch",
     "FleetRecord",
     "FleetStore",
     "PostgresFleetStore",
@@ -411,6 +412,114 @@ def parse_batch(node: str, payload: Any) -> tuple[list[FleetRecord], dict[str, A
             raise BatchError(400, f"heartbeat.facts: expected at most {MAX_FACTS} short "
                                   "string pairs")
     return records, heartbeat
+
+
+CLOCK_SKEW_WARN_SECONDS = 60.0
+"""Default ``|skew|`` beyond which an agent's clock is logged as off (``[controller]
+agent_clock_skew_warn_seconds``), seconds."""
+
+
+def batch_sent_at(payload: Mapping[str, Any]) -> float | None:
+    """The agent's wall clock when it sent the batch (``sent_at``, epoch seconds), or ``None``.
+
+    Optional: agents before ``sent_at`` send none. Any finite number is taken as it is,
+    however far off (a clock in 1970 is what the skew must show); anything else is
+    ignored, never a reason to refuse the batch (it is a diagnostic, not data).
+
+    Examples:
+        >>> batch_sent_at({"sent_at": 1764600000.5}), batch_sent_at({})
+        (1764600000.5, None)
+        >>> batch_sent_at({"sent_at": "soon"}), batch_sent_at({"sent_at": float("nan")})
+        (None, None)
+    """
+    value = payload.get("sent_at")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    sent_at = float(value)
+    return sent_at if sent_at - sent_at == 0.0 else None  # not inf or NaN
+
+
+@dataclass(frozen=True, slots=True)
+class SkewChange:
+    """What one :meth:`ClockSkewWatch.observe` found.
+
+    Attributes:
+        skew: The agent's clock minus the controller's, seconds (> 0: the agent is ahead).
+        off: The clock just went beyond the threshold (log it, once).
+        back: It just came back within half the threshold.
+    """
+
+    skew: float
+    off: bool = False
+    back: bool = False
+
+
+class ClockSkewWatch:
+    """Each agent's clock against this controller's, from the ``sent_at`` of its batches.
+
+    ``skew = sent_at - received_at`` (seconds; > 0: the agent's clock is ahead). It
+    includes the batch's transit time (loopback: milliseconds; after a failed try at
+    another replica the agent stamps the next try anew), so it reads slightly
+    negative on a synchronised fleet. Nothing the controller decides depends on it:
+    heartbeats are stamped with the controller's own clock (no false "agent silent"),
+    records keep the agent's ``at``. It is exported as
+    ``gpuhealth_agent_clock_skew_seconds{node}`` and a node beyond ``warn_seconds`` is
+    logged once, until it is back within half of it (hysteresis: a clock near the
+    threshold does not log at every batch).
+
+    Args:
+        warn_seconds: ``|skew|`` beyond which a node is logged, > 0.
+
+    Raises:
+        ValueError: ``warn_seconds`` <= 0.
+
+    Examples:
+        >>> watch = ClockSkewWatch(warn_seconds=60.0)
+        >>> watch.observe("gpu-01", 1000.0, 400.0)  # 10 min ahead: logged
+        SkewChange(skew=600.0, off=True, back=False)
+        >>> watch.observe("gpu-01", 1000.0, 405.0).off  # still off: not again
+        False
+        >>> watch.observe("gpu-01", 1000.0, 960.0).back  # 40 s: not yet within 30 s
+        False
+        >>> watch.observe("gpu-01", 1000.0, 1000.5)
+        SkewChange(skew=-0.5, off=False, back=True)
+        >>> watch.observe("gpu-02", None, 1000.0) is None  # an older agent: no sent_at
+        True
+    """
+
+    def __init__(self, *, warn_seconds: float = CLOCK_SKEW_WARN_SECONDS) -> None:
+        if not warn_seconds > 0:
+            raise ValueError(f"warn_seconds must be > 0, got {warn_seconds!r}")
+        self.warn_seconds = warn_seconds
+        self.skew: dict[str, float] = {}
+        """Per node, the skew of its last batch that carried ``sent_at``, seconds."""
+        self.off: set[str] = set()
+        """Nodes beyond ``warn_seconds`` (logged, not yet back)."""
+
+    def observe(self, node: str, sent_at: float | None, received_at: float) -> SkewChange | None:
+        """Account for one batch; ``None`` when it carried no ``sent_at``.
+
+        Args:
+            node: The agent's node.
+            sent_at: :func:`batch_sent_at` of the batch, the agent's epoch seconds.
+            received_at: When this controller received it, its own epoch seconds.
+        """
+        if sent_at is None:
+            return None
+        skew = sent_at - received_at
+        self.skew[node] = skew
+        if abs(skew) > self.warn_seconds and node not in self.off:
+            self.off.add(node)
+            logger.warning("controller: the clock of %s's agent is %+.1f s off this "
+                           "controller's (beyond %.0f s): its records' times are its own; "
+                           "check NTP on the node", node, skew, self.warn_seconds)
+            return SkewChange(skew, off=True)
+        if node in self.off and abs(skew) <= self.warn_seconds / 2:
+            self.off.discard(node)
+            logger.info("controller: the clock of %s's agent is back within %.0f s "
+                        "(%+.1f s)", node, self.warn_seconds / 2, skew)
+            return SkewChange(skew, back=True)
+        return SkewChange(skew)
 
 
 def without_nul(value: Any) -> Any:

@@ -10,6 +10,9 @@
   turn, in one thread; every key queued is kept, so a drill can check that everything
   accepted was stored once.
 - :func:`xid79`: an Xid 79 finding as an agent's outbox record body.
+- :func:`flapping_agent`: the body of an agent process that is restarted over and over
+  (run by :func:`flapping_agent_proc`): a real on-disk outbox, sender and finding
+  forwarder, queueing numbered records and journaling each one.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -215,20 +220,25 @@ class SimAgents:
         nodes: The agents' nodes.
         tokens: Their tokens.
         controllers: Base URLs of the replicas (each sender tries them in turn).
-        clock: The agents' clock (epoch seconds) for records and heartbeats.
+        clock: The agents' clock (epoch seconds) for records, heartbeats and ``sent_at``.
+        clocks: Per node, its own clock instead (an agent whose clock is off).
     """
 
     def __init__(self, nodes: Sequence[str], tokens: dict[str, str],
                  controllers: Sequence[str], *, clock: Callable[[], float] = time.time,
+                 clocks: dict[str, Callable[[], float]] | None = None,
                  heartbeat: float = 0.5, timeout_seconds: float = 3.0) -> None:
         self.clock = clock
+        self.clocks = {n: (clocks or {}).get(n, clock) for n in nodes}
         self.heartbeat = heartbeat
         self.outboxes = {n: AgentOutbox(None, node=n, max_records=1_000_000) for n in nodes}
         self.senders = {n: OutboxSender(self.outboxes[n], controllers=controllers,
-                                        token=tokens[n], version="drill", clock=clock,
-                                        batch_max_records=50,
+                                        token=tokens[n], version="drill",
+                                        clock=self.clocks[n], batch_max_records=50,
                                         timeout_seconds=timeout_seconds)
                         for n in nodes}
+        self.silenced: set[str] = set()
+        """Nodes whose agent sends nothing any more (:meth:`silence`)."""
         self.keys: dict[str, list[str]] = {n: [] for n in nodes}
         """Per node, every key queued, in order."""
         self.statuses: collections.Counter[int] = collections.Counter()
@@ -245,15 +255,21 @@ class SimAgents:
 
     def queue(self, node: str, kind: str, body: dict[str, Any]) -> str:
         with self._lock:
-            key = self.outboxes[node].put(kind, body, at=self.clock())
+            key = self.outboxes[node].put(kind, body, at=self.clocks[node]())
             self.keys[node].append(key)
         return key
 
+    def silence(self, node: str) -> None:
+        """Stop sending for ``node`` (its agent gone: no heartbeat, nothing queued taken)."""
+        self.silenced.add(node)
+
     def depth(self) -> int:
-        return sum(len(o) for o in self.outboxes.values())
+        return sum(len(o) for n, o in self.outboxes.items() if n not in self.silenced)
 
     def _round(self) -> None:
         for node, sender in self.senders.items():
+            if node in self.silenced:
+                continue
             now = time.monotonic()
             if not len(self.outboxes[node]) and now - self._last[node] < self.heartbeat:
                 continue
@@ -288,6 +304,136 @@ class SimAgents:
             sender.close()
             self.outboxes[n].close()
 
+
+def flapping_agent(*, outbox: str, journal: str, node: str, token: str,
+                   controllers: list[str], finding_at: float, period: float,
+                   ack_pause: float = 0.0) -> None:
+    """One life of an agent that is restarted over and over (run in its own process).
+
+    The real on-disk :class:`AgentOutbox` (the same file in every life), the real
+    :class:`OutboxSender` and :class:`~storage.agent_outbox.FindingForwarder`. Every
+    ``period`` seconds it queues one ``inventory`` record ``{"n": n}`` (``n`` going on
+    from the last life's), forwards its one open finding (an Xid 79 first seen at
+    ``finding_at``; the forwarder's memory is the process's, so each life queues it once
+    again) and sends one batch. SIGTERM stops it after the current step (as the agent's
+    own handler does); SIGKILL anywhere. ``journal`` gets, each line written with one
+    ``write``: ``start <pid>``, ``intent <n>`` before a put, ``queued <n> <key>`` after
+    it, ``ack <records>`` when a controller's 200 is in and the batch is about to be
+    removed from the outbox (then ``ack_pause`` seconds pass: a kill -9 aimed there hits
+    a batch the controller stored and the agent never acknowledged), ``sent <records>
+    <duplicates> <epoch s>`` for each batch (and so heartbeat) a controller took,
+    ``stopped``.
+    """
+    from core.codec import finding_from_json
+    from storage.agent_outbox import FindingForwarder
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    n = max(read_journal(Path(journal)).intended, default=-1) + 1
+    fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def note(line: str) -> None:
+        os.write(fd, f"{line}\n".encode())
+
+    note(f"start {os.getpid()}")
+    box = AgentOutbox(outbox, node=node)
+    sender = OutboxSender(box, controllers=controllers, token=token, version="drill",
+                          batch_max_records=10, timeout_seconds=2.0)
+    forwarder = FindingForwarder(box, node=node)
+    finding = finding_from_json(xid79(node, finding_at))
+    acknowledge = box.ack
+
+    def ack(ids: Sequence[int]) -> None:
+        note(f"ack {len(ids)}")
+        time.sleep(ack_pause)
+        acknowledge(ids)
+
+    box.ack = ack  # type: ignore[method-assign]
+    try:
+        while not stop.is_set():
+            note(f"intent {n}")
+            key = box.put("inventory", {"n": n}, at=time.time())
+            note(f"queued {n} {key}")
+            n += 1
+            forwarder.observe([finding], now=time.time())
+            result = sender.send_once()
+            if result.controller is not None:
+                note(f"sent {result.sent} {result.duplicates} {time.time():.3f}")
+            stop.wait(period)
+    finally:
+        sender.close()
+        box.close()
+        note("stopped")
+        os.close(fd)
+
+
+def flapping_agent_proc(log: Path, **kwargs: Any) -> Proc:
+    """A :class:`Proc` running :func:`flapping_agent` with ``kwargs`` (not started)."""
+    import json
+
+    code = ("import json, sys; from tests.drill_helpers import flapping_agent; "
+            "flapping_agent(**json.loads(sys.argv[1]))")
+    return Proc([sys.executable, "-c", code, json.dumps(kwargs)], log,
+                {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@dataclasses.dataclass
+class Journal:
+    """What :func:`flapping_agent`'s lives wrote (:func:`read_journal`).
+
+    Attributes:
+        intended: Every ``n`` a life was about to queue, in order.
+        queued: ``(n, key)`` of every put that returned, in order.
+        starts: Lives started.
+        stopped: Lives that stopped on SIGTERM (the rest were killed).
+        sent: Records a controller acknowledged.
+        duplicates: Of those, records it already had (resent after a restart).
+        acks: Batches about to be acknowledged (``ack`` lines).
+        taken_at: When each batch a controller took was acknowledged, epoch seconds.
+    """
+
+    intended: list[int]
+    queued: list[tuple[int, str]]
+    starts: int
+    stopped: int
+    sent: int
+    duplicates: int
+    acks: int = 0
+    taken_at: list[float] = dataclasses.field(default_factory=list)
+
+
+def read_journal(path: Path) -> Journal:
+    """Read a :func:`flapping_agent` journal (empty when there is none yet)."""
+    journal = Journal([], [], 0, 0, 0, 0)
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines():
+        word, *rest = line.split()
+        if word == "intent":
+            journal.intended.append(int(rest[0]))
+        elif word == "queued":
+            journal.queued.append((int(rest[0]), rest[1]))
+        elif word == "start":
+            journal.starts += 1
+        elif word == "stopped":
+            journal.stopped += 1
+        elif word == "ack":
+            journal.acks += 1
+        elif word == "sent":
+            journal.sent += int(rest[0])
+            journal.duplicates += int(rest[1])
+            journal.taken_at.append(float(rest[2]))
+    return journal
+
+
+def stored_rows(dsn: str, node: str) -> list[tuple[int, str, str, dict[str, Any]]]:
+    """``(seq, key, kind, body)`` of ``node``'s accepted records, in accepted order."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT seq, key, kind, body FROM fleet_records WHERE node = %s "
+                            "ORDER BY seq", (node,)).fetchall()
+    return [(int(r[0]), str(r[1]), str(r[2]),
+             r[3] if isinstance(r[3], dict) else json.loads(r[3])) for r in rows]
 
 def stored_records(dsn: str) -> list[tuple[int, str, str, str]]:
     """``(seq, key, node, kind)`` of every accepted record, in accepted order."""
