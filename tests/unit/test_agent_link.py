@@ -273,6 +273,30 @@ def test_a_record_refused_for_its_content_is_set_aside_alone() -> None:
     assert seen[4:] == [[], []]  # then only heartbeats
 
 
+def test_each_replica_tried_gets_the_time_its_try_left() -> None:
+    """``sent_at`` is stamped again for each replica tried: a first replica that held the
+    request for a whole timeout must not show as the agent's clock skew on the second.
+    A local transport stands in for both replicas (the first times out, as httpx raises)."""
+    clock = [1000.0]
+    stamps: dict[str, float] = {}
+
+    def replicas(request: httpx.Request) -> httpx.Response:
+        stamps[request.url.host] = json.loads(request.content)["sent_at"]
+        if request.url.host == "ctl-a":
+            clock[0] += 10.0  # the timeout spent on the first replica
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(200, json={"accepted": 1, "duplicates": 0})
+
+    box = AgentOutbox(None, node="gpu-02")
+    box.put("inventory", {"n": 1}, at=1.0)
+    sender = OutboxSender(box, controllers=["http://ctl-a", "http://ctl-b"], token="t",
+                          version="test", clock=lambda: clock[0],
+                          transport=httpx.MockTransport(replicas))
+    sender.send_once()
+    assert len(box) == 0
+    assert stamps == {"ctl-a": 1000.0, "ctl-b": 1010.0}
+
+
 def test_parse_batch_refuses_malformed_batches_with_400() -> None:
     from storage.fleet import BatchError, parse_batch, without_nul
 
