@@ -714,12 +714,15 @@ def config() -> None:
 @click.option("--role", type=click.Choice(["run", "agent", "controller"]), default="run",
               show_default=True, help="The command the file is for: agent and controller "
               "need keys that run does not.")
-def config_check(path: str | None, config_path: str | None, role: str) -> None:
+@click.option("--show", is_flag=True,
+              help="Also print the settings in effect (every default filled in) as JSON.")
+def config_check(path: str | None, config_path: str | None, role: str, show: bool) -> None:
     """Validate a settings file and GPUHEALTH_* overrides; print the result, exit 1 if invalid.
 
     Without PATH (or --config), checks the embedded defaults (plus the environment
     overrides). --role agent also needs [agent] controllers and a token; --role controller
-    needs [controller] agent_tokens_file.
+    needs [controller] agent_tokens_file. A valid file gives one line (with --show, the
+    settings in effect as JSON after it).
     """
     from gpuhealth.config import check, load_settings
 
@@ -744,8 +747,12 @@ def config_check(path: str | None, config_path: str | None, role: str) -> None:
             click.echo(f"error: {line}", err=True)
         sys.exit(1)
     settings = load_settings(path)
-    click.echo(f"{path or 'embedded defaults'}: valid")
-    click.echo(json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True))
+    rules = len(settings.policy.rule)
+    collectors = len(settings.enabled_collectors())
+    click.echo(f"{path or 'embedded defaults'}: valid ({collectors} collector(s) enabled, "
+               f"{rules} policy rule(s); --show prints the settings in effect)")
+    if show:
+        click.echo(json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True))
 
 
 @main.group()

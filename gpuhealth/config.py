@@ -46,6 +46,8 @@ from analytics.fault_model.debounce import (
     MAX_WINDOW,
     check_policy,
 )
+from analytics.fault_model.kinds import FINDING_KINDS
+from analytics.fault_model.site_rules import pattern_problem
 from analytics.online import DEFAULT_DETECTOR_BY_METRIC, check_detector_by_metric
 from core.errors import ConfigError, PluginError
 from core.plugins import available
@@ -981,6 +983,22 @@ class PolicyRuleSettings(BaseModel):
     ignore: StrictBool = False
     """Drop matching findings (never alerted or remediated; ``diagnose`` still shows them)."""
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str | None) -> str | None:
+        if value is not None and value not in FINDING_KINDS:
+            raise ValueError(f"unknown finding kind {value!r}: the rule would never match "
+                             f"(known kinds: {', '.join(sorted(FINDING_KINDS))})")
+        return value
+
+    @field_validator("entity", "nodes")
+    @classmethod
+    def _valid_pattern(cls, value: str) -> str:
+        problem = pattern_problem(value)
+        if problem:
+            raise ValueError(f"{problem}: the rule would never match")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> PolicyRuleSettings:
         if self.kind is None and self.code is None and self.entity == "*" and self.nodes == "*":
@@ -1014,22 +1032,27 @@ class PolicySettings(BaseModel):
             raise ValueError("rule must be an array of tables ([[policy.rule]])")  # noqa: TRY004 - pydantic reports ValueError
         seen: set[str] = set()
         checked: list[PolicyRuleSettings] = []
+        problems: list[str] = []  # every rule's every problem, reported at once
         for number, raw in enumerate(rules, start=1):
             name = raw.get("name") if isinstance(raw, Mapping) else None
             label = f"rule {name!r}" if isinstance(name, str) and name else f"rule #{number}"
             try:
                 rule = PolicyRuleSettings.model_validate(raw)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                key = ".".join(str(p) for p in first["loc"]) or "(table)"
-                msg = first["msg"].removeprefix("Value error, ")
-                if first["type"] == "extra_forbidden":
-                    msg = "unknown key"
-                raise ValueError(f"{label}: {key}: {msg}") from None
+                for error in exc.errors():
+                    key = ".".join(str(p) for p in error["loc"]) or "(table)"
+                    msg = error["msg"].removeprefix("Value error, ")
+                    if error["type"] == "extra_forbidden":
+                        msg = "unknown key"
+                    problems.append(f"{label}: {key}: {msg}")
+                continue
             if rule.name in seen:
-                raise ValueError(f"{label}: name: used by an earlier rule")
+                problems.append(f"{label}: name: used by an earlier rule")
+                continue
             seen.add(rule.name)
             checked.append(rule)
+        if problems:
+            raise ValueError("\n".join(problems))
         return {**data, "rule": tuple(checked)}
 
 
@@ -1235,9 +1258,13 @@ def _messages(
         got = err.get("input")
         shown = (
             "" if isinstance(got, Mapping) or got is None or err["type"] == "missing"
-            or f"got {got!r}" in msg or f"got {got}" in msg
+            or repr(got) in msg or f"got {got}" in msg
             else f" (got {got!r})"
         )
+        lines = msg.splitlines() or [msg]
+        if len(lines) > 1:  # a table that reports several problems at once ([[policy.rule]])
+            out.extend(f"{prefix}{where}: {line}" for line in lines)
+            continue
         out.append(f"{prefix}{where}: {msg}{shown}")
     return out
 
@@ -1269,6 +1296,9 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = 
             raise ConfigError(f"{source}: cannot read: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:  # a binary file: TOML is UTF-8 text
+            raise ConfigError(f"{source}: not valid TOML: not UTF-8 text (byte "
+                              f"0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     overrides, origin = _env_overrides(env)
     merged = _merge(raw, overrides)
     if "source" in merged:

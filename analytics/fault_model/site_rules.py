@@ -71,6 +71,37 @@ class SiteRule:
                 and fnmatch.fnmatchcase(finding.node, self.nodes))
 
 
+def pattern_problem(pattern: str) -> str:
+    """Why the ``fnmatch`` pattern ``pattern`` can match no node or entity, or ``""``.
+
+    An empty pattern matches only an empty name, and a ``[`` without its ``]``
+    (``gpu-[a``) is taken literally by ``fnmatch``: both are typing mistakes.
+
+    Examples:
+        >>> pattern_problem("gpu-[a-c]*")
+        ''
+        >>> pattern_problem("gpu-[a")
+        "unclosed '[' in pattern 'gpu-[a'"
+    """
+    if not pattern.strip():
+        return "empty pattern (write '*' for any)"
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == "[":
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                return f"unclosed '[' in pattern {pattern!r}"
+            i = j
+        i += 1
+    return ""
+
+
 Key = tuple[str, str, str, str]
 
 
