@@ -5,8 +5,9 @@ for :func:`gpuhealth.diagnose.diagnose` to judge as it judges pasted artifacts:
 
 - ``nvidia-smi -q -x``: every GPU's state (fallen off the bus, ``Unknown Error``,
   uncorrectable ECC, row-remap failure and pending, recovery action, retired pages);
-- the kernel log since the boot (``journalctl -k -b -o short-iso``, else ``dmesg -T``):
-  Xid and SXid lines, AER errors, NVRM messages.
+- the kernel log since the boot (``journalctl -k -b -o short-iso``, else ``dmesg -T``,
+  also when journalctl answers ``-- No entries --``): Xid and SXid lines, AER errors,
+  NVRM messages.
 
 A tool that is missing, fails or does not answer within its timeout is reported as a
 :class:`Gap` and read as nothing: an unreadable source never becomes a fault (the caller
@@ -46,6 +47,22 @@ SOURCES: tuple[tuple[Source, ...], ...] = (
 """Each entry: the commands tried in order until one answers."""
 
 
+def only_journal_notes(output: bytes) -> bool:
+    r"""Whether ``output`` holds no log lines, only journalctl's ``-- ... --`` notes.
+
+    ``journalctl`` prints ``-- No entries --`` (and, in older versions, ``-- Logs begin
+    at ... --``) and exits 0 when it has nothing to show.
+
+    Examples:
+        >>> only_journal_notes(b"-- No entries --\n")
+        True
+        >>> only_journal_notes(b"-- Logs begin at Mon --\nDec 02 kernel: NVRM: Xid 79\n")
+        False
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return all(line.startswith(b"-- ") and line.endswith(b" --") for line in lines)
+
+
 def gather(folder: Path, *, timeout_seconds: float = 20.0,
            sources: Sequence[Sequence[Source]] = SOURCES) -> tuple[list[Path], list[Gap]]:
     """Run each source's commands (the first that answers) into ``folder``.
@@ -81,6 +98,11 @@ def gather(folder: Path, *, timeout_seconds: float = 20.0,
                 err = done.stderr.decode(errors="replace").strip().splitlines()
                 why = (f"{' '.join(source.argv)} exited {done.returncode}"
                        + (f": {err[-1][:200]}" if err else ""))
+                continue
+            if only_journal_notes(done.stdout):
+                # journalctl exits 0 with "-- No entries --" when the journal holds nothing
+                # of this boot (a volatile journal, a container): try the next command.
+                why = f"{' '.join(source.argv)} printed no entries"
                 continue
             path = folder / source.file
             path.write_bytes(done.stdout)

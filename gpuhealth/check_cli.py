@@ -12,7 +12,10 @@ fault model exactly as ``gpuhealth diagnose`` does, prints the findings and exit
 
 A source that cannot be read (no ``nvidia-smi``, a tool that hangs past ``--timeout``)
 is named on stderr and counts as nothing: a check never fails a node for what it could
-not read. With ``--slurm`` it acts as LBNL NHC does (:mod:`remediation.node_check`):
+not read. When nothing at all could be read the verdict is ``not judged`` (exit 0, and
+with ``--slurm`` the node's state is left as it is: neither drained nor resumed).
+``--config`` applies its ``[[policy.rule]]`` as ``run`` does; ``--slurm --dry-run`` gives
+its verdict even when slurmctld cannot be reached (with a warning). With ``--slurm`` it acts as LBNL NHC does (:mod:`remediation.node_check`):
 drains its own node with a ``gpuhealth: check:`` reason, resumes only its own drains.
 It finishes in a few seconds, well inside slurmd's 60 s ``HealthCheckProgram`` limit.
 """
@@ -56,6 +59,7 @@ def check(inputs: tuple[str, ...], fail_at: str, slurm: bool, node: str | None,
           dry_run: bool, timeout_seconds: float, config_path: str | None) -> None:
     """Check this node now; exit non-zero with the findings if it must not take work."""
     from collectors.node_check import gather
+    from gpuhealth.compose import site_rules
     from gpuhealth.config import load_settings
     from gpuhealth.diagnose import diagnose
 
@@ -76,22 +80,36 @@ def check(inputs: tuple[str, ...], fail_at: str, slurm: bool, node: str | None,
                 click.echo(f"gpuhealth check: not read: {gap.what}: {gap.why}", err=True)
             paths = [str(f) for f in files]
         findings: list[Finding] = []
+        judged = False
         if paths:
-            result = diagnose(paths, facts={**settings.inventory, "node": name},
-                              now=time.time())
-            findings = [f for f in result.findings if f.severity.rank >= Severity.WARNING.rank]
+            now = time.time()
+            result = diagnose(paths, facts={**settings.inventory, "node": name}, now=now)
+            # The site's [[policy.rule]] (ignore, count, overrides) as run applies them.
+            rules = site_rules(settings)
+            found = rules.apply(result.findings, now=now) if rules else result.findings
+            findings = sorted((f for f in found if f.severity.rank >= Severity.WARNING.rank),
+                              key=lambda f: -f.severity.rank)
+            judged = result.parsed_anything
             for issue in result.issues[:5]:
                 where = f"{issue.file}:{issue.line}" if issue.line else issue.file
                 click.echo(f"gpuhealth check: not read: {where}: {issue.reason}", err=True)
             if len(result.issues) > 5:
                 click.echo(f"gpuhealth check: ... and {len(result.issues) - 5} more lines "
                            "not read", err=True)
-            if not result.parsed_anything:
-                click.echo("gpuhealth check: nothing could be read: the node is not judged",
-                           err=True)
+        if not judged:
+            click.echo("gpuhealth check: nothing could be read: the node is not judged",
+                       err=True)
     failing = [f for f in findings if f.severity.rank >= threshold.rank]
     for f in findings:
         click.echo(f"{f.severity.value:<8} {f.kind} {f.code} on {f.entity}: {f.summary}")
+    took = time.monotonic() - started
+    if not judged:
+        # Neither drained nor called ready (nor resumed) for what could not be read; exit 0
+        # as for any source that could not be read, so slurmd leaves the node as it is.
+        if slurm:
+            click.echo(f"{name}: Slurm state left as it is (not judged)")
+        click.echo(f"{name}: not judged: nothing could be read ({took:.1f} s)")
+        return
     if slurm:
         from remediation.node_check import act
         from remediation.slurm import SlurmScheduler
@@ -101,14 +119,20 @@ def check(inputs: tuple[str, ...], fail_at: str, slurm: bool, node: str | None,
         try:
             done = asyncio.run(act(SlurmScheduler(env=env), name, findings,
                                    fail_at=threshold, dry_run=dry_run))
-        except TemporaryError as exc:
-            click.echo(f"gpuhealth check: slurmctld: {exc}", err=True)
-            sys.exit(EXIT_TEMPFAIL)
-        except PermanentError as exc:
-            click.echo(f"gpuhealth check: Slurm refused: {exc}", err=True)
-            sys.exit(1)
+        except (TemporaryError, PermanentError) as exc:
+            if not dry_run:
+                if isinstance(exc, TemporaryError):
+                    click.echo(f"gpuhealth check: slurmctld: {exc}", err=True)
+                    sys.exit(EXIT_TEMPFAIL)
+                click.echo(f"gpuhealth check: Slurm refused: {exc}", err=True)
+                sys.exit(1)
+            # A dry run changes nothing, so it needs slurmctld only to say what it would
+            # do: the verdict stands without it.
+            click.echo(f"gpuhealth check: warning: the node's Slurm state could not be read "
+                       f"(dry run, nothing would change without it): {exc}", err=True)
+            done = "Slurm state not read (dry run)"
         click.echo(f"{name}: {done}")
-    took = time.monotonic() - started
+        took = time.monotonic() - started
     if not failing:
         click.echo(f"{name}: ready ({len(findings)} finding(s) below {fail_at}; {took:.1f} s)")
         return

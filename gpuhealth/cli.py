@@ -260,6 +260,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     """
     import contextlib
 
+    from gpuhealth.compose import site_rules
     from gpuhealth.replay import load_node_facts, render_errors, render_text, to_json
     from gpuhealth.replay import replay as run_replay
 
@@ -268,7 +269,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
         live_options = _live_remediation(config_path, cluster_size=cluster_size,
                                          max_disrupted_fraction=max_disrupted_fraction)
         audit_log = audit_log or live_options.pop("audit_log")
-    analytics = _analytics_settings(config_path)
+    settings = _replay_settings(config_path)
     with contextlib.ExitStack() as stack:
         try:
             events = (stack.enter_context(click.open_file(events_path, "w", encoding="utf-8"))
@@ -286,7 +287,8 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
             cluster_size=cluster_size,
             node_facts=load_node_facts(node_facts) if node_facts else None,
             wait_seconds=wait_seconds if live else 0.0,
-            analytics=analytics,
+            analytics=settings.analytics if settings is not None else None,
+            policy=site_rules(settings) if settings is not None else None,
             events=events,
             precision=cast(Any, precision),
             **live_options,
@@ -302,14 +304,18 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     sys.exit(report.exit_status)
 
 
-def _analytics_settings(config_path: str | None) -> Any:
-    """The ``[analytics]`` settings of ``config_path`` (``None``: replay's defaults)."""
+def _replay_settings(config_path: str | None) -> Any:
+    """The settings of ``replay --config`` (``None`` without one: replay's defaults).
+
+    Replay takes their ``[analytics]`` and their ``[[policy.rule]]`` (built as ``run``
+    builds them, :func:`gpuhealth.compose.site_rules`).
+    """
     if not config_path:
         return None
     from gpuhealth.config import load_settings
 
     try:
-        return load_settings(config_path).analytics
+        return load_settings(config_path)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -666,7 +672,8 @@ def evaluate_stream(small: bool, gpus: int | None, days: float | None, seed: int
 
     if json_path and json_path != "-":
         _check_writable(json_path, "--json")  # before the run, not after minutes of it
-    analytics = _analytics_settings(config_path)
+    settings = _replay_settings(config_path)
+    analytics = settings.analytics if settings is not None else None
     try:
         config = stream_eval.stream_config(small=small, gpus=gpus, days=days)
     except ValueError as exc:

@@ -475,13 +475,15 @@ def replay_pipeline(
     scheduler: SchedulerAdapter | None,
     action_store_path: str | None,
     analytics: AnalyticsSettings | None = None,
+    policy: SiteRules | None = None,
 ) -> Pipeline:
     """The pipeline of ``gpuhealth replay``: recorded history, nothing forgotten.
 
     A dry replay advances the engine inside each evaluation; a live one (``guard.dry_run``
     false) leaves that to the replay's own event loop. ``analytics``: the ``[analytics]``
-    of ``--config`` (its debounce; ``None``: the defaults, as ``run`` has them). Other
-    arguments as :class:`Pipeline`'s.
+    of ``--config`` (its debounce; ``None``: the defaults, as ``run`` has them).
+    ``policy``: the ``[[policy.rule]]`` of ``--config`` as ``run`` applies them
+    (:func:`site_rules`); ``None``: none. Other arguments as :class:`Pipeline`'s.
     """
     pipeline = Pipeline(
         facts=facts, notifiers=notifiers, audit_log_path=audit_log_path,
@@ -497,6 +499,8 @@ def replay_pipeline(
         tick_inline=guard.dry_run,
     )
     pipeline.debounce = debouncer(analytics)
+    if policy is not None:
+        pipeline.site_rules = policy
     return pipeline
 
 

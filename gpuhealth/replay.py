@@ -39,6 +39,7 @@ from typing import IO, Any
 from alerting.alerts import AlertPolicy, alert_to_json
 from alerting.silences import SilenceStore
 from analytics.fault_model import Rule, worst
+from analytics.fault_model.site_rules import SiteRules
 from analytics.online import OnlineResult
 from analytics.stage import VECTOR_METRIC
 from collectors.archive import archive_kind, read_archive, strip_archive_suffix
@@ -580,6 +581,7 @@ def replay(
     events: IO[str] | None = None,
     evaluate_seconds: float = 300.0,
     precision: Precision = "ns",
+    policy: SiteRules | None = None,
 ) -> ReplayReport:
     """Replay recorded files through a dry-run :class:`~gpuhealth.pipeline.Pipeline`.
 
@@ -632,6 +634,8 @@ def replay(
             within this.
         precision: Unit of the line-protocol files' timestamps (InfluxDB's ``ns``, ``us``,
             ``ms``, ``s``).
+        policy: The site's ``[[policy.rule]]`` as ``run`` applies them
+            (:func:`gpuhealth.compose.site_rules` of ``--config``); ``None``: none.
 
     Raises:
         ValueError: ``evaluate_seconds`` is not > 0.
@@ -673,6 +677,7 @@ def replay(
         scheduler=scheduler,
         action_store_path=action_store_path,
         analytics=analytics,
+        policy=policy,
     )
     # A live adapter may keep work running on its event loop between ticks (a drain's
     # evictions): every tick of a live replay runs on one loop, in its own thread.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def test_rules_that_can_never_match_are_refused(tmp_path: Path, body: str,
     assert code == 1
     assert message in out
     if "kind" in message:
-        assert "known kinds: " in out and "xid" in out
+        assert "known kinds: " in out
+        assert "xid" in out
 
 
 def test_valid_patterns_are_kept() -> None:
@@ -96,4 +98,112 @@ def test_config_check_prints_one_line_unless_show(tmp_path: Path) -> None:
         "--show prints the settings in effect)"]
     code, out = _config_check(tmp_path, body, "--show")
     assert code == 0
-    assert '"policy"' in out and len(out.splitlines()) > 50
+    assert '"policy"' in out
+    assert len(out.splitlines()) > 50
+
+
+# ------------------------------------------------------------------ replay and check rules
+BURST = """\
+[Wed Dec  2 10:00:00 2026] Linux version 6.8.0-45-generic (buildd@lcy02) #45-Ubuntu SMP
+[Wed Dec  2 10:01:00 2026] NVRM: Xid (PCI:0000:b1:00): 43, pid=1234, name=python, Ch 00000008
+[Wed Dec  2 10:02:00 2026] NVRM: Xid (PCI:0000:b1:00): 43, pid=1234, name=python, Ch 00000008
+[Wed Dec  2 10:03:00 2026] NVRM: Xid (PCI:0000:b1:00): 43, pid=1234, name=python, Ch 00000008
+[Wed Dec  2 10:04:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.
+"""
+RULES = """\
+[[policy.rule]]
+name = "xid43-repeat"
+kind = "xid"
+code = "43"
+count = 3
+window = "10m"
+severity = "major"
+action = "reset_gpu"
+
+[[policy.rule]]
+name = "quiet79"
+kind = "xid"
+code = "79"
+ignore = true
+"""
+
+
+def test_replay_applies_the_policy_rules_of_config(tmp_path: Path) -> None:
+    log = tmp_path / "burst.log"
+    log.write_text(BURST)
+    config = tmp_path / "g.toml"
+    config.write_text(RULES)
+    plain = CliRunner().invoke(main, ["replay", str(log)])
+    assert "CRITICAL reboot_node" in plain.output
+    out = CliRunner().invoke(main, ["replay", "--config", str(config), str(log)])
+    assert out.exit_code == 2, out.output
+    assert "MAJOR    reset_gpu        0000:b1:00.0 [xid 43]" in out.output
+    assert "reboot" not in out.output  # the ignored Xid 79 asks for nothing
+    assert "cordon" not in out.output
+
+
+def test_check_applies_the_policy_rules_of_config(tmp_path: Path) -> None:
+    log = tmp_path / "burst.log"
+    log.write_text(BURST)
+    config = tmp_path / "g.toml"
+    config.write_text(RULES)
+    plain = CliRunner().invoke(main, ["check", "--node", "n1", "--input", str(log)])
+    assert plain.exit_code == 3, plain.output
+    out = CliRunner().invoke(main, ["check", "--node", "n1", "--config", str(config),
+                                    "--input", str(log)])
+    assert out.exit_code == 2, out.output
+    assert "major    xid 43 on 0000:b1:00.0" in out.output
+    assert "xid 79" not in out.output
+
+
+def _tool(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def test_journal_without_entries_falls_back_to_dmesg(tmp_path: Path) -> None:
+    from collectors.node_check import Source, gather
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "journalctl", "echo '-- No entries --'")
+    _tool(bin_dir, "dmesg", "echo '[Wed Dec  2 10:04:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, "
+          "pid=1, GPU has fallen off the bus.'")
+    out = tmp_path / "out"
+    out.mkdir()
+    sources = ((Source("kernel.log", (str(bin_dir / "journalctl"), "-k", "-b")),
+                Source("kernel.log", (str(bin_dir / "dmesg"), "-T"))),)
+    files, gaps = gather(out, sources=sources)
+    assert gaps == []
+    assert [f.name for f in files] == ["kernel.log"]
+    assert "Xid" in files[0].read_text()
+    _tool(bin_dir, "dmesg", "exit 1")
+    files, gaps = gather(out, sources=sources)
+    assert files == []
+    assert "printed no entries" in gaps[0].why or "exited 1" in gaps[0].why
+
+
+def test_nothing_read_is_not_judged_not_ready(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    out = CliRunner().invoke(main, ["check", "--node", "n1", "--input", str(empty)])
+    assert out.exit_code == 0, out.output
+    assert "n1: not judged: nothing could be read" in out.output
+    assert "ready" not in out.output.replace("not judged", "")
+
+
+def test_slurm_dry_run_gives_a_verdict_without_slurmctld(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "scontrol", "echo 'scontrol: error: Unable to contact slurm controller' >&2;"
+          " exit 1")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    log = tmp_path / "one.log"
+    log.write_text("NVRM: Xid (PCI:0000:b1:00): 79, pid=1, GPU has fallen off the bus.\n")
+    out = CliRunner().invoke(main, ["check", "--slurm", "--dry-run", "--node", "n1",
+                                    "--input", str(log)])
+    assert out.exit_code == 3, out.output
+    assert "warning: the node's Slurm state could not be read" in out.output
+    assert "n1: NOT ready: 1 finding(s) at or above major" in out.output

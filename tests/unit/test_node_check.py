@@ -48,7 +48,8 @@ def test_a_node_without_tools_is_not_failed(tmp_path: Path,
     result = CliRunner().invoke(main, ["check", "--node", "n1"])
     assert result.exit_code == 0, result.output
     assert "not read: nvidia-smi-q.xml: nvidia-smi not installed" in result.output
-    assert "n1: ready" in result.output
+    assert "n1: not judged: nothing could be read" in result.output  # nor called ready
+    assert "n1: ready" not in result.output
     assert os.environ["PATH"] == str(tmp_path)
 
 
