@@ -15,8 +15,9 @@ is named on stderr and counts as nothing: a check never fails a node for what it
 not read. When nothing at all could be read the verdict is ``not judged`` (exit 0, and
 with ``--slurm`` the node's state is left as it is: neither drained nor resumed).
 ``--config`` applies its ``[[policy.rule]]`` as ``run`` does; ``--slurm --dry-run`` gives
-its verdict even when slurmctld cannot be reached (with a warning). With ``--slurm`` it acts as LBNL NHC does (:mod:`remediation.node_check`):
-drains its own node with a ``gpuhealth: check:`` reason, resumes only its own drains.
+its verdict even when slurmctld cannot be reached (with a warning). With ``--slurm`` it
+acts as LBNL NHC does (:mod:`remediation.node_check`): drains its own node with a
+``gpuhealth: check:`` reason, resumes only its own drains.
 It finishes in a few seconds, well inside slurmd's 60 s ``HealthCheckProgram`` limit.
 """
 

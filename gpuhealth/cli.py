@@ -113,6 +113,11 @@ def main(verbose: int, quiet: bool, log_format: str) -> None:
 def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) -> None:
     """Diagnose pasted artifacts: kernel logs, nvidia-smi, DCGM, NCCL, InfiniBand output.
 
+    Folders are walked with bounds (docs/fault-model.md, "Folders"): hidden, code and
+    virtual-environment folders, links, binary and non-log files are skipped, a file over
+    64 MiB is read from its tail, at most 10,000 files; one line on stderr says what was
+    left out.
+
     Exit status: 0 worst is info, 1 warning, 2 major, 3 critical, 4 nothing could
     be parsed, 64 usage error.
     """
@@ -139,6 +144,8 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
         for issue in result.issues:
             where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
             click.echo(f"error: {where}: {issue.reason}", err=True)
+    if summary := result.walk.summary():  # what a folder's walk left out, in one line
+        click.echo(f"note: {summary}", err=True)
     sys.exit(result.exit_status)
 
 

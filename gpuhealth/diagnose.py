@@ -16,7 +16,14 @@ from typing import Any
 
 from analytics.fault_model import Context, Observations, evaluate, worst
 from collectors.archive import archive_kind, read_archive, strip_archive_suffix
-from collectors.artifact import ArtifactResult, ParseContext, ParseIssue, read_artifact
+from collectors.artifact import (
+    ArtifactParser,
+    ArtifactResult,
+    ParseContext,
+    ParseIssue,
+    read_artifact,
+)
+from collectors.folder import Member, WalkReport, open_tail, walk
 from collectors.parsers import artifact_parsers
 from core.codec import finding_to_json
 from core.records import Action, Finding, NodeName, Record, Severity
@@ -39,6 +46,8 @@ class Diagnosis:
     issues: list[ParseIssue]
     parsed_anything: bool
     kinds: list[str] = field(default_factory=list)
+    walk: WalkReport = field(default_factory=WalkReport)
+    """What the walk of the folders given skipped or read from the tail only."""
 
     @property
     def worst_severity(self) -> Severity:
@@ -68,33 +77,15 @@ class Diagnosis:
         }
 
 
-SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages", "venv"})
-"""Folders a walk of a folder does not enter (besides hidden ones): code, not logs."""
+def expand_paths(paths: Sequence[str], report: WalkReport | None = None) -> Iterator[str]:
+    """Yield the files named by ``paths``; folders are walked with the bounds of a walk.
 
-
-def expand_paths(paths: Sequence[str]) -> Iterator[str]:
-    """Yield the files named by ``paths``; folders are walked in sorted order.
-
-    ``README.md`` and ``*.json`` files inside folders are skipped: they are the
-    case collection's notes and expectations, not artifacts; so are anything but regular
-    files (a named pipe in a walked folder would block the reader forever), and hidden
-    folders and :data:`SKIPPED_FOLDERS` (a virtual environment or a git checkout under
-    ``/tmp`` held gigabytes that are never logs).
+    :func:`collectors.folder.walk` (hidden and code folders, links, binary and non-log
+    files skipped, at most :data:`~collectors.folder.MAX_FILES` files), members whole:
+    ``replay`` reads recordings in full. ``report`` receives what was skipped.
     """
-    for path in paths:
-        if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs
-                                 if not d.startswith(".") and d not in SKIPPED_FOLDERS)
-                for name in sorted(files):
-                    if name.startswith(".") or name == "README.md" or name.endswith(".json"):
-                        continue
-                    full = os.path.join(root, name)
-                    if not os.path.isfile(full):
-                        continue  # a FIFO or socket in a walked folder would block forever
-                    yield full
-        else:
-            yield path
+    for member in walk(paths, report, tail_large=False):
+        yield member.path
 
 
 def _file_node(path: str) -> str:
@@ -128,34 +119,37 @@ def _is_line_protocol(path: str) -> bool:
     return head_is_line_protocol(head, cut=len(head) == BINARY_PROBE_BYTES)
 
 
-def _line_protocol(path: str, result: ArtifactResult, *, now: float) -> list[Record]:
-    """The records of a line-protocol file; rejected lines go to ``result.issues``.
+def _line_protocol(path: str, result: ArtifactResult, *, now: float) -> Iterator[Record]:
+    """Stream the records of a line-protocol file; rejected lines go to ``result.issues``.
 
     Records keep their own nodes and times. ``now`` (epoch seconds, 0 = the system clock)
-    is the clock that far-future times are judged against.
+    is the clock that far-future times are judged against. The records are streamed into
+    the observations, never held: a recording of a fleet is gigabytes.
     """
     report = DecodeReport()
+    records = 0
     try:
         with open(path, "rb") as fh:
             if b"\x00" in fh.read(BINARY_PROBE_BYTES):
                 result.issues.append(ParseIssue(file=path, line=None,
                                                 reason="binary file (NUL bytes), not text"))
-                return []
-        records = list(read_records([path], report=report,
-                                    clock=(lambda: now) if now else time.time))
+                return
+        for record in read_records([path], report=report,
+                                   clock=(lambda: now) if now else time.time):
+            records += 1
+            yield record
     except OSError as exc:
         result.issues.append(ParseIssue(file=path, line=None, reason=f"cannot read: {exc}"))
-        return []
+        return
     for problem in report.problems:
         shown = "".join(c if c.isprintable() else "?" for c in problem.text)
         result.issues.append(ParseIssue(file=problem.file, line=problem.line,
                                         reason=f"{problem.reason}: {shown}"))
     if records:
-        result.parsed_lines += len(records)
+        result.parsed_lines += records
         result.kinds.append("line_protocol")
     elif not report.problems:
         result.issues.append(ParseIssue(file=path, line=None, reason="no records"))
-    return records
 
 
 def diagnose(
@@ -182,7 +176,9 @@ def diagnose(
     issues: list[ParseIssue] = []
     kinds: list[str] = []
     parsed_anything = False
-    for path in expand_paths(paths):
+    walked = WalkReport()
+    for member in walk(paths, walked):
+        path = member.path
         result = ArtifactResult()
         # Files named one by one are one machine's artifacts; the files of a folder are a
         # collection (a case folder, a fleet's logs): each is its own node unless
@@ -199,12 +195,33 @@ def diagnose(
         elif path.endswith(LINE_PROTOCOL_SUFFIXES) or _is_line_protocol(path):
             # Recorded telemetry (`gpuhealth export`): its events and samples, read with the
             # checks of `gpuhealth import` (a rejected line is an issue with its number).
-            observations.extend(_line_protocol(path, result, now=now))
+            if member.offset:
+                result.issues.append(ParseIssue(
+                    file=path, line=None, reason=f"a line-protocol recording over "
+                    f"{walked.max_file_bytes // 2**20} MiB in a folder: not read (give it by name, "
+                    "or replay it, to read it whole)"))
+            else:
+                observations.extend(_line_protocol(path, result, now=now))
         else:
             ctx = ParseContext(file=path, node=file_node, default_year=default_year)
-            observations.extend(read_artifact(path, ctx, parsers, result))
+            _read_member(member, ctx, parsers, result, observations)
         issues.extend(result.issues)
         kinds.extend(result.kinds)
         parsed_anything = parsed_anything or result.parsed_lines > 0
     findings = evaluate(observations, Context(facts=facts, now=now))
-    return Diagnosis(findings=findings, issues=issues, parsed_anything=parsed_anything, kinds=kinds)
+    return Diagnosis(findings=findings, issues=issues, parsed_anything=parsed_anything,
+                     kinds=kinds, walk=walked)
+
+
+def _read_member(member: Member, ctx: ParseContext, parsers: Sequence[ArtifactParser],
+                 result: ArtifactResult, observations: Observations) -> None:
+    """Stream one file into ``observations``; a folder member over the cap from its tail."""
+    if not member.offset:
+        observations.extend(read_artifact(member.path, ctx, parsers, result))
+        return
+    try:
+        with open_tail(member) as tail:
+            observations.extend(read_artifact(member.path, ctx, parsers, result, stream=tail))
+    except OSError as exc:
+        result.issues.append(ParseIssue(file=member.path, line=None,
+                                        reason=f"cannot read: {exc.strerror or exc}"))

@@ -207,3 +207,104 @@ def test_slurm_dry_run_gives_a_verdict_without_slurmctld(
     assert out.exit_code == 3, out.output
     assert "warning: the node's Slurm state could not be read" in out.output
     assert "n1: NOT ready: 1 finding(s) at or above major" in out.output
+
+
+# ------------------------------------------------------------------ diagnose DIR bounds
+XID79 = ("[Wed Dec  2 10:04:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, "
+         "GPU has fallen off the bus.\n")
+
+
+def _tree(tmp_path: Path) -> Path:
+    top = tmp_path / "logs"
+    (top / "node1").mkdir(parents=True)
+    (top / "node1" / "kern.log").write_text(XID79)
+    (top / ".git").mkdir()
+    (top / ".git" / "kern.log").write_text(XID79)
+    venv = top / "env"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr\n")
+    (venv / "lib" / "kern.log").write_text(XID79)
+    (top / "site-packages").mkdir()
+    (top / "site-packages" / "x.log").write_text(XID79)
+    (top / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (top / "weights.log").write_bytes(b"\x89\x00\x01\x02\x03\x04\x05\x06" * 200)
+    (top / "model.pkl").write_text(XID79)
+    (top / "loop").symlink_to(top)
+    (top / "link.log").symlink_to(top / "node1" / "kern.log")
+    return top
+
+
+def test_a_folder_walk_skips_what_is_not_a_log(tmp_path: Path) -> None:
+    from collectors.folder import WalkReport, walk
+
+    top = _tree(tmp_path)
+    report = WalkReport()
+    members = [m.path for m in walk([str(top)], report)]
+    assert members == [str(top / "node1" / "kern.log")]
+    assert report.skipped["binary file(s)"] == 2
+    assert report.skipped["symbolic link(s)"] == 2
+    assert report.skipped["folder(s) of code or hidden"] == 3
+    assert report.skipped["file(s) whose extension is not a log's"] == 1
+
+
+def test_a_named_file_is_never_skipped(tmp_path: Path) -> None:
+    from collectors.folder import walk
+
+    path = tmp_path / "model.pkl"
+    path.write_text(XID79)
+    assert [m.path for m in walk([str(path)])] == [str(path)]
+
+
+def test_diagnose_of_a_folder_says_what_it_skipped(tmp_path: Path) -> None:
+    top = _tree(tmp_path)
+    out = CliRunner().invoke(main, ["diagnose", str(top)])
+    assert out.exit_code == 3, out.output
+    notes = [line for line in out.output.splitlines() if line.startswith("note: folder walk")]
+    assert len(notes) == 1
+    assert "2 binary file(s)" in notes[0]
+    assert "2 symbolic link(s)" in notes[0]
+
+
+def test_a_large_folder_member_is_read_from_its_tail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import collectors.folder
+    from gpuhealth.diagnose import diagnose
+
+    monkeypatch.setattr(collectors.folder, "MAX_FILE_BYTES", 4096)
+    top = tmp_path / "logs"
+    top.mkdir()
+    noise = "[Wed Dec  2 09:00:00 2026] usb 1-1: new high-speed USB device number 3\n"
+    old = "[Wed Dec  2 08:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, DBE\n"
+    (top / "n1.log").write_text(old + noise * 200 + XID79)
+    result = diagnose([str(top)])
+    codes = {f.code for f in result.findings}
+    assert "79" in codes
+    assert "48" not in codes  # before the tail: not read
+    assert result.walk.tails == [str(top / "n1.log")]
+    assert "read from their last" in result.walk.summary()
+    whole = diagnose([str(top / "n1.log")])  # named: read whole
+    assert "48" in {f.code for f in whole.findings}
+
+
+def test_a_walk_stops_after_the_file_cap(tmp_path: Path) -> None:
+    from collectors.folder import WalkReport, walk
+
+    for i in range(5):
+        (tmp_path / f"n{i}.log").write_text(XID79)
+    report = WalkReport(max_files=3)
+    assert len(list(walk([str(tmp_path)], report))) == 3
+    assert report.stopped
+    assert "stopped after 3 files" in report.summary()
+
+
+def test_line_protocol_is_streamed_not_held(tmp_path: Path) -> None:
+    import types
+
+    from collectors.artifact import ArtifactResult
+    from gpuhealth.diagnose import _line_protocol
+
+    path = tmp_path / "r.lp"
+    path.write_text("gpu,node=n1,entity=GPU-1 gpu_temperature_celsius=40 1764669600000000000\n")
+    records = _line_protocol(str(path), ArtifactResult(), now=1764669700.0)
+    assert isinstance(records, types.GeneratorType)
+    assert len(list(records)) == 1
