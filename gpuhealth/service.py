@@ -885,6 +885,11 @@ def _signals(stop: threading.Event) -> Iterator[None]:
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        # Said once: a second signal while stopping (Ctrl-C sent to the whole process
+        # group, a supervisor's TERM after an INT) changes nothing.
+        if stop.is_set():
+            logger.debug("received %s again; still stopping", signal.Signals(signum).name)
+            return
         logger.info("received %s; stopping", signal.Signals(signum).name)
         stop.set()
 

@@ -308,3 +308,21 @@ def test_line_protocol_is_streamed_not_held(tmp_path: Path) -> None:
     records = _line_protocol(str(path), ArtifactResult(), now=1764669700.0)
     assert isinstance(records, types.GeneratorType)
     assert len(list(records)) == 1
+
+
+# ------------------------------------------------------------------ cosmetics
+def test_a_stop_signal_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import signal
+    import threading
+
+    from gpuhealth.service import _signals
+
+    stop = threading.Event()
+    with caplog.at_level(logging.INFO, logger="gpuhealth.service"), _signals(stop):
+        handler = signal.getsignal(signal.SIGINT)
+        assert callable(handler)
+        handler(signal.SIGINT, None)
+        handler(signal.SIGINT, None)
+    assert stop.is_set()
+    assert [r.getMessage() for r in caplog.records].count("received SIGINT; stopping") == 1
