@@ -46,10 +46,11 @@ NOT_LOG_SUFFIXES = frozenset({
     ".pkl", ".pickle", ".pt", ".pth", ".safetensors", ".onnx", ".npy", ".npz", ".h5",
     ".ckpt", ".parquet", ".arrow", ".feather",
     ".db", ".sqlite", ".sqlite3", ".sqlite-wal", ".sqlite-shm", ".db-wal", ".db-shm",
-    ".c", ".h", ".cc", ".cpp", ".rs", ".go", ".js", ".ts", ".css", ".html", ".md",
-    ".toml", ".yaml", ".yml", ".ini", ".cfg", ".sh", ".lock", ".pid", ".sock",
+    ".c", ".h", ".cc", ".cpp", ".rs", ".go", ".js", ".ts", ".css", ".html",
+    ".toml", ".ini", ".cfg", ".sh", ".lock", ".pid", ".sock",
 })
-"""Extensions a walk skips: files that are never a log or a tool's output."""
+"""Extensions a walk skips: files that are never a log or a tool's output (``.yaml`` and
+``.md`` are read: ``kubectl get node -o yaml`` and a pasted chat are artifacts)."""
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 """A folder member larger than this is read from its tail (its last this many bytes)."""
