@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.clock import Clock, system_clock
+from core.drill import DRILL, drill_of_evidence
 from core.records import (
     NODE_ENTITY,
     Action,
@@ -240,8 +241,12 @@ def fingerprint(labels: Mapping[str, str]) -> str:
 
 
 def alert_labels(finding: Finding) -> dict[str, str]:
-    """Return the labels of the alert for ``finding`` (small, bounded values only)."""
-    return {
+    """Return the labels of the alert for ``finding`` (small, bounded values only).
+
+    A drill's finding (its evidence ends with ``gpuhealth-drill=<id>``, :mod:`core.drill`)
+    also gets ``drill=<id>``: its fingerprint then differs from a real fault's.
+    """
+    labels = {
         "alertname": alert_name(finding.kind, finding.code),
         "severity": finding.severity.value,
         "node": finding.node,
@@ -249,6 +254,10 @@ def alert_labels(finding: Finding) -> dict[str, str]:
         "kind": finding.kind,
         "code": finding.code,
     }
+    drill = drill_of_evidence(finding.evidence)
+    if drill:
+        labels[DRILL] = drill
+    return labels
 
 
 def alert_annotations(
@@ -291,6 +300,16 @@ def alert_annotations(
     if finding.last_seen_at is not None:
         annotations["last_seen_at"] = repr(finding.last_seen_at)
     return annotations
+
+
+def _drill_changed(alert: Alert, finding: Finding, old: Finding) -> bool:
+    """Whether ``finding``'s drill marker (:mod:`core.drill`) is not ``alert``'s any more.
+
+    A new drill of the same fault, or a real occurrence after a drill: like a severity
+    change, the labels change, the old alert resolves and the new one fires.
+    """
+    return (finding.evidence is not old.evidence
+            and drill_of_evidence(finding.evidence) != alert.labels.get(DRILL, ""))
 
 
 def alert_for(
@@ -705,7 +724,7 @@ class AlertTracker:
         old = tracked.finding
         if not tracked.firing:
             tracked.finding = finding
-            if finding.severity != old.severity:
+            if finding.severity != old.severity or _drill_changed(tracked.alert, finding, old):
                 alert = self._new_alert(finding, tracked.pending_since, AlertState.PENDING)
                 self._retrack(key, tracked, alert)
             if self._ready(tracked, policy, now):
@@ -716,7 +735,7 @@ class AlertTracker:
                 tracked.last_sent_at = now
                 firing.append(alert)
             return
-        if finding.severity != old.severity:
+        if finding.severity != old.severity or _drill_changed(tracked.alert, finding, old):
             resolved.append(self._resolve(tracked.alert, now))
             alert = self._new_alert(finding, now, AlertState.FIRING)
             tracked.finding = finding

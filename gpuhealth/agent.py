@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from collectors.drill_inbox import INBOX, DrillInbox
 from core.errors import ConfigError
 from core.records import Finding
 from gpuhealth import __version__
@@ -37,6 +38,19 @@ MAX_BACKOFF_SECONDS = 30.0
 
 ANSWERED_BACKOFF_SECONDS = 5.0
 """Longest pause while a controller answers but cannot take the batch (503, a token)."""
+
+
+DRILL_INBOX = "drill_inbox"
+"""The collector name of the agent's drill inbox (:mod:`collectors.drill_inbox`)."""
+
+
+def drill_inbox(settings: Settings) -> DrillInbox:
+    """The agent's drill inbox, ``<data_dir>/drill-inbox`` (``gpuhealth drill --fleet``).
+
+    Polled like a collector (every second): each marked kernel-log line dropped there is
+    read by the real kernel-log parser and handled as a real fault, labelled a drill.
+    """
+    return DrillInbox(node=settings.node.name, folder=settings.node.data_dir / INBOX)
 
 
 class AgentLink:

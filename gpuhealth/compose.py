@@ -542,6 +542,12 @@ def service_pipeline(settings: Settings, *, identity: str,
     )
     pipeline.notify_as_standby = notify_as_standby
     pipeline.attribution = build_attribution(settings, scheduler)
+    # A drill's steps (attrs["drill"]) are marked and never handed to hardware service.
+    from remediation.drill import fleet_drill_adapter
+
+    pipeline.engine.scheduler = fleet_drill_adapter(pipeline.engine.scheduler)
+    if pipeline.engine.node_agent is not None:
+        pipeline.engine.node_agent = fleet_drill_adapter(pipeline.engine.node_agent)
     try:
         pipeline.journal = InputJournal(shared_state or settings.node.data_dir / "journal.sqlite")
     except (OSError, sqlite3.Error) as exc:

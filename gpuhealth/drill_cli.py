@@ -5,6 +5,9 @@
     gpuhealth drill --config F [--node N ...] [--kind xid79|xid48|nvlink] [--live]
                     [--slo detect=5s ...] [--timeout 10m] [--id ID] [--json]
     gpuhealth drill --config F --scheduled     # the [drill] schedule, in the foreground
+    gpuhealth drill --config CONTROLLER_F --fleet --controller URL --node N
+                    (--inject-via CMD | --agent-data-dir DIR) [--kind xid79|xid48] ...
+    gpuhealth drill --config AGENT_F --inject-only [--kind K] [--id ID]   # on the node
 
 Each drill builds the pipeline ``gpuhealth run`` builds from the same file (the same
 fault model, alert policy, remediation guards, scheduler adapter, validation and
@@ -26,6 +29,19 @@ or gpuhealth already took the node out of service, or when the nodes gpuhealth h
 of service already fill the disruption budget. Exit status: 0 every stage happened
 within its SLO; 1 a stage missed its SLO or never happened; 3 refused; 78 a bad
 configuration.
+
+Through the fleet (``--fleet``): the drill goes through the deployed path instead of a
+pipeline of its own. The marked line is dropped into node ``N``'s running agent's drill
+inbox (``<data_dir>/drill-inbox/<id>.line``, :mod:`collectors.drill_inbox`): by
+``--inject-via CMD`` (``{node}``, ``{id}``, ``{kind}`` filled in; the command runs
+``gpuhealth drill --inject-only`` on the node, over ssh or ``kubectl exec``) or, when the
+agent's data folder is writable from here, ``--agent-data-dir DIR``. The agent parses it
+with the real kernel-log parser and sends the finding to the controller, which alerts
+(``drill=<id>``), remediates (steps marked, no hand-off: :class:`remediation.drill.
+FleetDrillAdapter`) and records it as a drill. The stages are timed from the
+controller's ``GET /api/v1/alerts`` and ``GET /api/v1/actions``; ``--config`` is the
+controller's file (opt-out, budget, scheduler, SLOs); the mode is the controller's. The
+same table, ``result.json`` and exit statuses.
 """
 
 from __future__ import annotations
@@ -295,6 +311,210 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
     return outcome
 
 
+# ------------------------------------------------------------------ through the fleet
+FLEET_POLL_SECONDS = 0.2
+"""How often ``--fleet`` reads the controller's alerts and actions."""
+
+FLEET_SETTLE_SECONDS = 10.0
+"""After the drill's alert fired, how long ``--fleet`` waits for its first step."""
+
+
+def held_from_actions(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Nodes out of service because of gpuhealth, by incident, from ``GET /api/v1/actions``.
+
+    A node is held while an incident of it took it out (a node-wide cordon, drain,
+    reboot or hand-off succeeded) and did not return it (no resume succeeded).
+    """
+    out_steps = {"cordon", "drain", "reboot", "hand_off"}
+    taken: dict[str, str] = {}
+    back: set[str] = set()
+    for row in rows:
+        attrs = row.get("attrs") or {}
+        if row.get("phase") != "succeeded":
+            continue
+        incident, node = str(row.get("incident", "")), str(row.get("node", ""))
+        if row.get("step") == "resume":
+            back.add(incident)
+        elif row.get("step") in out_steps and attrs.get("scope") != "gpu":
+            taken.setdefault(incident, node)
+    held: dict[str, str] = {}
+    for incident, node in taken.items():
+        if incident not in back:
+            held.setdefault(node, incident)
+    return held
+
+
+def _inject(inject_via: str | None, agent_data_dir: str | None, *, node: str, kind: str,
+            drill_id: str, line: str) -> str:
+    """Drop the drill's line into ``node``'s agent inbox; return how (for the log).
+
+    Raises:
+        ConfigError: Neither way given, or the injection failed (its output said).
+    """
+    import shlex
+    import subprocess
+
+    from remediation.drill import write_inbox
+
+    fields = {"node": node, "id": drill_id, "kind": kind}
+    if agent_data_dir is not None:
+        path = write_inbox(Path(agent_data_dir.format(**fields)), line=line,
+                           drill_id=drill_id)
+        return f"written to {path}"
+    if inject_via is None:
+        raise ConfigError("--fleet needs --inject-via CMD (e.g. \"ssh {node} gpuhealth drill "
+                          "--inject-only --id {id} --kind {kind}\") or --agent-data-dir DIR "
+                          "(the agent's [node] data_dir, writable from here)")
+    argv = [part.format(**fields) for part in shlex.split(inject_via)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"--inject-via {argv[0]}: {exc}") from exc
+    if done.returncode != 0:
+        raise ConfigError(f"--inject-via: {shlex.join(argv)} exited {done.returncode}: "
+                          f"{(done.stderr or done.stdout).strip()[-500:]}")
+    return f"injected by {shlex.join(argv)}"
+
+
+def run_fleet_drill(settings: Any, *, controller: str, node: str, kind: str,
+                    slos: dict[str, float], drill_id: str | None = None,
+                    timeout_seconds: float | None = None, inject_via: str | None = None,
+                    agent_data_dir: str | None = None, ca_file: str | None = None,
+                    echo: Callable[[str], None] = lambda _: None) -> DrillOutcome:
+    """Run one drill through the deployed fleet (module docstring, "Through the fleet").
+
+    The fault is dropped into ``node``'s running agent's drill inbox; the stages are
+    timed from the controller's ``GET /api/v1/alerts`` and ``GET /api/v1/actions``.
+
+    Raises:
+        ConfigError: The fault is not a kernel-log fault, no way to inject, the
+            injection failed, or the controller does not answer.
+    """
+    import httpx
+
+    from gpuhealth.compose import build_schedulers, guards
+    from remediation.drill import (
+        FAULTS,
+        DrillTimeline,
+        check_drill_id,
+        drill_adapter,
+        drill_line,
+        judge,
+        new_drill_id,
+        passed,
+        refusal,
+        saw_action_rows,
+        saw_alert_rows,
+    )
+
+    fault = FAULTS[kind]
+    drill_id = check_drill_id(drill_id or new_drill_id())
+    try:
+        line = drill_line(fault, drill_id=drill_id, bus=settings.drill.pci_bus_id)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    d = settings.drill
+    folder = Path(settings.node.data_dir) / DRILLS_FOLDER / drill_id
+    live = not settings.remediation.dry_run
+    outcome = DrillOutcome(drill_id=drill_id, node=node, kind=kind, live=live,
+                           folder=str(folder))
+    base = controller.rstrip("/")
+    client = httpx.Client(timeout=5.0, verify=ca_file or True)
+
+    def get(path: str) -> Any:
+        try:
+            answer = client.get(base + path)
+            answer.raise_for_status()
+            return answer.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ConfigError(f"--controller {controller}: GET {path}: {exc}") from exc
+
+    try:
+        if node in settings.remediation.opt_out_nodes:
+            outcome.refused = (f"node {node} opted out of automatic remediation "
+                               "([remediation] opt_out_nodes): no drill")
+            return outcome
+        agents = {str(a.get("node")): a for a in get("/api/v1/agents")}
+        if node not in agents:
+            outcome.refused = f"node {node} has no agent reporting to {controller}: no drill"
+            return outcome
+        if agents[node].get("silent"):
+            outcome.refused = f"the agent of node {node} is silent: no drill"
+            return outcome
+        adapter = None
+        if live and settings.remediation.scheduler != "dry_run":
+            scheduler, _ = build_schedulers(settings, live=True)
+            adapter = drill_adapter(scheduler, drill_id) if scheduler is not None else None
+        guard = guards(settings)
+        held = held_from_actions(get("/api/v1/actions?limit=100000"))
+        loop = asyncio.new_event_loop()
+        try:
+            outcome.refused = loop.run_until_complete(refusal(
+                node, held=held, disruption_limit=guard.disruption_limit, adapter=adapter))
+        finally:
+            loop.close()
+        if outcome.refused:
+            return outcome
+        folder.mkdir(parents=True, exist_ok=True)
+        injected_at = time.time()
+        how = _inject(inject_via, agent_data_dir, node=node, kind=kind, drill_id=drill_id,
+                      line=line)
+        echo(f"drill {drill_id}: {fault.name} on {node} through {controller} "
+             f"({'LIVE' if live else 'dry-run'}), {how}")
+        timeline = DrillTimeline(drill_id=drill_id, node=node, fault=fault,
+                                 injected_at=injected_at, validating=False)
+        timeline.notes["validate"] = "not visible through the controller's API"
+        wait = d.timeout_seconds if timeout_seconds is None else timeout_seconds
+        deadline = time.monotonic() + wait
+        modes: set[bool] = set()
+        while True:
+            now = time.time()
+            saw_alert_rows(timeline, get("/api/v1/alerts"), at=now)
+            actions = [a for a in get("/api/v1/actions?limit=100000")
+                       if (a.get("attrs") or {}).get("drill") == drill_id]
+            saw_action_rows(timeline, actions)
+            modes.update(bool(a.get("dry_run")) for a in actions)
+            if "alert" in timeline.at and not actions and (
+                    now - timeline.at["alert"] > FLEET_SETTLE_SECONDS):
+                timeline.problems.append(
+                    f"no remediation step stored for the drill's alert within "
+                    f"{FLEET_SETTLE_SECONDS:g} s (held back by the controller: opt-out, "
+                    "disruption budget, breaker; see its audit trail)")
+            if (timeline.finished() and (actions or timeline.problems)) or (
+                    time.monotonic() >= deadline):
+                break
+            time.sleep(FLEET_POLL_SECONDS)
+    finally:
+        client.close()
+    if modes:
+        outcome.live = not all(modes)
+    results = judge(timeline, slos={**d.slo, **slos})
+    outcome.results = results
+    outcome.problems = list(timeline.problems)
+    if time.monotonic() >= deadline and not timeline.finished():
+        outcome.problems.append(f"not finished within {wait:g} s")
+    outcome.passed = passed(results, timeline) and not outcome.problems
+    (folder / "result.json").write_text(json.dumps(outcome.to_json(), indent=2) + "\n",
+                                        encoding="utf-8")
+    return outcome
+
+
+def _inject_only(settings: Any, *, kind: str, drill_id: str | None) -> tuple[str, Path]:
+    """Drop a drill's line into this node's agent inbox (``--inject-only``); return it.
+
+    Raises:
+        ConfigError: Not a kernel-log fault.
+    """
+    from remediation.drill import FAULTS, check_drill_id, drill_line, new_drill_id, write_inbox
+
+    drill_id = check_drill_id(drill_id or new_drill_id())
+    try:
+        line = drill_line(FAULTS[kind], drill_id=drill_id, bus=settings.drill.pci_bus_id)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return drill_id, write_inbox(settings.node.data_dir, line=line, drill_id=drill_id)
+
+
 def _record_history(settings: Any, timeline: Any, outcome: DrillOutcome) -> None:
     """Write the drill's incident into the incident history, marked ``drill``."""
     from remediation.drill import history_attrs
@@ -421,9 +641,26 @@ def schedule_drills(settings: Any, scheduler: Any, *,
 @click.option("--id", "drill_id", default=None, help="The drill's id (default generated).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @click.option("--scheduled", is_flag=True, help="Run the [drill] schedule in the foreground.")
+@click.option("--fleet", is_flag=True, help="Through the deployed fleet: inject on the "
+              "node's running agent, time the stages from --controller's API.")
+@click.option("--controller", default=None, metavar="URL",
+              help="A controller replica's URL (--fleet).")
+@click.option("--inject-via", default=None, metavar="CMD", help="--fleet: the command that "
+              "runs `gpuhealth drill --inject-only` on the node ({node}, {id}, {kind} "
+              "filled in), e.g. \"ssh {node} gpuhealth drill --inject-only --id {id} "
+              "--kind {kind}\".")
+@click.option("--agent-data-dir", default=None, metavar="DIR", help="--fleet: the agent's "
+              "[node] data_dir, writable from here ({node} filled in); instead of "
+              "--inject-via.")
+@click.option("--ca-file", default=None, type=click.Path(dir_okay=False),
+              help="--fleet: CA bundle of the controller's TLS certificate.")
+@click.option("--inject-only", is_flag=True, help="On a node: drop the marked line into "
+              "this node's agent drill inbox ([node] data_dir of --config) and exit.")
 def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
           live: bool | None, slos: tuple[str, ...], timeout: str | None,
-          drill_id: str | None, as_json: bool, scheduled: bool) -> None:
+          drill_id: str | None, as_json: bool, scheduled: bool, fleet: bool,
+          controller: str | None, inject_via: str | None, agent_data_dir: str | None,
+          ca_file: str | None, inject_only: bool) -> None:
     """Inject a labelled synthetic fault and time every stage against its SLO.
 
     Prints one row per stage (detect, alert, cordon, drain, reboot or reset, validate,
@@ -448,11 +685,26 @@ def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
     is_live = d.live if live is None else live
 
     def one(node: str, name: str | None = None) -> DrillOutcome:
+        if fleet:
+            return run_fleet_drill(settings, controller=str(controller), node=node,
+                                   kind=kind, slos=wanted, drill_id=name,
+                                   timeout_seconds=wait, inject_via=inject_via,
+                                   agent_data_dir=agent_data_dir, ca_file=ca_file,
+                                   echo=lambda text: click.echo(text, err=True))
         return run_drill(settings, node=node, kind=kind, live=is_live, slos=wanted,
                          drill_id=name, timeout_seconds=wait,
                          echo=lambda text: click.echo(text, err=True))
 
+    if fleet and not controller:
+        raise click.BadParameter("--fleet needs --controller URL", param_hint="--controller")
+    if fleet and live is not None:
+        raise click.BadParameter("--fleet drills go the controller's way (its [remediation] "
+                                 "dry_run); leave out --live/--dry-run", param_hint="--live")
     try:
+        if inject_only:
+            injected, path = _inject_only(settings, kind=kind, drill_id=drill_id)
+            click.echo(f"drill {injected}: {kind} line dropped into {path}")
+            return
         if scheduled:
             from apscheduler.schedulers.blocking import BlockingScheduler
 

@@ -159,6 +159,10 @@ class HistoryRecorder:
             if inc.note:
                 attrs["note"] = inc.note
             attrs.update(history_attrs(store.work(inc.incident)))
+            drill = next((a.attrs["drill"] for a in actions if a.attrs.get("drill")), "")
+            if drill:  # a drill's incident (gpuhealth drill --fleet): never a failure
+                attrs["drill"] = drill
+                attrs["drill_mode"] = "dry-run" if all(a.dry_run for a in actions) else "live"
             closed = inc.state in (INCIDENT_CLOSED, INCIDENT_HUMAN)
             dry = bool(actions) and all(a.dry_run for a in actions)
             if dry:

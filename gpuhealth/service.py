@@ -53,7 +53,7 @@ from core.protocols import (
     StreamingCollector,
 )
 from core.records import AlertState, Event, Finding, Record, Sample, Severity
-from gpuhealth.agent import AgentLink
+from gpuhealth.agent import DRILL_INBOX, AgentLink, drill_inbox
 from gpuhealth.api import ApiServer, recover_ingests, start_api
 from gpuhealth.compose import (
     agent_pipeline,
@@ -280,6 +280,8 @@ class Service:
             self._build_collectors()
         else:
             self.collectors = dict(self._given)
+        if self.role == "agent":  # drills through the fleet (gpuhealth drill --fleet)
+            self.collectors.setdefault(DRILL_INBOX, drill_inbox(s))
         self.pipeline = self._build_pipeline()
         if self.role != "agent":
             self._remediation_metrics = RemediationCollector(

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from core.drill import DRILL, drill_of_evidence
 from core.records import Alert, AlertState, AuditRecord, Finding
+from remediation.drill import mark_drill_decisions
 from remediation.engine import RemediationEngine
 from remediation.policy import DECISION_DUPLICATE, PolicyResult, RemediationPolicy
 
@@ -67,7 +69,8 @@ def decide_on_alerts(policy: RemediationPolicy, engine: RemediationEngine,
                 and finding.last_seen_at > probation.fixed_at):
             decided.extend(policy.escalate(finding, fingerprint=alert.fingerprint,
                                            why=RECURRED))
-    return decided
+    drills = {a.fingerprint: a.labels[DRILL] for a in changed if a.labels.get(DRILL)}
+    return mark_drill_decisions(decided, drills) if drills else decided
 
 
 def take_over(new_policy: Callable[[], RemediationPolicy], audit: Iterable[AuditRecord],
@@ -87,4 +90,5 @@ def take_over(new_policy: Callable[[], RemediationPolicy], audit: Iterable[Audit
     policy.restore(audit)
     decided = policy.decide_worst_first(active)
     decided.decisions = [d for d in decided.decisions if d.decision != DECISION_DUPLICATE]
-    return policy, decided
+    drills = {fp: drill for f, fp in active if (drill := drill_of_evidence(f.evidence))}
+    return policy, mark_drill_decisions(decided, drills) if drills else decided

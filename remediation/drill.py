@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from collectors.kernel_log import KernelLogCollector
+from core import drill as core_drill
 from core.errors import GpuHealthError, PermanentError
 from core.records import (
     ActionPhase,
@@ -55,14 +56,14 @@ from core.records import (
 )
 from remediation.actions import StoredAction
 from remediation.audit import AuditLog
-from remediation.policy import SCOPE_GPU
+from remediation.policy import SCOPE_GPU, PolicyResult
 
 logger = logging.getLogger(__name__)
 
-DRILL = "drill"
+DRILL = core_drill.DRILL
 """The marker's key: alert label, step attribute, audit detail, history attribute."""
 
-MARK = "gpuhealth-drill"
+MARK = core_drill.MARK
 """Written into the injected kernel-log line as ``gpuhealth-drill=<id>``."""
 
 OWNER_PREFIX = "gpuhealth:"
@@ -78,7 +79,7 @@ _STEP_STAGES = {RemediationStep.CORDON: "cordon", RemediationStep.DRAIN: "drain"
                 RemediationStep.REBOOT: "reboot", RemediationStep.RESET_GPU: "reset_gpu",
                 RemediationStep.RESUME: "resume"}
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ID = re.compile(rf"^{core_drill.ID_PATTERN}$")
 
 OK, MISSED, NEVER, SKIPPED = "ok", "missed", "never", "skipped"
 """A stage's verdict: within its SLO (or none set), over it, did not happen, not expected."""
@@ -539,7 +540,8 @@ def _delegate_value(name: str) -> property:
     return property(lambda self: getattr(self.inner, name))
 
 
-def drill_adapter(inner: Any, drill_id: str) -> DrillAdapter:
+def drill_adapter(inner: Any, drill_id: str, *,
+                  base: type[DrillAdapter] = DrillAdapter) -> DrillAdapter:
     """Wrap ``inner`` for drill ``drill_id`` (see :class:`DrillAdapter`).
 
     The wrapper's class has every public attribute of ``inner`` (methods delegate,
@@ -553,7 +555,7 @@ def drill_adapter(inner: Any, drill_id: str) -> DrillAdapter:
             continue
         value = getattr(inner, attr, None)
         members[attr] = _delegate_method(attr) if callable(value) else _delegate_value(attr)
-    cls = type(f"Drill{type(inner).__name__}", (DrillAdapter,), members)
+    cls = type(f"Drill{type(inner).__name__}", (base,), members)
     adapter: DrillAdapter = cls(inner, drill_id)
     return adapter
 
@@ -624,3 +626,165 @@ def end_incidents(store: Any, now: float) -> None:
     for inc in store.incidents(states=(INCIDENT_OPEN, INCIDENT_PROBATION)):
         store.update_incident(inc.incident, state=INCIDENT_CLOSED, closed_at=now,
                               note="drill over")
+
+
+# --------------------------------------------------------------- through the fleet
+# A fleet drill goes through the deployed path: the line is dropped into the agent's
+# drill inbox (collectors.drill_inbox), parsed there by the real kernel-log parser,
+# sent to the controller as a finding; the controller's alert carries ``drill=<id>``
+# (alerting.alerts.alert_labels reads the marker in the evidence), its decisions and
+# steps are marked by :func:`mark_drill_decisions`, and its adapter is wrapped by
+# :func:`fleet_drill_adapter` (no hand-off for a drill). ``gpuhealth drill --fleet``
+# times the stages from the controller's API (:func:`saw_alert_rows`,
+# :func:`saw_action_rows`).
+
+INBOX = "drill-inbox"
+"""Folder of the agent's drill inbox inside its ``[node] data_dir``."""
+
+
+def drill_line(fault: DrillFault, *, drill_id: str, bus: str) -> str:
+    """The marked kernel-log line of ``fault`` (a kernel-log fault), without newline.
+
+    Raises:
+        ValueError: ``fault`` is not a kernel-log fault (NVML faults need the
+            single-process drill).
+    """
+    if not fault.line:
+        raise ValueError(f"--kind {fault.name}: a fleet drill injects kernel-log faults "
+                         f"only ({', '.join(n for n, f in FAULTS.items() if f.line)})")
+    return fault.line.format(bus=bus, mark=f"{MARK}={check_drill_id(drill_id)}")
+
+
+def write_inbox(data_dir: Path, *, line: str, drill_id: str) -> Path:
+    """Drop ``line`` into the agent's drill inbox in ``data_dir``; return the file.
+
+    Written to a temporary name and renamed, so the agent never reads half a line.
+    """
+    folder = Path(data_dir) / INBOX
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{check_drill_id(drill_id)}.line"
+    tmp = folder / f".{drill_id}.tmp"
+    tmp.write_text(line.rstrip("\n") + "\n", encoding="utf-8")
+    tmp.replace(final)
+    return final
+
+
+def mark_drill_decisions(result: PolicyResult, drills: Mapping[str, str]) -> PolicyResult:
+    """Mark the decisions of drill alerts (``drills``: fingerprint -> drill id).
+
+    Each such decision gets ``drill`` (its audit line's ``details["drill"]``) and its
+    request ``attrs["drill"]`` and a ``gpuhealth: drill <id>:`` reason, so the engine's
+    records, the follow-ups it queues and the adapter (:func:`fleet_drill_adapter`) all
+    know the step is a drill's. Other decisions are left as they are.
+    """
+    out = PolicyResult()
+    for d in result.decisions:
+        drill_id = drills.get(d.fingerprint, "")
+        if drill_id:
+            request = d.request
+            if request is not None:
+                request = replace(request, reason=drill_reason(request.reason, drill_id),
+                                  attrs={**request.attrs, DRILL: drill_id})
+            d = replace(d, drill=drill_id, request=request)
+        out.decisions.append(d)
+    return out
+
+
+class FleetDrillAdapter(DrillAdapter):
+    """The controller's adapter: a drill's step is marked and never handed off.
+
+    A request with ``attrs["drill"]`` (:func:`mark_drill_decisions`) goes on as
+    :class:`DrillAdapter` sends it (its reason says ``drill <id>``; a hand-off to
+    hardware service is not made and succeeds as a no-op, logged); any other request
+    goes to the wrapped adapter unchanged.
+    """
+
+    async def submit(self, request: ActionRequest) -> str:
+        """Submit ``request``; a drill's is marked, a drill's hand-off is not made."""
+        drill_id = request.attrs.get(DRILL, "")
+        if not drill_id:
+            ref: str = await self.inner.submit(request)
+            return ref
+        self.drill_id = drill_id
+        return await DrillAdapter.submit(self, request)
+
+    async def status(self, ref: str) -> ActionStatus:
+        """The wrapped adapter's status; a drill's hand-off (made by any replica) succeeded."""
+        if ref.startswith("drill-hand-off:"):
+            return ActionStatus(ref=ref, phase=ActionPhase.SUCCEEDED,
+                                message="drill: not handed to hardware service")
+        status: ActionStatus = await self.inner.status(ref)
+        return status
+
+
+def fleet_drill_adapter(inner: Any) -> DrillAdapter:
+    """Wrap the controller's ``inner`` adapter for drills (:class:`FleetDrillAdapter`)."""
+    return drill_adapter(inner, "", base=FleetDrillAdapter)
+
+
+def saw_alert_rows(timeline: DrillTimeline, rows: Iterable[Mapping[str, Any]], *,
+                   at: float) -> None:
+    """Take the controller's ``GET /api/v1/alerts`` answer (``detect`` and ``alert``).
+
+    ``detect`` is when the agent's parser stamped the fault (the alert's
+    ``first_seen_at``), ``alert`` when the drill's alert was first seen firing (``at``;
+    a firing alert's ``starts_at`` is its fault's first sighting, not its firing), or
+    earlier when the first step it asked for was stored before (:func:`saw_action_rows`).
+    """
+    for row in rows:
+        labels = row.get("labels") or {}
+        if labels.get(DRILL) != timeline.drill_id or labels.get("node") != timeline.node:
+            continue
+        timeline.fingerprints.add(str(row.get("fingerprint", "")))
+        seen = _number((row.get("annotations") or {}).get("first_seen_at"))
+        if "detect" not in timeline.at:
+            timeline._mark("detect", seen if seen is not None else at)
+        if row.get("state") == AlertState.FIRING.value:
+            timeline._mark("alert", at)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def saw_action_rows(timeline: DrillTimeline, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Take the controller's ``GET /api/v1/actions`` answer: the drill's steps.
+
+    A step of the drill (``attrs["drill"]``) is expected once it exists; it happened
+    when it succeeded (``finished_at``); a failed or cancelled one, one waiting for a
+    human's approval, and a hand-off (not made: a drill) are problems.
+    """
+    for row in rows:
+        attrs = row.get("attrs") or {}
+        if attrs.get(DRILL) != timeline.drill_id:
+            continue
+        try:
+            step = RemediationStep(str(row.get("step")))
+            phase = ActionPhase(str(row.get("phase")))
+        except ValueError:
+            continue
+        if step == RemediationStep.HAND_OFF:
+            timeline._problem("the node would have been handed to hardware service "
+                              "(not done: a drill)")
+        stage = _STEP_STAGES.get(step)
+        if stage is None:
+            continue
+        timeline.expected.add(stage)
+        if stage in ("reboot", "reset_gpu") and timeline.validating:
+            timeline.expected.add("validate")
+        if stage in ("cordon", "drain") and attrs.get("scope") != SCOPE_GPU:
+            timeline.expected.add("resume")
+        created = _number(row.get("created_at"))
+        if created is not None and "alert" in timeline.at and created < timeline.at["alert"]:
+            timeline.at["alert"] = max(created, timeline.at.get("detect", created))
+        finished = _number(row.get("finished_at"))
+        if phase == ActionPhase.SUCCEEDED and finished is not None:
+            timeline._mark(stage, finished)
+        elif phase in (ActionPhase.FAILED, ActionPhase.CANCELLED):
+            timeline._problem(f"{step.value} {phase.value}: {row.get('message', '')}")
+        elif phase == ActionPhase.AWAITING_APPROVAL:
+            timeline._problem(f"{step.value} waits for a human's approval")

@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from core.clock import Clock, system_clock
+from core.drill import DRILL
 from core.errors import GpuHealthError, PermanentError, ReturnedToService, TemporaryError
 from core.protocols import NodeInspector, ReliabilityPublisher, SchedulerAdapter
 from core.records import (
@@ -1216,6 +1217,12 @@ class RemediationEngine:
                 continue  # not resumed before its validation passed
             with self._lock:
                 result = self.policy.resolve(fingerprint=inc.fingerprint, node=inc.node)
+            drill = next((a.attrs[DRILL] for a in self.store.actions(incident=inc.incident)
+                          if a.attrs.get(DRILL)), "")
+            if drill:  # a drill's return to service is the drill's too
+                from remediation.drill import mark_drill_decisions
+
+                result = mark_drill_decisions(result, {inc.fingerprint: drill})
             self.store.update_incident(inc.incident, state=INCIDENT_CLOSED if not
                                        result.requests else INCIDENT_OPEN, closed_at=None
                                        if result.requests else now,
@@ -1439,6 +1446,8 @@ class RemediationEngine:
         out: list[AuditRecord] = []
         for planned in plan:
             attrs = {**planned.attrs(), FOLLOWS: str(action.id), "why": why}
+            if action.attrs.get(DRILL):  # a drill's follow-up is the drill's (no hand-off)
+                attrs[DRILL] = action.attrs[DRILL]
             if evidence:
                 attrs["evidence"] = evidence[:1000]
             request = ActionRequest(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from alerting.alerts import NETWORK_KINDS, PREDICTION_KIND, alert_name
 from analytics.fault_model.site_rules import rule_notes
@@ -285,6 +285,8 @@ class Decision:
     released: bool = False
     rules: str = ""
     request: ActionRequest | None = None
+    drill: str = ""
+    """The drill this decision is for (``details["drill"]``), else ``""``."""
 
     @property
     def disrupts_node(self) -> bool:
@@ -311,6 +313,8 @@ class Decision:
             details["released"] = "true"
         if self.rules:
             details["policy_rules"] = self.rules
+        if self.drill:
+            details["drill"] = self.drill
         if self.planned is not None:
             details.update(self.planned.attrs())
             details["disrupts_node"] = "true" if self.disrupts_node else "false"
@@ -350,6 +354,11 @@ class Decision:
             request = ActionRequest(step=planned.step, node=record.node, entity=planned.entity,
                                     reason=record.reason, idempotency_key=record.idempotency_key,
                                     dry_run=record.dry_run, attrs=planned.attrs())
+            if d.get("drill"):
+                request = replace(request, attrs={**request.attrs, "drill": d["drill"]})
+            if d.get("policy_rules"):
+                request = replace(request, attrs={**request.attrs,
+                                                  "policy_rules": d["policy_rules"]})
         return cls(
             at=record.at, actor=record.actor, decision=record.decision, node=record.node,
             planned=planned, reason=record.reason, idempotency_key=record.idempotency_key,
@@ -359,7 +368,7 @@ class Decision:
             finding_entity=d.get("finding_entity", ""),
             escalated_from=d.get("escalated_from", ""), why=d.get("why", ""),
             released=d.get("released") == "true", rules=d.get("policy_rules", ""),
-            request=request)
+            request=request, drill=d.get("drill", ""))
 
 
 _DECISIONS = frozenset({DECISION_REQUESTED, DECISION_HELD, DECISION_DUPLICATE,
@@ -723,7 +732,9 @@ class RemediationPolicy:
                 reason=reason,
                 idempotency_key=key,
                 dry_run=self.dry_run,
-                attrs=planned.attrs(),
+                # the rules travel with the step: the engine's submitted, succeeded,
+                # probation... records carry them (its audit details hold the attrs)
+                attrs={**planned.attrs(), **({"policy_rules": rules} if rules else {})},
             )
             self._done.add(key)
             if planned.disrupts_node:
