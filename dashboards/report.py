@@ -328,15 +328,40 @@ def _availability(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.
     return out
 
 
+def _without_made_up_spans(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (:func:`rel.mtbf_by`) with no system MTBF where the group has no exposure.
+
+    Without a residency in the window a group has no span; the analytics then divide the
+    window's length by the failures, a figure built from nothing: it is n/a.
+    """
+    if not len(table):
+        return table
+    return table.assign(system_mtbf_hours=table["system_mtbf_hours"].where(
+        table["exposure_hours"] > 0))
+
+
 def _mtbf(inventory: pd.DataFrame, incidents: pd.DataFrame, window: rel.Window,
           opts: ReportOptions, fleet: Mapping[str, Any], caveats: _Caveats) -> dict[str, Any]:
-    out: dict[str, Any] = {"fleet": dict(fleet)}
+    fleet_out = dict(fleet)
+    if not fleet["exposure_hours"]:
+        # no residency in the window: no span to divide; the analytics' window / failures
+        # would be the window's length, not a time between failures of a fleet
+        fleet_out["system_mtbf_hours"] = None
+    out: dict[str, Any] = {"fleet": fleet_out}
     for by in ("model", "driver_version", "vbios_version", "batch"):
         table = rel.mtbf_by(inventory, incidents, by, window, opts.confidence)
-        table = table[table["group"] != ""]
+        table = _without_made_up_spans(table[table["group"] != ""])
         out[f"by_{by}"] = _records(table)
-    by_node = rel.mtbf_by(inventory, incidents, "node", window, opts.confidence)
-    out["nodes_total"] = len(by_node)
+    by_node = _without_made_up_spans(
+        rel.mtbf_by(inventory, incidents, "node", window, opts.confidence))
+    out["nodes_total"] = int(fleet["nodes"])  # the nodes of Availability: in the inventory
+    outside = by_node[(by_node["exposure_hours"] <= 0) & (by_node["failures"] > 0)]
+    out["nodes_not_in_inventory"] = len(outside)
+    if len(outside):
+        caveats.add(f"{int(outside['failures'].sum()):,} failures of the window are on "
+                    f"{len(outside):,} nodes with no inventory in it (no GPU or node "
+                    "residency recorded): they count as failures, but the nodes have no "
+                    "exposure, so their MTBF and availability are n/a.")
     out["by_node"] = _records(by_node[by_node["failures"] > 0])
     if not out["by_driver_version"]:
         caveats.add("No driver versions are recorded in the inventory: MTBF by driver "
@@ -459,8 +484,31 @@ def _work(in_window: pd.DataFrame, opts: ReportOptions, window: rel.Window,
     return out
 
 
+def _never_out(incidents: pd.DataFrame) -> pd.Series:
+    """Incidents that never took a unit out of service (no out-of-service or back time).
+
+    A dry run, or one resolved (its finding cleared, ``gpuhealth mark-healthy``) before
+    anything was taken out: there is nothing to repair, so it is neither repaired nor
+    "not yet repaired".
+    """
+    if not len(incidents):
+        return pd.Series(False, index=incidents.index, dtype=bool)
+    out = pd.to_numeric(incidents["out_of_service_at"], errors="coerce")
+    back = pd.to_numeric(incidents["back_in_service_at"], errors="coerce")
+    return out.isna() & back.isna()
+
+
+def _repair_figures(incidents: pd.DataFrame) -> dict[str, Any]:
+    """:func:`rel.mttr` with ``unrepaired`` only counting incidents that were taken out."""
+    figures = rel.mttr(incidents)
+    never = int(_never_out(incidents).sum())
+    figures["unrepaired"] = max(int(figures["unrepaired"]) - never, 0)
+    figures["not_out_of_service"] = never
+    return figures
+
+
 def _mttr(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
-    out = rel.mttr(in_window)
+    out = _repair_figures(in_window)
     out["by_cause"] = {
         str(cause): rel.mttr(group)["median_hours"]
         for cause, group in in_window.groupby("cause")} if len(in_window) else {}
@@ -470,18 +518,25 @@ def _mttr(in_window: pd.DataFrame, caveats: _Caveats) -> dict[str, Any]:
     if any(classes):
         labelled = in_window.assign(_class=classes)
         for name, group in labelled[labelled["_class"] != ""].groupby("_class"):
-            figures = rel.mttr(group)
+            figures = _repair_figures(group)
             by_class[str(name)] = {k: figures[k] for k in
-                                   ("repaired", "unrepaired", "median_hours", "mean_hours",
-                                    "p90_hours")}
+                                   ("repaired", "unrepaired", "not_out_of_service",
+                                    "median_hours", "mean_hours", "p90_hours")}
     out["by_priority_class"] = by_class
     if not len(in_window):
         out["note"] = "no failure in this window"
+    elif out["repaired"] == 0 and out["unrepaired"] == 0:
+        out["note"] = ("no incident of this window took a unit out of service (dry run, or "
+                       "resolved before anything was taken out): nothing to repair")
     elif out["repaired"] == 0:
         out["note"] = "no incident of this window is back in service yet"
     if out["unrepaired"]:
         caveats.add(f"{out['unrepaired']:,} incidents of the window have no back-in-service "
                     "time (still out, or not recorded) and are left out of MTTR.")
+    if out["not_out_of_service"]:
+        caveats.add(f"{out['not_out_of_service']:,} incidents of the window never took a unit "
+                    "out of service (dry run, or resolved before anything was taken out) and "
+                    "are left out of MTTR.")
     return out
 
 
@@ -716,8 +771,10 @@ def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]
             blocks.append(("", "No driver versions recorded: MTBF by driver version is not "
                                "available."))
     if m["by_node"]:
+        outside = m.get("nodes_not_in_inventory", 0)
         blocks.append((f"Worst {min(top, len(m['by_node']))} of {len(m['by_node']):,} nodes "
-                       f"with failures ({m['nodes_total']:,} nodes in all)",
+                       f"with failures ({m['nodes_total']:,} nodes in the inventory"
+                       + (f"; {outside:,} with failures not in it" if outside else "") + ")",
                        (head, mtbf_rows(m["by_node"][:top]))))
     if m.get("note"):
         blocks.append(("", m["note"]))
@@ -726,6 +783,7 @@ def _tables(report: Mapping[str, Any]) -> dict[str, list[tuple[str, Table | str]
     r = s["mttr"]
     blocks = [("", (["Figure", "Value"], [
         ["Repaired incidents", _num(r["repaired"])], ["Not yet repaired", _num(r["unrepaired"])],
+        ["Never taken out of service", _num(r.get("not_out_of_service", 0))],
         ["Mean (hours)", _num(r["mean_hours"], 2)], ["Median (hours)", _num(r["median_hours"], 2)],
         ["90th percentile (hours)", _num(r["p90_hours"], 2)],
         ["Longest (hours)", _num(r["max_hours"], 2)],

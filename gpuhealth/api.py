@@ -61,6 +61,7 @@ from collectors.artifact import (
 )
 from collectors.parsers import artifact_parsers
 from core.errors import TemporaryError
+from core.names import entity_problem, node_name_problem, text_problem
 from core.records import ActionPhase, ActionStatus, NodeName, Record
 from gpuhealth._serving import ServingThread
 from gpuhealth.config import Settings, alerting_path, api_token
@@ -426,6 +427,13 @@ class AlertingApi:
             raise ApiError(400, "reason: required (it goes into the audit trail)")
         if not isinstance(by, str):
             raise ApiError(400, "by: a name")
+        problem = (node_name_problem(node) or (entity_problem(entity) if entity else None)
+                   or text_problem("reason", reason) or text_problem("by", by))
+        if problem:
+            raise ApiError(400, problem)
+        if not self.pipeline.knows_node(node):
+            raise ApiError(404, f"unknown node {node}: no reading, finding or incident of it "
+                                "here (nothing was recorded)")
         try:
             cleared = self.pipeline.mark_healthy(node, entity, reason=reason, by=by)
         except OSError as exc:

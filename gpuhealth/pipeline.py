@@ -568,6 +568,19 @@ class Pipeline:
         if output.for_alerts:
             self.observe_predictions(output.for_alerts)
 
+    def knows_node(self, node: str) -> bool:
+        """Whether ``node`` is one this service has heard of.
+
+        Observed (a reading, an event, an ingested file), with held or sticky findings,
+        with facts, or with an incident in the action store.
+        """
+        with self._lock:
+            if (node in self._nodes or node in self._node_facts
+                    or any(k[0] == node for k in self._held)
+                    or any(f.node == node for f in self.site_rules.sticky)):
+                return True
+        return any(inc.node == node for inc in self.actions.incidents())
+
     def mark_healthy(self, node: str, entity: str | None, *, reason: str, by: str
                      ) -> list[Finding]:
         """A person says ``node`` (or one ``entity`` of it) is healthy: clear its findings.

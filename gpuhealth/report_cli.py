@@ -8,6 +8,12 @@ Commands (registered in :mod:`gpuhealth.cli` with ``main.add_command(report)``):
 * ``gpuhealth report import titan|lanl PATH --history PATH``: import published failure
   records into the incident history (prints the counts, skipped rows by reason).
 
+Exit statuses of both (BSD sysexits where one fits): 0 written, 1 no history at the path
+(or a store error, or malformed import rows), 64 usage error (a bad option or time), 66
+the history cannot be read as one (not a database, a folder, no permission), 73 the
+output file cannot be created (its folder cannot be made, no permission), 74 writing it
+failed (disk full), 78 a bad settings file.
+
 ``--history`` takes a history file or a PostgreSQL DSN (a controller pair's shared state,
 where the leader records the history). It defaults to ``[report] history`` of the
 settings file (``--config`` / ``GPUHEALTH_CONFIG``), else ``[controller] state`` when
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 HISTORY_FILE = "history.sqlite"
 """File name of the incident history inside ``[node] data_dir``."""
+
+EXIT_NOINPUT, EXIT_CANTCREAT, EXIT_IOERR, EXIT_CONFIG = 66, 73, 74, 78
+"""``report`` exit statuses (BSD sysexits): the history cannot be read as one, the output
+file cannot be created, writing it failed, a bad settings file."""
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 """Day names apscheduler's cron trigger takes."""
@@ -157,7 +168,7 @@ def report(ctx: click.Context, since: str, until: str, fmt: str, output: str,
         spare = spare_fraction if spare_fraction is not None else _spare_default(config_path)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(78)
+        sys.exit(EXIT_CONFIG)
     try:
         options = report_options(since, until, source, spare, now=time.time(),
                                  timezone=timezone, checkpoint_seconds=checkpoint_seconds,
@@ -174,13 +185,32 @@ def report(ctx: click.Context, since: str, until: str, fmt: str, output: str,
     except GpuHealthError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except (sqlite3.DatabaseError, OSError) as exc:
+        click.echo(f"error: {_shown(path)} cannot be read as an incident history: {exc}",
+                   err=True)
+        sys.exit(EXIT_NOINPUT)
     text = render(figures, cast(Format, fmt))
     if output == "-":
         click.echo(text, nl=False)
-    else:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(text, encoding="utf-8")
-        click.echo(f"wrote {output}", err=True)
+        return
+    _write_output(Path(output), text)
+    click.echo(f"wrote {output}", err=True)
+
+
+def _write_output(target: Path, text: str) -> None:
+    """Write the report to ``target``; exit 73 if it cannot be created, 74 if writing fails."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle = target.open("w", encoding="utf-8")
+    except OSError as exc:
+        click.echo(f"error: cannot create {target}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_CANTCREAT)
+    try:
+        with handle:
+            handle.write(text)
+    except OSError as exc:
+        click.echo(f"error: cannot write {target}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_IOERR)
 
 
 @report.command("import")
@@ -201,7 +231,7 @@ def import_history(kind: str, path: str, history: str | None, config_path: str |
         target = _history_path(history, config_path)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(78)
+        sys.exit(EXIT_CONFIG)
     importer = import_titan if kind == "titan" else import_lanl
     try:
         result = importer(path, strict=not lenient)
@@ -215,6 +245,10 @@ def import_history(kind: str, path: str, history: str | None, config_path: str |
     except GpuHealthError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except (sqlite3.DatabaseError, OSError) as exc:
+        click.echo(f"error: {_shown(target)} cannot be read as an incident history: {exc}",
+                   err=True)
+        sys.exit(EXIT_NOINPUT)
     click.echo(json.dumps({**result.summary(), "history": _shown(target)}, indent=2,
                           sort_keys=True))
 
