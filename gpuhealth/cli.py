@@ -745,6 +745,10 @@ def config_check(path: str | None, config_path: str | None, role: str, show: boo
     path = path or config_path
 
     problems = check(path)
+    if not problems:
+        from gpuhealth.compose import scheduler_problems
+
+        problems.extend(scheduler_problems(load_settings(path)))
     if not problems and role != "run":
         settings = load_settings(path)
         if role == "agent" and not settings.agent.controllers:
@@ -756,14 +760,22 @@ def config_check(path: str | None, config_path: str | None, role: str, show: boo
         if role == "controller" and settings.controller.agent_tokens_file is None:
             problems.append(f"{settings.source}: [controller] agent_tokens_file: the "
                             "controller accepts only agents with a token; list them")
+        if role == "controller":
+            from gpuhealth.controller import listener_token_problem
+
+            problem = listener_token_problem(settings)
+            if problem:
+                problems.append(problem)
     if problems:
         for line in problems:
             click.echo(f"error: {line}", err=True)
         sys.exit(1)
     settings = load_settings(path)
     rules = len(settings.policy.rule)
-    collectors = len(settings.enabled_collectors())
-    click.echo(f"{path or 'embedded defaults'}: valid ({collectors} collector(s) enabled, "
+    # The controller runs no collector (its agents do): counting them would mislead.
+    collected = ("" if role == "controller"
+                 else f"{len(settings.enabled_collectors())} collector(s) enabled, ")
+    click.echo(f"{path or 'embedded defaults'}: valid ({collected}"
                f"{rules} policy rule(s); --show prints the settings in effect)")
     if show:
         click.echo(json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True))

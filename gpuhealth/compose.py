@@ -272,6 +272,30 @@ def build_notifiers(settings: Settings) -> tuple[list[Notifier], list[Notifier]]
     return notifiers, pagers
 
 
+def scheduler_problems(settings: Settings) -> list[str]:
+    """Check ``[remediation] scheduler_options`` and ``node_agent`` against the adapters.
+
+    Run by ``gpuhealth config check`` whatever ``dry_run`` says (a dry run builds no
+    adapter, so a misspelt key would otherwise surface only on going live), without
+    building anything.
+
+    Returns:
+        One line per problem, naming the file, the table, the bad key and the valid keys.
+    """
+    r = settings.remediation
+    tables = [("scheduler_options", r.scheduler, dict(r.scheduler_options))]
+    if r.node_agent:
+        tables.append(("node_agent", "node_agent", dict(r.node_agent)))
+    problems: list[str] = []
+    for key, name, options in tables:
+        try:
+            plugins.check_options("gpuhealth.schedulers", name, options)
+        except PluginError as exc:
+            problems.append(f"{settings.source}: [remediation] {key} (scheduler {name!r}): "
+                            f"{exc}")
+    return problems
+
+
 def build_schedulers(settings: Settings, *, live: bool | None = None
                      ) -> tuple[SchedulerAdapter | None, SchedulerAdapter | None]:
     """Build the scheduler adapter and the node agent (GPU resets) of ``[remediation]``.

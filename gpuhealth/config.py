@@ -1261,6 +1261,11 @@ def _messages(
             or repr(got) in msg or f"got {got}" in msg
             else f" (got {got!r})"
         )
+        if not section and isinstance(got, Mapping):  # a table's own check: "[agent] key: …"
+            where = f"[{key}]"
+            head, sep, rest = msg.partition(": ")
+            if sep and head.isidentifier():
+                where, msg = f"[{key}] {head}", rest
         lines = msg.splitlines() or [msg]
         if len(lines) > 1:  # a table that reports several problems at once ([[policy.rule]])
             out.extend(f"{prefix}{where}: {line}" for line in lines)

@@ -41,6 +41,7 @@ import os
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,34 @@ SECRETS_CHECK_SECONDS = 1.0
 """How often the TLS certificate and key and the PostgreSQL password file are checked for
 a change (s); the agents' tokens are checked at every batch."""
 
+
+
+_LOOPBACK_ADDRESSES = ("127.0.0.1", "::1", "localhost")
+
+
+def listener_token_problem(settings: Settings, env: Mapping[str, str] = os.environ
+                           ) -> str | None:
+    """Why the controller refuses to start without an alerting API token, or ``None``.
+
+    The one check of ``gpuhealth controller`` and ``gpuhealth config check --role
+    controller``: beyond loopback, the API that creates silences and takes action reports
+    must need a bearer token.
+
+    Args:
+        settings: Loaded settings.
+        env: The environment the token is read from.
+    """
+    address = settings.controller.listen_address
+    if address in _LOOPBACK_ADDRESSES or api_token(settings, env):
+        return None
+    name = settings.alerting.api_token_env
+    fix = (f"set {name} in the controller's environment (e.g. its EnvironmentFile)" if name
+           else 'set api_token_env = "GPUHEALTH_API_TOKEN" (the name of an environment '
+                "variable that holds the token) and that variable")
+    found = (f"{name} is unset or empty" if name else "api_token_env is not set")
+    return (f"{settings.source}: [alerting] api_token_env: the controller listens on "
+            f"{address} (beyond loopback), so its alerting API (silences, action reports) "
+            f"must require a bearer token, but {found}: {fix}, or listen on 127.0.0.1")
 
 class Controller:
     """One controller replica (module docstring); :func:`run_controller` runs it.
@@ -154,10 +183,9 @@ class Controller:
             notify_as_standby=False, fleet_facts=lambda: self.facts, journal_held=False)
         recover_ingests(self.pipeline, window_seconds=settings.analytics.event_window_seconds)
         token = api_token(settings)
-        if c.listen_address not in ("127.0.0.1", "::1", "localhost") and not token:
-            raise ConfigError(f"{settings.source}: [alerting] api_token_env: the controller "
-                              "listens beyond loopback; creating silences and reporting actions "
-                              "need a bearer token (architecture principle 5)")
+        problem = listener_token_problem(settings)
+        if problem:
+            raise ConfigError(problem)
         self.api = AlertingApi(pipeline=self.pipeline, silences=self.pipeline.silences
                                or SilenceStore(), token=token)
         self.exporter = MetricsExporter()
