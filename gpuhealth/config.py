@@ -794,6 +794,10 @@ class DrillSettings(BaseModel):
     """IANA zone of ``schedule``."""
     timeout_seconds: Duration = 900.0
     """Longest a drill waits for its last stage; a stage not reached by then fails it."""
+    probation_seconds: Duration = 5.0
+    """How long a drilled node stays on probation before the drill resumes it; the shorter
+    of this and ``[remediation] probation_seconds`` is used (the site's probation is for
+    real faults: a drill on the defaults would wait an hour)."""
     evaluate_seconds: Duration = Field(default=0.5, gt=0)
     """How often the drill's pipeline evaluates (the service's cadence is ``[analytics]``)."""
     pci_bus_id: str = Field(default="0000:b1:00", pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:"

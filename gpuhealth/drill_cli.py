@@ -8,6 +8,7 @@
     gpuhealth drill --config CONTROLLER_F --fleet --controller URL --node N
                     (--inject-via CMD | --agent-data-dir DIR) [--kind xid79|xid48] ...
     gpuhealth drill --config AGENT_F --inject-only [--kind K] [--id ID]   # on the node
+    gpuhealth drill --config F --clear ID [--live]   # a drill's leftover state
 
 Each drill builds the pipeline ``gpuhealth run`` builds from the same file (the same
 fault model, alert policy, remediation guards, scheduler adapter, validation and
@@ -22,6 +23,14 @@ service is never made (it fails the drill instead).
 A drill keeps its own state in ``<data_dir>/drills/<id>/`` (action store, audit log,
 outbox, ``result.json``), never the service's, and writes one incident into the incident
 history marked ``drill``, so the weekly report lists it under drills, not failures.
+
+A drilled node's probation is the shorter of ``[drill] probation_seconds`` (5 s) and
+``[remediation] probation_seconds``. A running drill holds ``drill.lock`` in its folder
+(``flock``); SIGTERM, SIGINT or the timeout end its own incident (live: the node is
+resumed only while it shows the drill's own reason, :func:`resume_own`), and a folder
+whose lock nobody holds is leftover state, cleared by the next drill (logged) or by
+``--clear ID``. ``--kind nvlink`` without ``[inventory] nvlink = "expected"`` is
+refused, and a drill whose alert led to no step fails: it tested nothing.
 
 Before it starts, a drill is refused (exit 3) when the node opted out
 (``[remediation] opt_out_nodes``, or the scheduler shows the opt-out label), when a human
@@ -48,12 +57,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
+import os
+import signal
 import sqlite3
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +86,116 @@ carried out, so that what the drill did is complete, seconds."""
 DRILLS_FOLDER = "drills"
 """Folder of the drills' own state inside ``[node] data_dir``."""
 
+LOCK_FILE = "drill.lock"
+"""In a drill's folder: locked (``flock``) by the running drill's process, its pid inside.
+A folder whose lock nobody holds is a drill's leftover state (:func:`drill_running`)."""
+
+RESUME_WAIT_SECONDS = 60.0
+"""How long an interrupted live drill waits for the resume of the node it took out."""
+
+
+class DrillInterrupted(Exception):
+    """A signal (SIGTERM, SIGINT) stopped the drill; it ends its own incidents first."""
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`DrillInterrupted`.
+
+    Once: a second signal is ignored while the drill cleans up. Off the main thread (a
+    scheduled drill) signals are left as they are.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[str] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if fired:
+            logger.warning("drill: %s ignored, the drill is ending its incidents", name)
+            return
+        fired.append(name)
+        raise DrillInterrupted(name)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def _lock(folder: Path) -> int:
+    """Lock ``folder``'s :data:`LOCK_FILE` for this process (pid written); return the fd.
+
+    Raises:
+        ConfigError: Another process holds it (a drill of the same id runs).
+    """
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"drill {folder.name} is running already ({folder / LOCK_FILE} "
+                          "is locked)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def drill_running(folder: Path) -> bool:
+    """Whether a process still runs the drill of ``folder``: it holds :data:`LOCK_FILE`.
+
+    A folder without the file (a drill killed before it made it, or by an older version)
+    or whose lock nobody holds is leftover state.
+    """
+    path = folder / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
+
+
+def clear_leftover(folder: Path, *, why: str) -> list[str]:
+    """Close the open incidents of the drill in ``folder``; return the nodes they held.
+
+    For a drill whose process no longer runs (:func:`drill_running`): nothing real is
+    undone here (a live drill's node, if still out of service, is for
+    ``gpuhealth drill --clear ID --live`` or a person).
+    """
+    from remediation.actions import INCIDENT_OPEN, INCIDENT_PROBATION, ActionStore
+    from remediation.drill import end_incidents
+
+    path = folder / "actions.db"
+    if not path.exists():
+        return []
+    store = ActionStore(str(path))
+    try:
+        nodes = sorted({str(i.node) for i in store.incidents(
+            states=(INCIDENT_OPEN, INCIDENT_PROBATION)) if i.out_of_service_at is not None})
+        end_incidents(store, time.time())
+    finally:
+        store.close()
+    if nodes:
+        logger.warning("drill %s: leftover state of a process that no longer runs (%s not "
+                       "held), %s: its incidents are closed, %s no longer held out of "
+                       "service by it", folder.name, LOCK_FILE, why, ", ".join(nodes))
+    return nodes
+
 
 @dataclass(slots=True, kw_only=True)
 class DrillOutcome:
@@ -89,6 +212,7 @@ class DrillOutcome:
         passed: Every stage happened within its SLO and nothing went wrong.
         folder: The drill's own state.
         handed_off: Hand-offs to hardware service the drill did not make.
+        interrupted: The signal that stopped the drill (``SIGTERM``), else ``""``.
     """
 
     drill_id: str
@@ -101,6 +225,7 @@ class DrillOutcome:
     passed: bool = False
     folder: str = ""
     handed_off: int = 0
+    interrupted: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The outcome as JSON (``result.json``, ``--json``)."""
@@ -110,7 +235,7 @@ class DrillOutcome:
                 "mode": "live" if self.live else "dry-run", "refused": self.refused or None,
                 "passed": self.passed, "stages": results_to_json(self.results),
                 "problems": self.problems, "handed_off_not_made": self.handed_off,
-                "folder": self.folder}
+                "folder": self.folder, "interrupted": self.interrupted or None}
 
 
 def _open_store(settings: Any) -> Any:
@@ -130,7 +255,9 @@ def out_of_service(settings: Any) -> dict[str, str]:
 
     Read from the service's action store (``run``'s ``actions.db`` or the controller
     pair's PostgreSQL) and from the drills still running (one whose store cannot be read
-    is skipped, with a warning).
+    is skipped, with a warning). A drill folder whose :data:`LOCK_FILE` no process holds
+    is leftover state: its incidents are closed (:func:`clear_leftover`, logged) and
+    hold nothing.
 
     Raises:
         GpuHealthError, OSError, sqlite3.Error: The service's action store cannot be read
@@ -148,6 +275,12 @@ def out_of_service(settings: Any) -> dict[str, str]:
             store.close()
     folder = Path(settings.node.data_dir) / DRILLS_FOLDER
     for path in sorted(folder.glob("*/actions.db")) if folder.is_dir() else []:
+        if not drill_running(path.parent):
+            try:
+                clear_leftover(path.parent, why="found by a later drill")
+            except (GpuHealthError, OSError, sqlite3.Error) as exc:
+                logger.warning("cannot clear the leftover drill store %s: %s", path, exc)
+            continue
         try:
             drill_store = ActionStore(str(path))
         except (GpuHealthError, OSError, sqlite3.Error) as exc:
@@ -188,7 +321,13 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
     """
     from gpuhealth.compose import build_notifiers, build_schedulers, guards
     from gpuhealth.config import Settings
-    from remediation.drill import FAULTS, check_drill_id, drill_adapter, new_drill_id
+    from remediation.drill import (
+        FAULTS,
+        check_drill_id,
+        drill_adapter,
+        new_drill_id,
+        not_acted_on,
+    )
     from remediation.dry_run import DryRunScheduler
 
     fault = FAULTS[kind]
@@ -201,6 +340,17 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
         raise ConfigError(f"{settings.source}: a live drill needs a [remediation] scheduler "
                           '("slurm", "kubernetes" or "webhook"); the dry-run adapter changes '
                           "nothing")
+    wait = d.timeout_seconds if timeout_seconds is None else timeout_seconds
+    probation = min(settings.remediation.probation_seconds, d.probation_seconds)
+    if probation >= wait:
+        raise ConfigError(f"{settings.source}: the drill's probation ({probation:g} s, the "
+                          "shorter of [drill] probation_seconds and [remediation] "
+                          f"probation_seconds) is not shorter than its timeout ({wait:g} s): "
+                          "its resume stage could never happen; lower [drill] "
+                          "probation_seconds or raise the timeout")
+    outcome.refused = not_acted_on(fault, settings.inventory)
+    if outcome.refused:
+        return outcome
     guard = guards(settings, dry_run=not live)
     scheduler, node_agent = build_schedulers(settings, live=live)
     adapter = drill_adapter(scheduler if scheduler is not None else DryRunScheduler(),
@@ -216,11 +366,15 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
         notifiers, pagers = (build_notifiers(settings) if d.notify
                              else build_notifiers(Settings(node=settings.node)))
         folder.mkdir(parents=True, exist_ok=True)
-        return _drive(settings, outcome, loop=loop, fault=fault, guard=guard,
-                      adapter=adapter, agent=agent, notifiers=notifiers, pagers=pagers,
-                      slos={**d.slo, **slos}, folder=folder, echo=echo,
-                      timeout_seconds=d.timeout_seconds if timeout_seconds is None
-                      else timeout_seconds)
+        fd = _lock(folder)
+        try:
+            with _interruptible():
+                return _drive(settings, outcome, loop=loop, fault=fault, guard=guard,
+                              adapter=adapter, agent=agent, notifiers=notifiers,
+                              pagers=pagers, slos={**d.slo, **slos}, folder=folder,
+                              echo=echo, timeout_seconds=wait, probation_seconds=probation)
+        finally:
+            _unlock(fd)
     finally:
         loop.close()
 
@@ -228,12 +382,14 @@ def run_drill(settings: Any, *, node: str, kind: str, live: bool,
 def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventLoop,
            fault: Any, guard: Any, adapter: Any, agent: Any, notifiers: Sequence[Any],
            pagers: Sequence[Any], slos: dict[str, float], folder: Path,
-           echo: Callable[[str], None], timeout_seconds: float) -> DrillOutcome:
+           echo: Callable[[str], None], timeout_seconds: float,
+           probation_seconds: float) -> DrillOutcome:
     from gpuhealth.compose import build_attribution, build_pipeline
     from remediation.drill import (
         DRILL,
         DrillAuditLog,
         DrillTimeline,
+        check_acted_on,
         end_incidents,
         in_flight,
         judge,
@@ -254,6 +410,7 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
         labels={DRILL: drill_id})
     pipeline.remediation.audit = DrillAuditLog(path=str(audit_path), drill_id=drill_id)
     pipeline.engine.scheduler = adapter  # every step marked, no hand-off made
+    pipeline.engine.probation_seconds = probation_seconds  # the drill's, not the site's
     if agent is not None:
         pipeline.engine.node_agent = agent
     pipeline.attribution = build_attribution(settings, adapter.inner if outcome.live
@@ -271,37 +428,53 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
     deadline = time.monotonic() + timeout_seconds
     evaluated = float("-inf")
     try:
-        while True:
-            if time.monotonic() - evaluated >= evaluate_every:
-                if batches:
-                    batch = batches.pop(0)
-                    pipeline.observe(batch)
-                    pipeline.observe_readings(batch)
-                out = loop.run_until_complete(pipeline.aevaluate())
-                now = time.time()
-                evaluated = time.monotonic()
-                timeline.saw_findings(out.findings, at=now)
-                timeline.saw_alerts(out.alerts, at=now)
-                timeline.saw_audit(out.audit)
-                timeline.saw_actions(pipeline.actions.actions())  # steps audited tersely
-            timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
-            if timeline.finished() or time.monotonic() >= deadline:
-                break
-            time.sleep(min(0.1, evaluate_every))
-        if timeline.problems:  # let the steps already decided (a hand-off) reach the adapter
-            settle = min(deadline, time.monotonic() + SETTLE_SECONDS)
-            while in_flight(pipeline.actions) and time.monotonic() < settle:
+        try:
+            while True:
+                if time.monotonic() - evaluated >= evaluate_every:
+                    if batches:
+                        batch = batches.pop(0)
+                        pipeline.observe(batch)
+                        pipeline.observe_readings(batch)
+                    out = loop.run_until_complete(pipeline.aevaluate())
+                    now = time.time()
+                    evaluated = time.monotonic()
+                    timeline.saw_findings(out.findings, at=now)
+                    timeline.saw_alerts(out.alerts, at=now)
+                    timeline.saw_audit(out.audit)
+                    timeline.saw_actions(pipeline.actions.actions())  # steps audited tersely
                 timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
-                time.sleep(0.1)
+                if timeline.finished() or time.monotonic() >= deadline:
+                    break
+                time.sleep(min(0.1, evaluate_every))
+            if timeline.problems:  # let the steps already decided (a hand-off) reach it
+                settle = min(deadline, time.monotonic() + SETTLE_SECONDS)
+                while in_flight(pipeline.actions) and time.monotonic() < settle:
+                    timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
+                    time.sleep(0.1)
+        except DrillInterrupted as exc:
+            outcome.interrupted = str(exc)
+            echo(f"drill {drill_id}: interrupted ({exc}), ending its incident")
         timeline.saw_actions(pipeline.actions.actions())
+        stopped = outcome.interrupted or ("" if timeline.finished() else "timed out")
+        if outcome.live and stopped and not adapter.handed_off and (
+                timeline.notes.get("validate") != "failed"):
+            # put back what the drill itself took out; a hand-off's node stays for a person
+            echo(loop.run_until_complete(resume_own(
+                adapter, node=node, drill_id=drill_id, why=stopped,
+                audit=pipeline.remediation.audit)))
         end_incidents(pipeline.actions, time.time())
     finally:
         loop.run_until_complete(pipeline.aclose())
         pipeline.close()
+    if not outcome.interrupted:
+        check_acted_on(timeline)  # a fault nothing acts on tested nothing: no pass
     results = judge(timeline, slos)
     outcome.results = results
     outcome.problems = list(timeline.problems)
-    if time.monotonic() >= deadline and not timeline.finished():
+    if outcome.interrupted:
+        outcome.problems.append(f"interrupted by {outcome.interrupted}; the drill's "
+                                "incident is ended")
+    elif time.monotonic() >= deadline and not timeline.finished():
         outcome.problems.append(f"not finished within {timeout_seconds:g} s")
     outcome.passed = passed(results, timeline) and not outcome.problems
     outcome.handed_off = len(adapter.handed_off) if adapter is not None else 0
@@ -309,6 +482,68 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
                                         encoding="utf-8")
     _record_history(settings, timeline, outcome)
     return outcome
+
+
+async def resume_own(adapter: Any, *, node: str, drill_id: str, why: str,
+                     audit: Any) -> str:
+    """Resume ``node`` if it is out of service by this drill's own step; return what was done.
+
+    Only a node the scheduler shows out of service by gpuhealth with this drill's reason
+    (``gpuhealth: drill <id>:``) is resumed: a node a person or anything else took out is
+    left as it is. Every outcome is audited in ``audit`` (the drill's audit log).
+    """
+    from core.protocols import NodeInspector
+    from core.records import (
+        ActionPhase,
+        ActionRequest,
+        AuditRecord,
+        EntityId,
+        NodeName,
+        RemediationStep,
+    )
+
+    key = f"drill-{drill_id}/resume-after-stop"
+    reason = f"gpuhealth: drill {drill_id}: {why}, returning the node the drill took out"
+
+    def record(decision: str, text: str) -> str:
+        audit.extend([AuditRecord(at=time.time(), actor=f"drill:{drill_id}",
+                                  decision=decision, step=RemediationStep.RESUME,
+                                  node=NodeName(node), entity=EntityId("node"), reason=text,
+                                  idempotency_key=key, dry_run=False)])
+        return f"drill {drill_id}: {node}: {text}"
+
+    inspector: Any = adapter
+    if not isinstance(inspector, NodeInspector):
+        return record("held", "the scheduler cannot show the node: left as it is, "
+                      "resume it by hand if the drill took it out")
+    try:
+        state = await inspector.node_state(NodeName(node), workload=False)
+    except GpuHealthError as exc:
+        return record("held", f"the scheduler cannot show the node ({exc}): left as it is")
+    if state.schedulable:
+        return record("skipped", "in service already: nothing to resume")
+    if not state.owned or f"drill {drill_id}:" not in state.reason:
+        shown = state.reason or state.state
+        return record("held", f"out of service, but not by this drill ({shown}): left as "
+                      "it is")
+    request = ActionRequest(step=RemediationStep.RESUME, node=NodeName(node),
+                            entity=EntityId("node"), reason=reason, idempotency_key=key,
+                            dry_run=False)
+    record("requested", reason)
+    try:
+        ref = await adapter.submit(request)
+        deadline = time.monotonic() + RESUME_WAIT_SECONDS
+        status = await adapter.status(ref)
+        while status.phase not in (ActionPhase.SUCCEEDED, ActionPhase.FAILED,
+                                   ActionPhase.CANCELLED) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            status = await adapter.status(ref)
+    except GpuHealthError as exc:
+        return record("failed", f"resume failed ({exc}): resume it by hand")
+    if status.phase == ActionPhase.SUCCEEDED:
+        return record("succeeded", "resumed (it was out of service by this drill)")
+    return record("failed", f"resume {status.phase.value}: {status.message}; resume it by "
+                  "hand")
 
 
 # ------------------------------------------------------------------ through the fleet
@@ -499,6 +734,45 @@ def run_fleet_drill(settings: Any, *, controller: str, node: str, kind: str,
     return outcome
 
 
+def clear_drill(settings: Any, drill_id: str, *, live: bool) -> tuple[int, str]:
+    """``--clear ID``: clear drill ``drill_id``'s leftover state; return (exit status, text).
+
+    Refused (3) while a process runs the drill (:func:`drill_running`) or when there is
+    no such drill. Its open incidents are closed; with ``live`` and a scheduler that can
+    show nodes, each node they held is resumed if it is still out of service with the
+    drill's own reason (:func:`resume_own`; a person's drain is left alone).
+    """
+    from remediation.drill import DrillAuditLog, check_drill_id, drill_adapter
+
+    try:
+        folder = Path(settings.node.data_dir) / DRILLS_FOLDER / check_drill_id(drill_id)
+    except ValueError as exc:
+        return EXIT_REFUSED, f"error: {exc}"
+    if not folder.is_dir():
+        return EXIT_REFUSED, f"no drill {drill_id} in {folder.parent}: nothing to clear"
+    if drill_running(folder):
+        return EXIT_REFUSED, (f"drill {drill_id} is still running ({folder / LOCK_FILE} is "
+                              "locked): stop it (SIGTERM) rather than clear it")
+    nodes = clear_leftover(folder, why="cleared by --clear")
+    lines = [f"drill {drill_id}: leftover state cleared ({len(nodes)} node(s) no longer "
+             f"held by it{': ' + ', '.join(nodes) if nodes else ''})"]
+    if live and nodes and settings.remediation.scheduler != "dry_run":
+        from gpuhealth.compose import build_schedulers
+
+        scheduler, _ = build_schedulers(settings, live=True)
+        if scheduler is not None:
+            adapter = drill_adapter(scheduler, drill_id)
+            audit = DrillAuditLog(path=str(folder / "audit.jsonl"), drill_id=drill_id)
+            loop = asyncio.new_event_loop()
+            try:
+                for node in nodes:
+                    lines.append(loop.run_until_complete(resume_own(
+                        adapter, node=node, drill_id=drill_id, why="cleared", audit=audit)))
+            finally:
+                loop.close()
+    return 0, "\n".join(lines)
+
+
 def _inject_only(settings: Any, *, kind: str, drill_id: str | None) -> tuple[str, Path]:
     """Drop a drill's line into this node's agent inbox (``--inject-only``); return it.
 
@@ -656,11 +930,15 @@ def schedule_drills(settings: Any, scheduler: Any, *,
               help="--fleet: CA bundle of the controller's TLS certificate.")
 @click.option("--inject-only", is_flag=True, help="On a node: drop the marked line into "
               "this node's agent drill inbox ([node] data_dir of --config) and exit.")
+@click.option("--clear", "clear_id", default=None, metavar="ID", help="Clear the leftover "
+              "state of drill ID whose process no longer runs (its incidents closed; with "
+              "--live, the node it took out is resumed if it still shows the drill's "
+              "reason) and exit.")
 def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
           live: bool | None, slos: tuple[str, ...], timeout: str | None,
           drill_id: str | None, as_json: bool, scheduled: bool, fleet: bool,
           controller: str | None, inject_via: str | None, agent_data_dir: str | None,
-          ca_file: str | None, inject_only: bool) -> None:
+          ca_file: str | None, inject_only: bool, clear_id: str | None) -> None:
     """Inject a labelled synthetic fault and time every stage against its SLO.
 
     Prints one row per stage (detect, alert, cordon, drain, reboot or reset, validate,
@@ -701,6 +979,10 @@ def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
         raise click.BadParameter("--fleet drills go the controller's way (its [remediation] "
                                  "dry_run); leave out --live/--dry-run", param_hint="--live")
     try:
+        if clear_id is not None:
+            code, text = clear_drill(settings, clear_id, live=bool(is_live))
+            click.echo(text, err=code != 0)
+            sys.exit(code)
         if inject_only:
             injected, path = _inject_only(settings, kind=kind, drill_id=drill_id)
             click.echo(f"drill {injected}: {kind} line dropped into {path}")
@@ -722,6 +1004,8 @@ def drill(config_path: str | None, nodes: tuple[str, ...], kind: str | None,
             outcome = one(node, name)
             _print(outcome, as_json)
             outcomes.append(outcome)
+            if outcome.interrupted:  # a person stopped it: drill no further node
+                break
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_CONFIG)

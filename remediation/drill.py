@@ -615,6 +615,40 @@ def in_flight(store: Any) -> bool:
     return bool(store.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING)))
 
 
+def not_acted_on(fault: DrillFault, inventory: Mapping[str, str]) -> str:
+    """Why this configuration would not act on ``fault`` (the drill is refused), or ``""``.
+
+    An NVLink down is a warning no step acts on unless ``[inventory] nvlink =
+    "expected"`` says the node has NVLink: a drill of it would test nothing and pass.
+
+    Examples:
+        >>> not_acted_on(FAULTS["nvlink"], {}).startswith("--kind nvlink")
+        True
+        >>> not_acted_on(FAULTS["nvlink"], {"nvlink": "expected"})
+        ''
+    """
+    if fault.kind == "nvlink" and inventory.get("nvlink") != "expected":
+        return ("--kind nvlink: this configuration would not act on an NVLink down (without "
+                '[inventory] nvlink = "expected" it is a warning with action none, every '
+                'step skipped); set [inventory] nvlink = "expected" on NVLink nodes: no drill')
+    return ""
+
+
+UNACTED = ("the fault was not acted on by this configuration: no remediation step was "
+           "asked for (see the drill's audit log and the fault's [alerting] policy)")
+"""The problem of a drill whose alert fired but no step followed (it must not pass)."""
+
+
+def check_acted_on(timeline: DrillTimeline) -> None:
+    """Add :data:`UNACTED` to ``timeline``'s problems when its fault led to no step.
+
+    Call it once the drill is over: the alert fired, but no step was requested, held
+    or stored (only ``detect`` and ``alert`` were expected), so the drill tested nothing.
+    """
+    if "alert" in timeline.at and timeline.expected <= {"detect", "alert"}:
+        timeline._problem(UNACTED)
+
+
 def end_incidents(store: Any, now: float) -> None:
     """Close the drill's incidents in its own store once it is over.
 
