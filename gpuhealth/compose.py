@@ -272,12 +272,17 @@ def build_notifiers(settings: Settings) -> tuple[list[Notifier], list[Notifier]]
     return notifiers, pagers
 
 
-def scheduler_problems(settings: Settings) -> list[str]:
+def scheduler_problems(settings: Settings, *, unloadable_ok: bool = False) -> list[str]:
     """Check ``[remediation] scheduler_options`` and ``node_agent`` against the adapters.
 
-    Run by ``gpuhealth config check`` whatever ``dry_run`` says (a dry run builds no
-    adapter, so a misspelt key would otherwise surface only on going live), without
-    building anything.
+    Run by ``gpuhealth config check`` and at start-up whatever ``dry_run`` says (a dry run
+    builds no adapter, so a misspelt key would otherwise surface only on going live),
+    without building anything.
+
+    Args:
+        settings: Loaded settings.
+        unloadable_ok: Skip an adapter that cannot be imported here (a dry run on a host
+            without its libraries) instead of reporting it.
 
     Returns:
         One line per problem, naming the file, the table, the bad key and the valid keys.
@@ -289,7 +294,13 @@ def scheduler_problems(settings: Settings) -> list[str]:
     problems: list[str] = []
     for key, name, options in tables:
         try:
-            plugins.check_options("gpuhealth.schedulers", name, options)
+            factory = plugins.load("gpuhealth.schedulers", name)
+        except PluginError as exc:
+            if not unloadable_ok:
+                problems.append(f"{settings.source}: [remediation] scheduler: {exc}")
+            continue
+        try:
+            plugins.check_options("gpuhealth.schedulers", name, options, factory)
         except PluginError as exc:
             problems.append(f"{settings.source}: [remediation] {key} (scheduler {name!r}): "
                             f"{exc}")
@@ -308,10 +319,14 @@ def build_schedulers(settings: Settings, *, live: bool | None = None
         ``(scheduler, node_agent)``; both ``None`` in dry run.
 
     Raises:
-        ConfigError: An adapter is unknown or its options are wrong (names the key).
+        ConfigError: An adapter is unknown or its options are wrong (names the key; in dry
+            run too, for an adapter that can be imported).
     """
     r = settings.remediation
     if not (not r.dry_run if live is None else live):
+        problems = scheduler_problems(settings, unloadable_ok=True)
+        if problems:  # a misspelt key refused now, not on the day dry_run goes false
+            raise ConfigError("\n".join(problems))
         return None, None
     try:
         scheduler = plugins.build("gpuhealth.schedulers", r.scheduler,

@@ -186,3 +186,38 @@ def test_slurm_install_steps_agree() -> None:
                if line.strip().startswith("useradd")}
     assert useradd == {"useradd --system --home-dir /var/lib/gpuhealth --shell "
                        "/usr/sbin/nologin gpuhealth"}
+
+
+def test_a_dry_run_start_refuses_a_misspelt_scheduler_option(tmp_path: Path) -> None:
+    from core.errors import ConfigError
+    from gpuhealth.compose import build_schedulers
+
+    example = example_with(ROOT / "deploy" / "slurm" / "README.md", "controller")
+    assert "dry_run = true" in example
+    assert build_schedulers(settings_of(example, tmp_path)) == (None, None)
+    example = example.replace("command_timeout_seconds", "timeout_seconds")
+    with pytest.raises(ConfigError, match=r"'timeout_seconds'.*command_timeout_seconds"):
+        build_schedulers(settings_of(example, tmp_path))
+
+
+def test_config_check_words_for_a_fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    from click.testing import CliRunner
+
+    from gpuhealth.cli import main
+
+    monkeypatch.delenv("GPUHEALTH_API_TOKEN", raising=False)
+    agent = tmp_path / "agent.toml"
+    agent.write_text('[agent]\ncontrollers = ["http://10.0.0.1:9837"]\ntoken_env = "T"\n')
+    result = CliRunner().invoke(main, ["config", "check", "--role", "agent", str(agent)],
+                                env={"T": "x"})
+    assert result.exit_code == 1
+    assert "[agent] controllers: 'http://10.0.0.1:9837'" in result.output
+    tokens = tmp_path / "agent-tokens"
+    tokens.write_text("gpu-001 abc\n")
+    controller = tmp_path / "controller.toml"
+    controller.write_text(f'[controller]\nagent_tokens_file = "{tokens}"\n')
+    result = CliRunner().invoke(main, ["config", "check", "--role", "controller",
+                                       str(controller)])
+    assert result.exit_code == 0, result.output
+    assert "collector" not in result.output
