@@ -44,8 +44,8 @@ def test_every_policy_rule_problem_is_reported_at_once(tmp_path: Path) -> None:
                               'bogus = 1\nignore = true\n[[policy.rule]]\nname = "c"\n'
                               'kind = "xid"\ncount = "x"\n')
     assert code == 1
-    assert "policy: rule 'b': bogus: unknown key" in out
-    assert "policy: rule 'c': count: Input should be a valid integer" in out
+    assert "[policy]: rule 'b': bogus: unknown key" in out
+    assert "[policy]: rule 'c': count: Input should be a valid integer" in out
 
 
 @pytest.mark.parametrize(("body", "message"), [
