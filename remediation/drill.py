@@ -26,6 +26,7 @@ NVLink state readings the NVML collector makes. The marker travels with the faul
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -822,3 +823,86 @@ def saw_action_rows(timeline: DrillTimeline, rows: Iterable[Mapping[str, Any]]) 
             timeline._problem(f"{step.value} {phase.value}: {row.get('message', '')}")
         elif phase == ActionPhase.AWAITING_APPROVAL:
             timeline._problem(f"{step.value} waits for a human's approval")
+
+
+RESUME_WAIT_SECONDS = 60.0
+"""How long an interrupted live drill waits for the resume of the node it took out."""
+
+
+async def resume_own(adapter: Any, *, node: str, drill_id: str, why: str,
+                     audit: Any) -> str:
+    """Resume ``node`` if it is out of service by this drill's own step; return what was done.
+
+    Only a node the scheduler shows out of service by gpuhealth with this drill's reason
+    (``gpuhealth: drill <id>:``) is resumed: a node a person or anything else took out is
+    left as it is. Every outcome is audited in ``audit`` (the drill's audit log).
+    """
+    from core.protocols import NodeInspector
+
+    key = f"drill-{drill_id}/resume-after-stop"
+    reason = f"gpuhealth: drill {drill_id}: {why}, returning the node the drill took out"
+
+    def record(decision: str, text: str) -> str:
+        audit.extend([AuditRecord(at=time.time(), actor=f"drill:{drill_id}",
+                                  decision=decision, step=RemediationStep.RESUME,
+                                  node=NodeName(node), entity=EntityId("node"), reason=text,
+                                  idempotency_key=key, dry_run=False)])
+        return f"drill {drill_id}: {node}: {text}"
+
+    inspector: Any = adapter
+    if not isinstance(inspector, NodeInspector):
+        return record("held", "the scheduler cannot show the node: left as it is, "
+                      "resume it by hand if the drill took it out")
+    try:
+        state = await inspector.node_state(NodeName(node), workload=False)
+    except GpuHealthError as exc:
+        return record("held", f"the scheduler cannot show the node ({exc}): left as it is")
+    if state.schedulable:
+        return record("skipped", "in service already: nothing to resume")
+    if not state.owned or f"drill {drill_id}:" not in state.reason:
+        shown = state.reason or state.state
+        return record("held", f"out of service, but not by this drill ({shown}): left as "
+                      "it is")
+    request = ActionRequest(step=RemediationStep.RESUME, node=NodeName(node),
+                            entity=EntityId("node"), reason=reason, idempotency_key=key,
+                            dry_run=False)
+    record("requested", reason)
+    try:
+        ref = await adapter.submit(request)
+        deadline = time.monotonic() + RESUME_WAIT_SECONDS
+        status = await adapter.status(ref)
+        while status.phase not in (ActionPhase.SUCCEEDED, ActionPhase.FAILED,
+                                   ActionPhase.CANCELLED) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            status = await adapter.status(ref)
+    except GpuHealthError as exc:
+        return record("failed", f"resume failed ({exc}): resume it by hand")
+    if status.phase == ActionPhase.SUCCEEDED:
+        return record("succeeded", "resumed (it was out of service by this drill)")
+    return record("failed", f"resume {status.phase.value}: {status.message}; resume it by "
+                  "hand")
+
+
+def held_from_actions(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Nodes out of service because of gpuhealth, by incident, from ``GET /api/v1/actions``.
+
+    A node is held while an incident of it took it out (a node-wide cordon, drain,
+    reboot or hand-off succeeded) and did not return it (no resume succeeded).
+    """
+    out_steps = {"cordon", "drain", "reboot", "hand_off"}
+    taken: dict[str, str] = {}
+    back: set[str] = set()
+    for row in rows:
+        attrs = row.get("attrs") or {}
+        if row.get("phase") != "succeeded":
+            continue
+        incident, node = str(row.get("incident", "")), str(row.get("node", ""))
+        if row.get("step") == "resume":
+            back.add(incident)
+        elif row.get("step") in out_steps and attrs.get("scope") != "gpu":
+            taken.setdefault(incident, node)
+    held: dict[str, str] = {}
+    for incident, node in taken.items():
+        if incident not in back:
+            held.setdefault(node, incident)
+    return held

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from core.records import ActionRequest, NodeName, NodeState, RemediationStep
 from gpuhealth.cli import main
 from gpuhealth.config import Settings
-from gpuhealth.drill_cli import LOCK_FILE, drill_running, resume_own
+from gpuhealth.drill_cli import LOCK_FILE, drill_running
 from remediation.actions import INCIDENT_CLOSED, ActionStore
 from remediation.drill import (
     FAULTS,
@@ -28,6 +28,7 @@ from remediation.drill import (
     drill_adapter,
     judge,
     passed,
+    resume_own,
 )
 from remediation.dry_run import DryRunScheduler
 

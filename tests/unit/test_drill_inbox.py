@@ -25,11 +25,11 @@ from core.records import (
     RemediationStep,
     Severity,
 )
-from gpuhealth.drill_cli import held_from_actions
 from remediation.drill import (
     FAULTS,
     drill_line,
     fleet_drill_adapter,
+    held_from_actions,
     mark_drill_decisions,
     write_inbox,
 )
