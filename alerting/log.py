@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from core.records import Alert, AlertState
 
@@ -37,3 +38,8 @@ class LogNotifier:
             alert.fingerprint,
             alert.annotations.get("summary", ""),
         )
+
+    async def send_many(self, alerts: Sequence[Alert]) -> None:
+        """Log each of ``alerts`` as one line (the outbox hands a batch in one round)."""
+        for alert in alerts:
+            await self.send(alert)

@@ -540,7 +540,7 @@ class Controller:
 
     def start(self) -> None:
         with self.log.open("ab") as handle:
-            self.proc = subprocess.Popen([GPUHEALTH, "-q", "controller", "--config",
+            self.proc = subprocess.Popen([GPUHEALTH, os.environ.get("FLEET_SIM_LOG", "-q"), "controller", "--config",
                                           str(self.config)], stdout=handle,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

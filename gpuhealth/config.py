@@ -910,7 +910,8 @@ class ControllerSettings(BaseModel):
     Secret's key), re-read when it changes: new connections log in with the new
     password, open ones stay. Not with a password in ``state`` or ``PGPASSWORD``."""
     pool_size: int = Field(default=4, ge=1, le=64)
-    """Fixed number of database connections per replica (never one per node)."""
+    """Database connections per replica for the agents' batches and the API, fixed (never one
+    per node); the consumer of accepted records has one more of its own."""
     agent_tokens_file: Path | None = None
     """File of ``node token`` lines (or a JSON object ``{node: token}``): the only agents
     accepted, each only for its own node. Re-read when it changes."""

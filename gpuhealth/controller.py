@@ -82,6 +82,11 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 HISTORY_INTERVAL_SECONDS = 30.0
 """How often the leader writes changed incidents and inventory into the history (s)."""
+METRICS_REFRESH_SECONDS = 2.0
+"""How often the incident gauges are read from the action store (s); a scrape reads the
+last figures."""
+DELIVER_INTERVAL_SECONDS = 1.0
+"""The longest a due notification (a retry after backoff) waits for a delivery round (s)."""
 
 SECRETS_CHECK_SECONDS = 1.0
 """How often the TLS certificate and key and the PostgreSQL password file are checked for
@@ -171,7 +176,7 @@ class Controller:
         self.tokens = AgentTokens(tokens_file)
         self._tokens_problem = ""
         self._refused_logged: dict[str, float] = {}
-        self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size)
+        self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size + 1)
         self.elector = build_leader_loop(settings)
         self.facts: dict[str, dict[str, str]] = {}
         """Per node, the facts its agent reports (``[inventory]``: switch, rack, links)."""
@@ -181,6 +186,8 @@ class Controller:
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None,
             notify_as_standby=False, fleet_facts=lambda: self.facts, journal_held=False)
+        # Decisions never wait behind notifications: the outbox has its own task.
+        self.pipeline.deliver_inline = False
         recover_ingests(self.pipeline, window_seconds=settings.analytics.event_window_seconds)
         token = api_token(settings)
         problem = listener_token_problem(settings)
@@ -211,6 +218,10 @@ class Controller:
         self._report_scheduler: Any = None
         self._db = ThreadPoolExecutor(max_workers=c.pool_size,
                                       thread_name_prefix="gpuhealth-state")
+        self._consumer_db = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="gpuhealth-consume")
+        """The consumer's reads never queue behind the agents' batches (its own thread;
+        the store's pool holds a connection more than the API's threads)."""
         self.secrets_check_seconds = SECRETS_CHECK_SECONDS
         self._password_problem = ""
 
@@ -254,6 +265,9 @@ class Controller:
 
     async def _db_call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+
+    async def _consumer_call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._consumer_db, fn, *args)
 
     def _count(self, status: int) -> None:
         self.exporter.inc("gpuhealth_controller_batches_total", {"code": str(status)})
@@ -372,12 +386,13 @@ class Controller:
         next_eval = 0.0
         next_silent = 0.0
         next_history = 0.0
+        next_metrics = 0.0
         next_prune = time.monotonic() + 60.0
         while not stop.is_set():
             changed = 0
             try:
                 while True:
-                    batch = await self._db_call(self.store.read_after, self.cursor)
+                    batch = await self._consumer_call(self.store.read_after, self.cursor)
                     if not batch:
                         break
                     changed += self._apply(batch)
@@ -399,7 +414,9 @@ class Controller:
                     next_eval = now + self.settings.analytics.evaluate_interval_seconds
                     await self.pipeline.aevaluate()
                 await self.pipeline.atick()
-                self.remediation_metrics.refresh()
+                if now >= next_metrics:  # a scrape reads the last figures
+                    next_metrics = now + METRICS_REFRESH_SECONDS
+                    self.remediation_metrics.refresh()
                 if (self.recorder is not None and now >= next_history
                         and self.elector.is_leader_now()):
                     next_history = now + HISTORY_INTERVAL_SECONDS
@@ -411,6 +428,23 @@ class Controller:
                 logger.exception("controller: consuming accepted records failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+
+    async def _deliver(self, stop: asyncio.Event) -> None:
+        """Deliver the notification outbox beside the consumer (only the leader sends).
+
+        Woken by an evaluation that queued notifications, and at least every second for
+        retries that come due; one delivery round at a time.
+        """
+        due = self.pipeline.notify_due
+        while not stop.is_set():
+            deadline = time.monotonic() + DELIVER_INTERVAL_SECONDS
+            while not due.is_set() and not stop.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            due.clear()
+            try:
+                await self.pipeline.deliver()
+            except Exception:
+                logger.exception("controller: delivering notifications failed")
 
     def _correlate(self) -> None:
         """Many nodes under one switch or driver version: one fleet incident, the breaker.
@@ -487,12 +521,14 @@ class Controller:
                     "dry-run" if self.settings.remediation.dry_run else "LIVE")
         self.ready.set()
         watcher = asyncio.create_task(self._watch_secrets(stop))
+        deliverer = asyncio.create_task(self._deliver(stop))
         try:
             await self._consume(stop)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, deliverer):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await runner.cleanup()
             if self.recorder is not None:
                 self.recorder.history.close()
@@ -503,6 +539,7 @@ class Controller:
             self.elector.stop()
             self.pipeline.close()
             self._db.shutdown(wait=True)
+            self._consumer_db.shutdown(wait=True)
             self.store.close()
             if self.pg_password is not None:
                 self.pg_password.close()

@@ -297,6 +297,12 @@ class Pipeline:
         """Journal held findings too (a controller's come back from the fleet records)."""
         self.wake = threading.Event()
         """Set when the engine has new work (the service's remediation thread waits on it)."""
+        self.deliver_inline = True
+        """Deliver the outbox at the end of each evaluation; ``False``: the caller runs its
+        own delivery (a controller's, so a slow or busy notifier never delays a decision)
+        and waits on :attr:`notify_due`."""
+        self.notify_due = threading.Event()
+        """Set after an evaluation that queued notifications (``deliver_inline`` off)."""
         engine = RemediationEngine(
             store=ActionStore(action_store_path),
             scheduler=self._scheduler,
@@ -715,7 +721,8 @@ class Pipeline:
                 for obs in self._nodes.values():
                     obs.expire(now - self.event_window_seconds)
             findings = self._judge(now)
-        if self.attribution is not None:  # the scheduler is asked outside the lock
+        # the scheduler is asked outside the lock, by the process that alerts and decides
+        if self.attribution is not None and (self.notify_as_standby or self.is_leader()):
             findings = await self.attribution.apply(findings)
         with self._lock:
             before = {a.fingerprint for a in self._tracker.active()}
@@ -752,8 +759,11 @@ class Pipeline:
                 output.audit.extend(await self.atick())
             elif decided.requests:
                 self.wake.set()
-        finally:
-            output.notify_failures = await self.deliver()  # alerts go out even if the audit fails
+        finally:  # alerts go out even if the audit fails
+            if self.deliver_inline:
+                output.notify_failures = await self.deliver()
+            elif notified or pages:
+                self.notify_due.set()
         return output
 
     async def deliver(self, *, force: bool = False) -> int:

@@ -336,10 +336,19 @@ class ActionStore:
         incident: str | None = None,
         node: str | None = None,
         limit: int | None = None,
+        incident_states: Sequence[str] | None = None,
     ) -> list[StoredAction]:
-        """Return actions in the order they were stored, filtered by phase, incident, node."""
+        """Return actions in the order they were stored, filtered by phase, incident, node.
+
+        ``incident_states`` keeps the actions of incidents in those states (one query for
+        every open incident's actions, not one per incident).
+        """
         where: list[str] = []
         args: list[object] = []
+        if incident_states is not None:
+            where.append("incident IN (SELECT incident FROM incidents WHERE state IN "
+                         f"({','.join('?' * len(incident_states))}))")
+            args.extend(incident_states)
         if phases is not None:
             where.append(f"phase IN ({','.join('?' * len(phases))})")
             args.extend(p.value for p in phases)

@@ -11,6 +11,11 @@ slurm job 4123 (alice, partition train)``), so every alert, page and audit recor
 
 A scheduler that does not answer in time costs nothing: the finding goes on without the
 line and the next evaluation asks again.
+
+Only findings that can take work down are asked about (``min_severity``, major by
+default): a fleet's warnings (corrected ECC, PCIe replays, thermal slowdown) come at
+production rates of several per second, and one scheduler query each would load the
+scheduler and hold up every evaluation for nothing a job lost.
 """
 
 from __future__ import annotations
@@ -48,11 +53,14 @@ class WorkAttribution:
         timeout_seconds: Longest wait for the scheduler per evaluation, seconds.
         max_refs: Work items named per finding (the rest are counted).
         max_targets: (node, entity) pairs asked per evaluation.
+        min_severity: The least severe finding asked about (default major).
     """
 
     def __init__(self, locator: WorkLocator, *, timeout_seconds: float = 0.5,
-                 max_refs: int = 8, max_targets: int = 16) -> None:
+                 max_refs: int = 8, max_targets: int = 16,
+                 min_severity: Severity = Severity.MAJOR) -> None:
         self.locator = locator
+        self.min_severity = min_severity
         self.timeout_seconds = timeout_seconds
         self.max_refs = max_refs
         self.max_targets = max_targets
@@ -66,7 +74,7 @@ class WorkAttribution:
     async def apply(self, findings: Sequence[Finding]) -> list[Finding]:
         """Ask about the findings seen for the first time; return all with their work line."""
         wanted = [f for f in findings if f.key not in self._work
-                  and f.kind not in SKIPPED_KINDS and f.severity.rank >= Severity.WARNING.rank]
+                  and f.kind not in SKIPPED_KINDS and f.severity.rank >= self.min_severity.rank]
         targets = sorted({(f.node, f.entity) for f in wanted})[: self.max_targets]
         wanted = [f for f in wanted if (f.node, f.entity) in set(targets)]
         if targets:

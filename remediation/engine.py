@@ -102,6 +102,7 @@ from remediation.placement import reliability_scores
 from remediation.policy import (
     DECISION_HELD,
     DECISION_REQUESTED,
+    DECISION_RESOLVED,
     MODE_EVICT,
     SCOPE_GPU,
     PlannedStep,
@@ -398,6 +399,8 @@ class RemediationEngine:
         for d in result.decisions:
             request = d.request
             if request is None:
+                if d.decision == DECISION_RESOLVED:
+                    self._close_if_only_notified(d.incident_key, now)
                 continue
             incident = d.incident_key
             severity = d.severity
@@ -906,6 +909,8 @@ class RemediationEngine:
                 action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.PENDING,),
                 message="the alert carries the notification", started_at=now, finished_at=now,
             )
+            if action.fingerprint not in self.policy.open_incidents:
+                self._close_if_only_notified(action.incident, now)  # it resolved meanwhile
             return []
         if breaker:
             return self._wait(action, "circuit breaker open: waits for a human reset", now,
@@ -1327,8 +1332,11 @@ class RemediationEngine:
     def _settle(self, now: float) -> list[AuditRecord]:
         """Close incidents whose actions a human cancelled (``gpuhealth actions cancel``)."""
         out: list[AuditRecord] = []
+        of: dict[str, list[StoredAction]] = {}
+        for action in self.store.actions(incident_states=(INCIDENT_OPEN,)):
+            of.setdefault(action.incident, []).append(action)
         for inc in self.store.incidents(states=(INCIDENT_OPEN,)):
-            actions = self.store.actions(incident=inc.incident)
+            actions = of.get(inc.incident, [])
             if not actions or any(a.phase not in TERMINAL for a in actions):
                 continue
             if any(a.phase == ActionPhase.CANCELLED and a.decided_by for a in actions):
@@ -1341,6 +1349,23 @@ class RemediationEngine:
         return out
 
     # -- helpers -------------------------------------------------------------------
+
+    def _close_if_only_notified(self, incident: str, now: float) -> None:
+        """Close an open incident whose finding resolved and that only notified.
+
+        A warning's incident is one ``notify`` step: nothing of the node changed, so
+        nothing waits for a resume or a probation, and it closes when its finding is gone
+        (else every warning of a fleet would stay an open incident for ever). One with
+        any other step, or a step not finished yet, stays as it is.
+        """
+        inc = self.store.incident(incident)
+        if inc is None or inc.state != INCIDENT_OPEN:
+            return
+        actions = self.store.actions(incident=incident)
+        if actions and all(a.step == RemediationStep.NOTIFY and a.phase in TERMINAL
+                           for a in actions):
+            self.store.update_incident(incident, state=INCIDENT_CLOSED, closed_at=now,
+                                       note="the finding is gone")
 
     def _adapter_for(self, action: StoredAction) -> SchedulerAdapter:
         if action.step == RemediationStep.RESET_GPU and self.node_agent is not None:

@@ -41,6 +41,39 @@ class Changing:
         return list(self.answer)
 
 
+class Counting(Changing):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    async def work_on(self, node, entity=None):  # type: ignore[no-untyped-def]
+        self.asked.append(node)
+        return await super().work_on(node, entity)
+
+
+def test_warnings_are_not_asked_about_and_a_standby_asks_nothing() -> None:
+    # benchmarks/fleet_sim.py: a fleet's warnings at production rates made one scheduler
+    # query each, on both replicas, holding up every evaluation.
+    locator = Counting()
+    w = WorkAttribution(locator, timeout_seconds=0.2)  # type: ignore[arg-type]
+    warning = Finding(node=NodeName("n1"), entity=EntityId("0000:b1:00.0"), kind="ecc",
+                      code="sbe", severity=Severity.WARNING, action=Action.NONE,
+                      summary="corrected ECC errors rising", evidence=(), source="t")
+    (same,) = asyncio.run(w.apply([warning]))
+    assert same == warning and locator.asked == []
+    leader = [False]
+    p = Pipeline(facts={}, notifiers=[], rules=[], audit_log_path=None,
+                 is_leader=lambda: leader[0],
+                 notify_as_standby=False)
+    p.attribution = w
+    p.observe_findings([xid79("n2")], hold_seconds=60.0)
+    p.evaluate()
+    assert locator.asked == []  # the standby neither alerts nor decides
+    leader[0] = True
+    p.evaluate()
+    assert locator.asked == ["n2"]
+
+
 def test_the_work_of_the_moment_of_the_fault_is_kept() -> None:
     locator = Changing()
     w = WorkAttribution(locator, timeout_seconds=0.2)  # type: ignore[arg-type]

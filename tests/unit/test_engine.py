@@ -58,7 +58,7 @@ def make(tmp_path: Path | None, cluster: FakeCluster, clock: FakeClock, **kw):
     options = kw.pop("engine_options", {})
     return Pipeline(
         facts={},
-        notifiers=[],
+        notifiers=kw.pop("notifiers", []),
         audit_log_path=str(tmp_path / "audit.jsonl") if tmp_path else None,
         dry_run=False,
         scheduler=FakeScheduler(cluster, **kw.pop("fake", {})),
@@ -494,3 +494,89 @@ def test_a_permanent_refusal_is_not_retried(tmp_path):
     (escalated,) = [r for r in audit if r.decision == "escalated"]
     assert escalated.details["classification"] == "permanent"
     assert "403" in escalated.reason
+
+
+def sbe_warning(node: str) -> Finding:
+    return Finding(
+        node=NodeName(node), entity=EntityId("GPU-2"), kind="ecc", code="sbe",
+        severity=Severity.WARNING, action=Action.NONE,
+        summary="corrected ECC errors rising on this GPU",
+        evidence=(Evidence(file="nvml", line=None, text="volatile SBE count 12"),),
+        source="test")
+
+
+def test_a_warnings_incident_closes_when_its_finding_is_gone(tmp_path):
+    # Found by benchmarks/fleet_sim.py: every warning of a fleet (one notify step each)
+    # stayed an open incident for ever, and each tick read them all.
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = make(tmp_path, cluster, clock)
+    p.observe_findings([sbe_warning("n000")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 2, clock)
+    [inc] = p.actions.incidents()
+    assert inc.state == "open"  # it fires: the incident lasts as long as the finding
+    assert steps_of(p) == [("notify", "succeeded")]
+    p.clear_findings([sbe_warning("n000").key])
+    p.evaluate()
+    run(p, 1, clock)
+    [inc] = p.actions.incidents()
+    assert (inc.state, inc.note) == (INCIDENT_CLOSED, "the finding is gone")
+    assert cluster.history == []  # nothing of the node was touched
+
+
+def test_a_warning_gone_before_its_notify_ran_closes_after_it(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = make(tmp_path, cluster, clock, tick_inline=False)
+    p.observe_findings([sbe_warning("n000")], hold_seconds=1e6)
+    p.evaluate()  # decided, not run yet
+    assert steps_of(p) == [("notify", "pending")]
+    p.clear_findings([sbe_warning("n000").key])
+    p.evaluate()
+    assert p.actions.incidents()[0].state == "open"
+    run(p, 1, clock)
+    [inc] = p.actions.incidents()
+    assert inc.state == INCIDENT_CLOSED
+
+
+def test_an_incident_that_changed_the_node_does_not_close_on_resolve(tmp_path):
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+    p = make(tmp_path, cluster, clock, fake={"drain_polls": 50})
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    p.evaluate()
+    run(p, 2, clock)
+    p.clear_findings([xid79("n001").key])
+    p.evaluate()
+    run(p, 1, clock)
+    assert p.actions.incidents()[0].state == "open"  # the drain runs; resume follows it
+
+
+def test_with_delivery_apart_a_decision_never_waits_behind_a_slow_notifier(tmp_path):
+    # A controller delivers the outbox in a task of its own (gpuhealth/controller.py):
+    # the evaluation decides and returns while a notifier hangs.
+    from alerting.testing import RecordingNotifier
+
+    class Hanging(RecordingNotifier):
+        async def send(self, alert):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(30)
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(2)
+    p = make(tmp_path, cluster, clock, notifiers=[Hanging(name="slow")])
+    p.deliver_inline = False
+
+    async def evaluate_within_a_second():
+        return await asyncio.wait_for(p.aevaluate(), 1.0)
+
+    p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    out = asyncio.run(evaluate_within_a_second())
+    assert not cluster.nodes["n001"].schedulable  # cordoned in the evaluation
+    assert [a.labels["alertname"] for a in out.notified] == ["GpuXid79"]
+    assert p.notify_due.is_set() and p.outbox_depths() == {"slow": 1}
+    p.deliver_inline = True  # run's way: the evaluation delivers (and here, times out)
+    p.notify_due.clear()
+    p.observe_findings([sbe_warning("n000")], hold_seconds=1e6)
+    with pytest.raises(TimeoutError):
+        asyncio.run(evaluate_within_a_second())
