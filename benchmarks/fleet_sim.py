@@ -540,7 +540,9 @@ class Controller:
 
     def start(self) -> None:
         with self.log.open("ab") as handle:
-            self.proc = subprocess.Popen([GPUHEALTH, os.environ.get("FLEET_SIM_LOG", "-q"), "controller", "--config",
+            # FLEET_SIM_LOG=-v: the controllers' info log in <tmp>/ctl-*.log
+            verbosity = os.environ.get("FLEET_SIM_LOG", "-q")
+            self.proc = subprocess.Popen([GPUHEALTH, verbosity, "controller", "--config",
                                           str(self.config)], stdout=handle,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 

@@ -60,7 +60,8 @@ def test_warnings_are_not_asked_about_and_a_standby_asks_nothing() -> None:
                       code="sbe", severity=Severity.WARNING, action=Action.NONE,
                       summary="corrected ECC errors rising", evidence=(), source="t")
     (same,) = asyncio.run(w.apply([warning]))
-    assert same == warning and locator.asked == []
+    assert same == warning
+    assert locator.asked == []
     leader = [False]
     p = Pipeline(facts={}, notifiers=[], rules=[], audit_log_path=None,
                  is_leader=lambda: leader[0],
