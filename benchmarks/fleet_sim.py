@@ -610,6 +610,46 @@ cluster_size = {nodes}
 {live}"""
 
 
+def _serve_k8s_api(nodes: int, conn: Connection) -> None:
+    """The Kubernetes API stand-in in a process of its own (so the simulator's own work
+    never slows the API server the controllers cordon through)."""
+    from tests.k8s_api import running_k8s_api
+
+    with running_k8s_api() as api:
+        for i in range(nodes):
+            api.add_node(node_name(i))
+        conn.send(api.url)
+        conn.recv()  # until the simulator is done
+
+
+class K8sApiProcess:
+    """The stand-in's process; nodes read over HTTP as an operator's ``kubectl`` would."""
+
+    def __init__(self, nodes: int) -> None:
+        import httpx
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_k8s_api, args=(nodes, child), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(120):
+            raise RuntimeError("the Kubernetes API stand-in did not start")
+        self.url: str = self.conn.recv()
+        self.http = httpx.Client(base_url=self.url, timeout=5.0)
+
+    def cordoned(self, node: str) -> bool:
+        got = self.http.get(f"/api/v1/nodes/{node}")
+        return bool(got.json().get("spec", {}).get("unschedulable"))
+
+    def close(self) -> None:
+        self.http.close()
+        with contextlib.suppress(OSError):
+            self.conn.send("stop")
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 def free_port() -> int:
     from tests.servers import free_port as free
 
@@ -715,12 +755,11 @@ class Probes:
         while time.time() - at < self.timeout:
             if self.api is None:
                 break
-            with self.api.lock:
-                cordoned = bool(self.api.nodes[node_name(i)]["spec"].get("unschedulable"))
+            cordoned = self.api.cordoned(node_name(i))
             if cordoned:
                 took = time.time() - at
                 break
-            time.sleep(0.005)
+            time.sleep(0.01)
         self.workers.fault(i, time.time(), clear=True)  # the switch never sees 3 at once
         if took is None:
             self.missed += 1
@@ -747,7 +786,6 @@ def wait_for(what: Any, timeout: float, step: float = 0.2) -> Any:
 
 def run_size(args: argparse.Namespace, nodes: int, say: Any) -> dict[str, Any]:
     """Run every phase at one size; return the figures."""
-    from tests.k8s_api import running_k8s_api
     from tests.pg_server import start_postgres
 
     out: dict[str, Any] = {"nodes": nodes, "gpus": nodes * GPUS_PER_NODE,
@@ -767,10 +805,9 @@ def run_size(args: argparse.Namespace, nodes: int, say: Any) -> dict[str, Any]:
     with start_postgres() as pg, tempfile.TemporaryDirectory(prefix="gh-fleet-") as tmp, \
             contextlib.ExitStack() as stack:
         folder = Path(tmp)
-        api = None if args.dry_run else stack.enter_context(running_k8s_api())
+        api = None if args.dry_run else K8sApiProcess(nodes)
         if api is not None:
-            for i in range(nodes):
-                api.add_node(node_name(i))
+            stack.callback(api.close)
         (folder / "tokens").write_text("".join(f"{node_name(i)} {token_of(i, salt)}\n"
                                                for i in range(nodes)))
         controllers = [Controller(name, folder, controller_config(
@@ -918,7 +955,7 @@ def run_size(args: argparse.Namespace, nodes: int, say: Any) -> dict[str, Any]:
                 to_decide.append(got - float(at))
         breaker = sql(pg.dsn, "SELECT value, at FROM control WHERE name = 'breaker'")
         cordoned = 0 if api is None else sum(
-            1 for i in burst_nodes if api.nodes[node_name(i)]["spec"].get("unschedulable"))
+            1 for i in burst_nodes if api.cordoned(node_name(i)))
         out["burst"] = {
             "nodes": len(burst_nodes), "offered_events_per_s": burst_rate,
             "seconds": burst_seconds,

@@ -253,6 +253,7 @@ class ActionStore:
             self.db.close()
             raise
         self._lock = threading.RLock()
+        self._open = threading.local()
 
     def close(self) -> None:
         """Close the database."""
@@ -261,12 +262,28 @@ class ActionStore:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """Run statements in one write transaction (one writer at a time, all processes)."""
+        """Run statements in one write transaction (one writer at a time, all processes).
+
+        Nested in another transaction of this store on the same thread, it joins it: the
+        engine stores a burst of decisions (an incident and an action each) in one
+        commit, not two round trips to PostgreSQL per decision.
+        """
+        current: Connection | None = getattr(self._open, "db", None)
+        if current is not None:
+            yield current
+            return
         with self._lock, self.db.transaction(lock=WRITER_LOCK) as db:
-            yield db
+            self._open.db = db
+            try:
+                yield db
+            finally:
+                self._open.db = None
 
     def _rows(self, sql: str, args: Sequence[object] = ()) -> list[Any]:
+        current: Connection | None = getattr(self._open, "db", None)
         with self._lock:
+            if current is not None:  # inside a transaction: see its own writes
+                return list(current.execute(sql, args).fetchall())
             return self.db.execute(sql, args)
 
     def _row(self, sql: str, args: Sequence[object] = ()) -> Any:

@@ -57,10 +57,10 @@ def decide_on_alerts(policy: RemediationPolicy, engine: RemediationEngine,
             if finding is not None:
                 fresh.append((finding, alert.fingerprint))
     decided.extend(policy.decide_worst_first(fresh))
-    for alert in changed:
-        if alert.state != AlertState.FIRING or alert.fingerprint not in before:
-            continue
-        probation = engine.on_probation(alert.fingerprint)
+    again = [a for a in changed if a.state == AlertState.FIRING and a.fingerprint in before]
+    on_probation = engine.on_probation_by_fingerprint() if again else {}  # one read
+    for alert in again:
+        probation = on_probation.get(alert.fingerprint)
         if probation is None:
             continue
         finding = finding_of(alert.fingerprint)

@@ -396,6 +396,12 @@ class RemediationEngine:
             if d.disrupts_node and d.decision in (DECISION_REQUESTED, DECISION_HELD):
                 self._failing.append((d.at, d.node))
         out.extend(self._check_breaker(now))
+        with self.store.transaction():  # one commit for the whole result
+            out.extend(self._store_requests(result, now))
+        return out
+
+    def _store_requests(self, result: PolicyResult, now: float) -> list[AuditRecord]:
+        out: list[AuditRecord] = []
         for d in result.decisions:
             request = d.request
             if request is None:
@@ -455,12 +461,10 @@ class RemediationEngine:
                 return True
         return False
 
-    def on_probation(self, fingerprint: str) -> StoredIncident | None:
-        """Return the incident of ``fingerprint`` on probation now, if any."""
-        for inc in self.store.incidents(states=(INCIDENT_PROBATION,)):
-            if inc.fingerprint == fingerprint:
-                return inc
-        return None
+    def on_probation_by_fingerprint(self) -> dict[str, StoredIncident]:
+        """Every incident on probation now, by fingerprint (one read for many alerts)."""
+        return {inc.fingerprint: inc
+                for inc in self.store.incidents(states=(INCIDENT_PROBATION,))}
 
     def end_probation(self, fingerprint: str, *, why: str) -> None:
         """Close ``fingerprint``'s incident on probation (it escalated into a new one)."""
