@@ -687,17 +687,22 @@ def test_agent_clock_ten_minutes_off(tmp_path: Path, postgres: Postgres) -> None
         now = time.time()
         assert 590 < float(at[ahead]) - now < 610, at
         assert -620 < float(at[behind]) - now < -580, at
-        took_batches = [name for name, g in skews.items() if ahead in g]
-        assert took_batches, skews
-        for name in took_batches:
-            gauge = skews[name]
-            assert abs(gauge[ahead] - 600.0) < 5.0, gauge
-            assert abs(gauge[behind] + 600.0) < 5.0, gauge
-            assert abs(gauge.get(ok, 0.0)) < 5.0, gauge
+        # each agent sends to whichever replica answers (CI saw ctl-b take only ahead's
+        # batches): every skewed agent is measured by at least one replica, and each
+        # replica that measured one holds the right skew and logged it exactly once
+        expected = {ahead: 600.0, behind: -600.0}
+        for node in expected:
+            assert [name for name, g in skews.items() if node in g], (node, skews)
+        for name, gauge in skews.items():
             text = procs[name].text()
-            for node in (ahead, behind):
+            for node, skew in expected.items():
                 said = text.count(f"the clock of {node}'s agent is")
-                assert said == 1, f"{name}: skew of {node} logged {said} times"
+                if node in gauge:
+                    assert abs(gauge[node] - skew) < 5.0, (name, gauge)
+                    assert said == 1, f"{name}: skew of {node} logged {said} times"
+                else:
+                    assert said == 0, f"{name}: skew of {node} logged without a gauge"
+            assert abs(gauge.get(ok, 0.0)) < 5.0, gauge
             assert f"the clock of {ok}'s agent" not in text
     finally:
         agents.close()
