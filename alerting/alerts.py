@@ -22,6 +22,7 @@ Transient signals that operators want debounced get a policy in ``[alerting]``
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import heapq
 import itertools
@@ -78,6 +79,7 @@ def _camel(words: Iterable[str]) -> str:
     return "".join(w[:1].upper() + w[1:].lower() for w in words)
 
 
+@functools.lru_cache(maxsize=4096)  # per alert made, and pairs are few
 def alert_name(kind: str, code: str) -> str:
     """Return the ``alertname`` label for a finding's kind and code.
 

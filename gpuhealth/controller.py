@@ -388,6 +388,7 @@ class Controller:
         next_history = 0.0
         next_metrics = 0.0
         next_prune = time.monotonic() + 60.0
+        pending = 0  # changes not evaluated yet
         while not stop.is_set():
             changed = 0
             try:
@@ -408,10 +409,15 @@ class Controller:
                     if pruned:
                         logger.info("controller: %d accepted records older than %.0f s "
                                     "deleted", pruned, c.retention_seconds)
-                if changed:
+                # A standby decides nothing: it evaluates on the interval (warm for a
+                # take-over), not on every change, which cost a shared host half a core.
+                pending += changed
+                due = now >= next_eval or (pending > 0 and self.elector.is_leader_now())
+                if due and pending:
                     self._correlate()
-                if changed or now >= next_eval:
+                if due:
                     next_eval = now + self.settings.analytics.evaluate_interval_seconds
+                    pending = 0
                     await self.pipeline.aevaluate()
                 await self.pipeline.atick()
                 if now >= next_metrics:  # a scrape reads the last figures

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 from core.errors import GpuHealthError
 from core.records import ActionPhase, Prediction, Sample
-from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, ActionStore
+from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, ActionStore, StoredAction
 from remediation.priority import history_attrs
 from storage.fleet import AgentRow
 from storage.history import (
@@ -144,9 +144,15 @@ class HistoryRecorder:
                 self._written[record.incident_id] = record
 
     def _incidents(self, store: ActionStore) -> list[IncidentRecord]:
+        # three reads in all, not two per incident (a controller's store holds thousands)
+        incidents = store.incidents()
+        by_incident: dict[str, list[StoredAction]] = {}
+        for action in store.actions():
+            by_incident.setdefault(action.incident, []).append(action)
+        works = store.works()
         out: list[IncidentRecord] = []
-        for inc in store.incidents():
-            actions = store.actions(incident=inc.incident)
+        for inc in incidents:
+            actions = by_incident.get(inc.incident, [])
             done = tuple(a.step.value for a in actions if a.phase == ActionPhase.SUCCEEDED)
             messages = " ".join(a.message for a in actions)
             attrs: dict[str, str] = {"state": inc.state}
@@ -158,7 +164,7 @@ class HistoryRecorder:
                 attrs["circuit_breaker"] = "true"
             if inc.note:
                 attrs["note"] = inc.note
-            attrs.update(history_attrs(store.work(inc.incident)))
+            attrs.update(history_attrs(works.get(inc.incident)))
             drill = next((a.attrs["drill"] for a in actions if a.attrs.get("drill")), "")
             if drill:  # a drill's incident (gpuhealth drill --fleet): never a failure
                 attrs["drill"] = drill

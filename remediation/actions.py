@@ -33,6 +33,9 @@ from storage.sql import Connection, Database, open_database
 TERMINAL = frozenset({ActionPhase.SUCCEEDED, ActionPhase.FAILED, ActionPhase.CANCELLED})
 """Phases an action never leaves."""
 
+LIVE_PHASES = (ActionPhase.PENDING, ActionPhase.RUNNING, ActionPhase.AWAITING_APPROVAL)
+"""Phases of an action the engine still works on (every other phase is :data:`TERMINAL`)."""
+
 WRITER_LOCK = "actions"
 """PostgreSQL advisory transaction lock that every write to the store takes."""
 
@@ -354,14 +357,20 @@ class ActionStore:
         node: str | None = None,
         limit: int | None = None,
         incident_states: Sequence[str] | None = None,
+        incident_phases: Sequence[ActionPhase] | None = None,
     ) -> list[StoredAction]:
         """Return actions in the order they were stored, filtered by phase, incident, node.
 
-        ``incident_states`` keeps the actions of incidents in those states (one query for
-        every open incident's actions, not one per incident).
+        ``incident_states`` keeps the actions of incidents in those states, and
+        ``incident_phases`` those of incidents with an action in one of those phases (one
+        query for every open incident's actions, not one per incident).
         """
         where: list[str] = []
         args: list[object] = []
+        if incident_phases is not None:
+            where.append("incident IN (SELECT incident FROM actions WHERE phase IN "
+                         f"({','.join('?' * len(incident_phases))}))")
+            args.extend(p.value for p in incident_phases)
         if incident_states is not None:
             where.append("incident IN (SELECT incident FROM incidents WHERE state IN "
                          f"({','.join('?' * len(incident_states))}))")
@@ -492,6 +501,11 @@ class ActionStore:
         """The work :meth:`set_work` kept for ``incident`` (JSON), or ``None`` if not asked."""
         state = self.control(f"{WORK_PREFIX}{incident}")
         return None if state is None else state[0]
+
+    def works(self) -> dict[str, str]:
+        """Every incident's work :meth:`set_work` kept: ``{incident: JSON}``, in one read."""
+        return {name[len(WORK_PREFIX):]: value
+                for name, value, _, _, _ in self.controls(WORK_PREFIX)}
 
     # -- control -------------------------------------------------------------------
 

@@ -91,6 +91,7 @@ from remediation.actions import (
     INCIDENT_HUMAN,
     INCIDENT_OPEN,
     INCIDENT_PROBATION,
+    LIVE_PHASES,
     TERMINAL,
     ActionStore,
     StoredAction,
@@ -561,9 +562,7 @@ class RemediationEngine:
     async def _tick(self) -> list[AuditRecord]:
         out: list[AuditRecord] = []
         now = self.clock()
-        live = self.store.actions(
-            phases=(ActionPhase.PENDING, ActionPhase.RUNNING, ActionPhase.AWAITING_APPROVAL)
-        )
+        live = self.store.actions(phases=LIVE_PHASES)
         by_incident: dict[str, list[StoredAction]] = {}
         for action in live:
             by_incident.setdefault(action.incident, []).append(action)
@@ -573,18 +572,19 @@ class RemediationEngine:
 
         await self._record_work(now, by_incident)
 
-        async def advance(incident: str, actions: list[StoredAction]) -> list[AuditRecord]:
+        async def work_on(incident: str, action: StoredAction) -> list[AuditRecord]:
             async with gate:
-                return await self._advance(incident, actions, now, breaker,
+                return await self._work_on(action, now, breaker,
                                            checked.setdefault(incident, set()))
 
         async def round_of(waiting: dict[str, list[StoredAction]]) -> list[list[AuditRecord]]:
+            picked, done = self._pick(waiting, now)
             # the incidents of higher-priority work go first (a tier at a time), so they
             # take the rate limit's tokens first; one tier when no priority is known
-            done: dict[str, list[AuditRecord]] = {}
-            for tier in self._tiers(waiting):
-                results = await asyncio.gather(*(advance(i, waiting[i]) for i in tier))
-                done.update(zip(tier, results, strict=True))
+            for tier in self._tiers({i: waiting[i] for i in picked}):
+                results = await asyncio.gather(*(work_on(i, picked[i]) for i in tier))
+                for incident, records in zip(tier, results, strict=True):
+                    done[incident].extend(records)
             return [done[i] for i in waiting]
 
         # Breadth first: every incident takes its next step in one concurrent round (a
@@ -594,18 +594,18 @@ class RemediationEngine:
         waiting = by_incident
         for _ in range(16):
             rounds = await round_of(waiting)
-            following: dict[str, list[StoredAction]] = {}
+            succeeded: set[str] = set()
             for incident, records in zip(waiting, rounds, strict=True):
                 out.extend(records)
-                if not any(r.decision == SUCCEEDED for r in records):
-                    continue
-                actions = self.store.actions(
-                    incident=incident,
-                    phases=(ActionPhase.PENDING, ActionPhase.RUNNING,
-                            ActionPhase.AWAITING_APPROVAL),
-                )
-                if actions:
-                    following[incident] = actions
+                if any(r.decision == SUCCEEDED for r in records):
+                    succeeded.add(incident)
+            if not succeeded:
+                break
+            still: dict[str, list[StoredAction]] = {}
+            for action in self.store.actions(phases=LIVE_PHASES):  # one read a round
+                if action.incident in succeeded:
+                    still.setdefault(action.incident, []).append(action)
+            following = {i: still[i] for i in waiting if i in still}
             if not following:
                 break
             waiting = following
@@ -649,8 +649,14 @@ class RemediationEngine:
         if not isinstance(self.scheduler, PriorityScheduler):
             return
         todo: list[StoredIncident] = []
+        asked = None  # read once a tick, and only when some incident is not known here
         for incident in live:
-            if incident in self._work or self.store.work(incident) is not None:
+            if incident in self._work:
+                continue
+            if asked is None:
+                asked = self.store.works()
+            if incident in asked:
+                self._work[incident] = work_from_json(asked[incident])
                 continue
             inc = self.store.incident(incident)
             if inc is not None and inc.state == INCIDENT_OPEN:
@@ -857,13 +863,56 @@ class RemediationEngine:
                 self.stats.reliability.pop(node, None)  # retried at the next interval
                 logger.warning("cannot publish the reliability of %s: %s", node, exc)
 
-    async def _advance(
-        self, incident: str, live: list[StoredAction], now: float, breaker: bool,
-        checked: set[str] | None = None,
-    ) -> list[AuditRecord]:
-        """Advance one incident: poll its running step, or start its next pending one."""
+    async def _work_on(self, action: StoredAction, now: float, breaker: bool,
+                       checked: set[str] | None = None) -> list[AuditRecord]:
+        """Poll ``action`` (running) or start it (pending), as :meth:`_pick` chose it."""
+        if action.phase == ActionPhase.RUNNING:
+            return await self._poll(action, now)
+        if action.phase != ActionPhase.PENDING:
+            return []
+        started = await self._start(action, now, breaker, checked)
+        bundled = self._bundle_records.pop(action.id, None)
+        return [bundled, *started] if bundled is not None else started
+
+    def _pick(self, waiting: Mapping[str, list[StoredAction]], now: float
+              ) -> tuple[dict[str, StoredAction], dict[str, list[AuditRecord]]]:
+        """The action each incident of ``waiting`` works on now, and what was done already.
+
+        One read of the incidents' histories, and one commit for what needs no adapter:
+        the later steps of a failed one cancelled, the due ``notify`` steps succeeded (a
+        burst of warnings is thousands of them; one round trip each held the leader's
+        consumer for seconds: ``benchmarks/fleet_sim.py`` at 1,000 nodes).
+        """
+        histories: dict[str, list[StoredAction]] = {}
+        for stored in self.store.actions(incident_phases=LIVE_PHASES):
+            histories.setdefault(stored.incident, []).append(stored)
+        picked: dict[str, StoredAction] = {}
+        done: dict[str, list[AuditRecord]] = {}
+        with self.store.transaction():
+            for incident, live in waiting.items():
+                done[incident], action = self._next_action(
+                    live, histories.get(incident, []), now)
+                if action is None:
+                    continue
+                if (action.phase == ActionPhase.PENDING
+                        and action.step == RemediationStep.NOTIFY
+                        and (action.not_before is None or now >= action.not_before)):
+                    self._notified(action, now)
+                else:
+                    picked[incident] = action
+        return picked, done
+
+    def _next_action(self, live: list[StoredAction], history: list[StoredAction],
+                     now: float) -> tuple[list[AuditRecord], StoredAction | None]:
+        """An incident's first unfinished action to work on now, or ``None``.
+
+        ``live`` are its pending, running and waiting actions, ``history`` all of them.
+
+        After a failed or cancelled step (without a follow-up) the later live steps are
+        cancelled instead (the audit records of that are returned); an action backing off
+        after a transient failure is not worked on until its time.
+        """
         out: list[AuditRecord] = []
-        history = self.store.actions(incident=incident)
         for action in history:
             if action.phase in (ActionPhase.FAILED, ActionPhase.CANCELLED) and any(
                     a.attrs.get(FOLLOWS) == str(action.id) for a in history):
@@ -881,21 +930,15 @@ class RemediationEngine:
                     ):
                         out.append(self._audit(later, CANCELLED, "an earlier step did not "
                                                "succeed", now))
-                return out
+                return out, None
             if action.phase in TERMINAL:
                 continue
             # the first non-terminal action of the incident
             tries = self._tries.get(action.id)
             if tries is not None and now < tries[1]:
-                return out  # backing off after a transient failure
-            if action.phase == ActionPhase.RUNNING:
-                out.extend(await self._poll(action, now))
-            elif action.phase == ActionPhase.PENDING:
-                started = await self._start(action, now, breaker, checked)
-                bundled = self._bundle_records.pop(action.id, None)
-                out.extend([bundled, *started] if bundled is not None else started)
-            return out
-        return out
+                return out, None  # backing off after a transient failure
+            return out, action
+        return out, None
 
     async def _start(self, action: StoredAction, now: float, breaker: bool,
                      checked: set[str] | None = None) -> list[AuditRecord]:
@@ -909,12 +952,7 @@ class RemediationEngine:
         if action.not_before is not None and now < action.not_before:
             return self._wait(action, f"deferred until {action.not_before:.0f}", now)
         if action.step == RemediationStep.NOTIFY:
-            self.store.update(
-                action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.PENDING,),
-                message="the alert carries the notification", started_at=now, finished_at=now,
-            )
-            if action.fingerprint not in self.policy.open_incidents:
-                self._close_if_only_notified(action.incident, now)  # it resolved meanwhile
+            self._notified(action, now)
             return []
         if breaker:
             return self._wait(action, "circuit breaker open: waits for a human reset", now,
@@ -1353,6 +1391,15 @@ class RemediationEngine:
         return out
 
     # -- helpers -------------------------------------------------------------------
+
+    def _notified(self, action: StoredAction, now: float) -> None:
+        """A ``notify`` step succeeds at once: the alert carries the notification."""
+        self.store.update(
+            action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.PENDING,),
+            message="the alert carries the notification", started_at=now, finished_at=now,
+        )
+        if action.fingerprint not in self.policy.open_incidents:
+            self._close_if_only_notified(action.incident, now)  # it resolved meanwhile
 
     def _close_if_only_notified(self, incident: str, now: float) -> None:
         """Close an open incident whose finding resolved and that only notified.
