@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +162,58 @@ _INCIDENT_COLUMNS = (
     "incident, fingerprint, node, entity, kind, code, severity, state, opened_at, "
     "out_of_service_at, fixed_at, probation_until, closed_at, claimed, note"
 )
+_INSERT_ACTION = (
+    "INSERT INTO actions (key, incident, fingerprint, node, entity, step, reason, attrs, "
+    "dry_run, severity, phase, message, created_at, updated_at, not_before) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (key) DO NOTHING"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewAction:
+    """One request to store with :meth:`ActionStore.add_many` (the arguments of ``add``)."""
+
+    request: ActionRequest
+    incident: str
+    fingerprint: str
+    severity: str
+    phase: ActionPhase
+    message: str = ""
+
+
+_UPDATABLE = frozenset({"ref", "adapter", "message", "started_at", "finished_at",
+                        "decided_by", "epoch"})
+
+
+def _update_statement(now: float, phase: ActionPhase | None,
+                      expect: Sequence[ActionPhase] | None, fields: Mapping[str, object]
+                      ) -> tuple[str, list[object], list[object]]:
+    """``UPDATE ... WHERE id = ?``: the SQL, the arguments before the id and after it."""
+    bad = set(fields) - _UPDATABLE
+    if bad:
+        raise ValueError(f"cannot update action columns {sorted(bad)}")
+    sets = ["updated_at = ?"]
+    head: list[object] = [now]
+    if phase is not None:
+        sets.append("phase = ?")
+        head.append(phase.value)
+    for name, value in fields.items():
+        sets.append(f"{name} = ?")
+        head.append(value)
+    sql = f"UPDATE actions SET {', '.join(sets)} WHERE id = ?"
+    tail: list[object] = []
+    if expect is not None:
+        sql += f" AND phase IN ({','.join('?' * len(expect))})"
+        tail.extend(p.value for p in expect)
+    return sql, head, tail
+
+
+def _action_args(request: ActionRequest, incident: str, fingerprint: str, severity: str,
+                 phase: ActionPhase, now: float, message: str) -> tuple[object, ...]:
+    return (request.idempotency_key, incident, fingerprint, request.node, request.entity,
+            request.step.value, request.reason, json.dumps(dict(request.attrs), sort_keys=True),
+            int(request.dry_run), severity, phase.value, message, now, now,
+            request.not_before_at)
 
 
 def _action(row: Any) -> StoredAction:
@@ -308,36 +360,27 @@ class ActionStore:
     ) -> StoredAction | None:
         """Store ``request`` unless its key is stored already; return the new row or ``None``."""
         with self.transaction() as db:
-            cur = db.execute(
-                "INSERT INTO actions (key, incident, fingerprint, node, entity, step, "
-                "reason, attrs, dry_run, severity, phase, message, created_at, updated_at, "
-                "not_before) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
-                "ON CONFLICT (key) DO NOTHING RETURNING id",
-                (
-                    request.idempotency_key,
-                    incident,
-                    fingerprint,
-                    request.node,
-                    request.entity,
-                    request.step.value,
-                    request.reason,
-                    json.dumps(dict(request.attrs), sort_keys=True),
-                    int(request.dry_run),
-                    severity,
-                    phase.value,
-                    message,
-                    now,
-                    now,
-                    request.not_before_at,
-                ),
-            )
-            added = cur.fetchone()
-            if added is None:
-                return None
             row = db.execute(
-                f"SELECT {_ACTION_COLUMNS} FROM actions WHERE id = ?", (added[0],)
+                _INSERT_ACTION + f" RETURNING {_ACTION_COLUMNS}",
+                _action_args(request, incident, fingerprint, severity, phase, now, message),
             ).fetchone()
-        return _action(row)
+        return None if row is None else _action(row)
+
+    def add_many(self, actions: Sequence[NewAction], *, now: float) -> int:
+        """Store each request unless its key is stored already (one round trip for all).
+
+        For a burst of decisions whose rows the caller does not need back (:meth:`add`
+        returns the row).
+
+        Returns:
+            How many were stored.
+        """
+        if not actions:
+            return 0
+        with self.transaction() as db:
+            return db.executemany(_INSERT_ACTION, [
+                _action_args(a.request, a.incident, a.fingerprint, a.severity, a.phase, now,
+                             a.message) for a in actions])
 
     def get(self, action_id: int) -> StoredAction | None:
         """Return the action with row id ``action_id``, or ``None``."""
@@ -411,43 +454,49 @@ class ActionStore:
             fields: Columns to set (``ref``, ``adapter``, ``message``, ``started_at``,
                 ``finished_at``, ``decided_by``, ``epoch``).
         """
-        allowed = {"ref", "adapter", "message", "started_at", "finished_at", "decided_by", "epoch"}
-        bad = set(fields) - allowed
-        if bad:
-            raise ValueError(f"cannot update action columns {sorted(bad)}")
-        sets = ["updated_at = ?"]
-        args: list[object] = [now]
-        if phase is not None:
-            sets.append("phase = ?")
-            args.append(phase.value)
-        for name, value in fields.items():
-            sets.append(f"{name} = ?")
-            args.append(value)
-        sql = f"UPDATE actions SET {', '.join(sets)} WHERE id = ?"
-        args.append(action_id)
-        if expect is not None:
-            sql += f" AND phase IN ({','.join('?' * len(expect))})"
-            args.extend(p.value for p in expect)
+        sql, head, tail = _update_statement(now, phase, expect, fields)
         with self.transaction() as db:
-            return db.execute(sql, args).rowcount > 0
+            return db.execute(sql, [*head, action_id, *tail]).rowcount > 0
+
+    def update_many(
+        self,
+        action_ids: Sequence[int],
+        *,
+        now: float,
+        phase: ActionPhase | None = None,
+        expect: Sequence[ActionPhase] | None = None,
+        **fields: object,
+    ) -> int:
+        """:meth:`update` each of ``action_ids`` alike, in one round trip.
+
+        A burst's ``notify`` steps succeed together. Returns how many changed.
+
+        Raises:
+            ValueError: A column in ``fields`` cannot be updated.
+        """
+        sql, head, tail = _update_statement(now, phase, expect, fields)
+        if not action_ids:
+            return 0
+        with self.transaction() as db:
+            return db.executemany(sql, [(*head, i, *tail) for i in action_ids])
 
     # -- incidents -----------------------------------------------------------------
 
     def open_incident(self, incident: StoredIncident) -> bool:
         """Store a new incident; return ``False`` if it is stored already."""
+        return self.open_incidents([incident]) > 0
+
+    def open_incidents(self, incidents: Sequence[StoredIncident]) -> int:
+        """Store the new ones of ``incidents`` (one round trip); return how many were new."""
+        if not incidents:
+            return 0
         with self.transaction() as db:
-            cur = db.execute(
+            return db.executemany(
                 f"INSERT INTO incidents ({_INCIDENT_COLUMNS}) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (incident) DO NOTHING",
-                (
-                    incident.incident, incident.fingerprint, incident.node, incident.entity,
-                    incident.kind, incident.code, incident.severity, incident.state,
-                    incident.opened_at, incident.out_of_service_at, incident.fixed_at,
-                    incident.probation_until, incident.closed_at, int(incident.claimed),
-                    incident.note,
-                ),
-            )
-            return cur.rowcount > 0
+                [(i.incident, i.fingerprint, i.node, i.entity, i.kind, i.code, i.severity,
+                  i.state, i.opened_at, i.out_of_service_at, i.fixed_at, i.probation_until,
+                  i.closed_at, int(i.claimed), i.note) for i in incidents])
 
     def incident(self, incident: str) -> StoredIncident | None:
         """Return the incident ``incident``, or ``None``."""

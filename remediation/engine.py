@@ -68,7 +68,7 @@ import logging
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from core.clock import Clock, system_clock
@@ -94,6 +94,7 @@ from remediation.actions import (
     LIVE_PHASES,
     TERMINAL,
     ActionStore,
+    NewAction,
     StoredAction,
     StoredIncident,
 )
@@ -402,45 +403,39 @@ class RemediationEngine:
         return out
 
     def _store_requests(self, result: PolicyResult, now: float) -> list[AuditRecord]:
+        # A burst decides thousands of steps: the incidents, and the steps between two
+        # that await approval, go in one round trip each (a step awaiting approval is
+        # audited with its row, so it is stored on its own); steps keep their order.
         out: list[AuditRecord] = []
+        incidents: list[StoredIncident] = []
+        plain: list[NewAction] = []
         for d in result.decisions:
             request = d.request
             if request is None:
                 if d.decision == DECISION_RESOLVED:
                     self._close_if_only_notified(d.incident_key, now)
                 continue
-            incident = d.incident_key
-            severity = d.severity
-            self.store.open_incident(
-                StoredIncident(
-                    incident=incident,
-                    fingerprint=d.fingerprint,
-                    node=request.node,
-                    entity=d.finding_entity or request.entity,
-                    kind=d.kind,
-                    code=d.code,
-                    severity=severity,
-                    state=INCIDENT_OPEN,
-                    opened_at=now,
-                )
-            )
-            phase = ActionPhase.PENDING
-            message = ""
-            if self._needs_approval(request, severity):
-                phase = ActionPhase.AWAITING_APPROVAL
-                message = "waits for a human's approval (gpuhealth actions approve)"
-            stored = self.store.add(
-                request,
-                incident=incident,
-                fingerprint=d.fingerprint,
-                severity=severity,
-                phase=phase,
-                now=now,
-                message=message,
-            )
-            if stored is not None and phase == ActionPhase.AWAITING_APPROVAL:
+            incidents.append(StoredIncident(
+                incident=d.incident_key, fingerprint=d.fingerprint, node=request.node,
+                entity=d.finding_entity or request.entity, kind=d.kind, code=d.code,
+                severity=d.severity, state=INCIDENT_OPEN, opened_at=now))
+            if not self._needs_approval(request, d.severity):
+                plain.append(NewAction(request, d.incident_key, d.fingerprint, d.severity,
+                                       ActionPhase.PENDING))
+                continue
+            self.store.open_incidents(incidents)
+            self.store.add_many(plain, now=now)
+            incidents, plain = [], []
+            message = "waits for a human's approval (gpuhealth actions approve)"
+            stored = self.store.add(request, incident=d.incident_key,
+                                    fingerprint=d.fingerprint, severity=d.severity,
+                                    phase=ActionPhase.AWAITING_APPROVAL, now=now,
+                                    message=message)
+            if stored is not None:
                 out.append(self._audit(stored, AWAITING_APPROVAL, message, now))
                 self._count_held("approval")
+        self.store.open_incidents(incidents)
+        self.store.add_many(plain, now=now)
         return out
 
     def _needs_approval(self, request: ActionRequest, severity: str) -> bool:
@@ -888,6 +883,7 @@ class RemediationEngine:
             histories.setdefault(stored.incident, []).append(stored)
         picked: dict[str, StoredAction] = {}
         done: dict[str, list[AuditRecord]] = {}
+        notified: list[StoredAction] = []
         with self.store.transaction():
             for incident, live in waiting.items():
                 done[incident], action = self._next_action(
@@ -897,9 +893,10 @@ class RemediationEngine:
                 if (action.phase == ActionPhase.PENDING
                         and action.step == RemediationStep.NOTIFY
                         and (action.not_before is None or now >= action.not_before)):
-                    self._notified(action, now)
+                    notified.append(action)
                 else:
                     picked[incident] = action
+            self._notified(notified, now)
         return picked, done
 
     def _next_action(self, live: list[StoredAction], history: list[StoredAction],
@@ -952,7 +949,7 @@ class RemediationEngine:
         if action.not_before is not None and now < action.not_before:
             return self._wait(action, f"deferred until {action.not_before:.0f}", now)
         if action.step == RemediationStep.NOTIFY:
-            self._notified(action, now)
+            self._notified([action], now)
             return []
         if breaker:
             return self._wait(action, "circuit breaker open: waits for a human reset", now,
@@ -1392,14 +1389,18 @@ class RemediationEngine:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _notified(self, action: StoredAction, now: float) -> None:
-        """A ``notify`` step succeeds at once: the alert carries the notification."""
-        self.store.update(
-            action.id, now=now, phase=ActionPhase.SUCCEEDED, expect=(ActionPhase.PENDING,),
-            message="the alert carries the notification", started_at=now, finished_at=now,
-        )
-        if action.fingerprint not in self.policy.open_incidents:
-            self._close_if_only_notified(action.incident, now)  # it resolved meanwhile
+    def _notified(self, actions: Sequence[StoredAction], now: float) -> None:
+        """``notify`` steps succeed at once: the alert carries the notification."""
+        if not actions:
+            return
+        self.store.update_many(
+            [a.id for a in actions], now=now, phase=ActionPhase.SUCCEEDED,
+            expect=(ActionPhase.PENDING,), message="the alert carries the notification",
+            started_at=now, finished_at=now)
+        still = self.policy.open_incidents
+        for action in actions:
+            if action.fingerprint not in still:
+                self._close_if_only_notified(action.incident, now)  # it resolved meanwhile
 
     def _close_if_only_notified(self, incident: str, now: float) -> None:
         """Close an open incident whose finding resolved and that only notified.

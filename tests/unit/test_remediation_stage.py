@@ -180,21 +180,21 @@ def test_action_store_failure_keeps_the_requests_and_stores_them_later(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(now=0.0)
     p = make(clock, tmp_path)
-    real_add = ActionStore.add
+    real_open = ActionStore.open_incidents  # a decision's first write
     calls = {"n": 0}
 
     def full_add(self, *a, **kw):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(ActionStore, "add", full_add)
+    monkeypatch.setattr(ActionStore, "open_incidents", full_add)
     p.observe([xid("79", node="n1")])
     out = p.evaluate()
     assert out.actions  # decided and audited
     assert calls["n"] >= 1
     assert p.actions.actions() == []
     assert "actions" in p.remediation.failing_store()
-    monkeypatch.setattr(ActionStore, "add", real_add)
+    monkeypatch.setattr(ActionStore, "open_incidents", real_open)
     clock.advance(5)
     p.evaluate()
     assert {a.request().idempotency_key for a in p.actions.actions()} == {
@@ -206,7 +206,7 @@ def test_restart_stores_what_was_audited_but_never_stored(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock(now=0.0)
     p = make(clock, tmp_path)
-    monkeypatch.setattr(ActionStore, "add", lambda *a, **kw: (_ for _ in ()).throw(
+    monkeypatch.setattr(ActionStore, "open_incidents", lambda *a, **kw: (_ for _ in ()).throw(
         sqlite3.OperationalError("disk I/O error")))
     p.observe([xid("79", node="n1")])
     out = p.evaluate()
