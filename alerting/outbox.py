@@ -305,19 +305,41 @@ class Outbox:
 
     def _write(self, name: str, alerts: Sequence[Alert], now: float) -> int:
         with self._transaction() as db:
-            for alert in alerts:
-                body = json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":"))
-                row = db.execute(
-                    "SELECT seq, state FROM outbox WHERE notifier = ? AND fingerprint = ? "
-                    "ORDER BY seq DESC LIMIT 1", (name, alert.fingerprint)).fetchone()
-                if row is not None and row[1] == alert.state.value:
-                    db.execute("UPDATE outbox SET body = ?, revision = revision + 1 "
-                               "WHERE seq = ?", (body, row[0]))
-                else:
-                    db.execute(
-                        "INSERT INTO outbox (notifier, fingerprint, state, body, enqueued_at)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (name, alert.fingerprint, alert.state.value, body, now))
+            fingerprints = {a.fingerprint for a in alerts}
+            if len(alerts) > 1 and len(fingerprints) == len(alerts):
+                # a burst's alerts: one read of the latest rows and one round trip for
+                # the updates and one for the inserts, not two per alert
+                latest = {str(fp): (int(seq), str(state)) for fp, seq, state in db.execute(
+                    "SELECT fingerprint, seq, state FROM outbox WHERE seq IN (SELECT "
+                    "max(seq) FROM outbox WHERE notifier = ? GROUP BY fingerprint)",
+                    (name,)).fetchall() if fp in fingerprints}
+                updates: list[tuple[str, int]] = []
+                inserts: list[tuple[str, str, str, str, float]] = []
+                for alert in alerts:
+                    body = _body(alert)
+                    row = latest.get(alert.fingerprint)
+                    if row is not None and row[1] == alert.state.value:
+                        updates.append((body, row[0]))
+                    else:
+                        inserts.append((name, alert.fingerprint, alert.state.value, body, now))
+                db.executemany("UPDATE outbox SET body = ?, revision = revision + 1 "
+                               "WHERE seq = ?", updates)
+                db.executemany("INSERT INTO outbox (notifier, fingerprint, state, body, "
+                               "enqueued_at) VALUES (?, ?, ?, ?, ?)", inserts)
+            else:
+                for alert in alerts:
+                    body = _body(alert)
+                    row = db.execute(
+                        "SELECT seq, state FROM outbox WHERE notifier = ? AND fingerprint = ? "
+                        "ORDER BY seq DESC LIMIT 1", (name, alert.fingerprint)).fetchone()
+                    if row is not None and row[1] == alert.state.value:
+                        db.execute("UPDATE outbox SET body = ?, revision = revision + 1 "
+                                   "WHERE seq = ?", (body, row[0]))
+                    else:
+                        db.execute(
+                            "INSERT INTO outbox (notifier, fingerprint, state, body, "
+                            "enqueued_at) VALUES (?, ?, ?, ?, ?)",
+                            (name, alert.fingerprint, alert.state.value, body, now))
             over = int(db.execute("SELECT COUNT(*) FROM outbox WHERE notifier = ?",
                                   (name,)).fetchone()[0]) - self.max_per_notifier
             if over > 0:
@@ -527,3 +549,7 @@ class Outbox:
 def outbox_to_json(outbox: Outbox) -> dict[str, Any]:
     """Return the outbox depths and drop counts as JSON (for the HTTP API)."""
     return {"depths": outbox.depths(), "dropped": dict(outbox.dropped)}
+
+
+def _body(alert: Alert) -> str:
+    return json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":"))

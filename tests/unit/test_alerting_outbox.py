@@ -89,6 +89,28 @@ def test_resends_coalesce_but_state_changes_are_kept():
                                                  AlertState.FIRING]
 
 
+
+def test_a_burst_written_together_coalesces_like_one_by_one():
+    # several alerts at once take the batched path (one read, one round trip each for
+    # updates and inserts): the queue must be what enqueueing them one by one gives
+    together, alone = Outbox(clock=FakeClock()), Outbox(clock=FakeClock())
+    a, b, c = alerts(3)
+    rounds = [[a, b],
+              [replace(a, annotations={**a.annotations, "occurrences": "2"}),
+               replace(b, state=AlertState.RESOLVED, ends_at=5.0), c],
+              [b, replace(c, annotations={**c.annotations, "occurrences": "3"})]]
+    for batch in rounds:
+        together.enqueue("n", batch)
+        for alert in batch:
+            alone.enqueue("n", [alert])
+    got = [(x.labels["entity"], x.state, x.annotations["occurrences"])
+           for x in together.queued("n")]
+    assert got == [(x.labels["entity"], x.state, x.annotations["occurrences"])
+                   for x in alone.queued("n")]
+    assert got == [("GPU-0", AlertState.FIRING, "2"), ("GPU-1", AlertState.FIRING, "1"),
+                   ("GPU-1", AlertState.RESOLVED, "1"), ("GPU-2", AlertState.FIRING, "3"),
+                   ("GPU-1", AlertState.FIRING, "1")]
+
 def test_bound_drops_oldest_and_counts(caplog):
     box = Outbox(clock=FakeClock(), max_per_notifier=3)
     assert box.enqueue("n", alerts(5)) == 2
