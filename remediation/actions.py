@@ -181,6 +181,9 @@ class NewAction:
     message: str = ""
 
 
+_PER_READ = 500
+"""Names per ``IN (...)`` read (SQLite and PostgreSQL bound the parameters of one)."""
+
 _UPDATABLE = frozenset({"ref", "adapter", "message", "started_at", "finished_at",
                         "decided_by", "epoch"})
 
@@ -434,6 +437,18 @@ class ActionStore:
         out = [_action(r) for r in self._rows(sql, args)]
         return out[-limit:] if limit is not None and limit > 0 else out
 
+    def actions_of(self, incidents: Sequence[str]) -> dict[str, list[StoredAction]]:
+        """Every action of each of ``incidents``, in stored order (a read per 500 named)."""
+        out: dict[str, list[StoredAction]] = {}
+        keys = list(dict.fromkeys(incidents))
+        for at in range(0, len(keys), _PER_READ):
+            part = keys[at:at + _PER_READ]
+            for row in self._rows(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE incident IN "
+                                  f"({','.join('?' * len(part))}) ORDER BY id", part):
+                action = _action(row)
+                out.setdefault(action.incident, []).append(action)
+        return out
+
     def update(
         self,
         action_id: int,
@@ -513,12 +528,30 @@ class ActionStore:
             args.extend(states)
         return [_incident(r) for r in self._rows(sql + " ORDER BY opened_at, incident", args)]
 
+    def incidents_named(self, incidents: Sequence[str]) -> list[StoredIncident]:
+        """The stored ones of ``incidents`` (a read per 500 named), in no set order."""
+        keys = list(dict.fromkeys(incidents))
+        out: list[StoredIncident] = []
+        for at in range(0, len(keys), _PER_READ):
+            part = keys[at:at + _PER_READ]
+            out.extend(_incident(r) for r in self._rows(
+                f"SELECT {_INCIDENT_COLUMNS} FROM incidents WHERE incident IN "
+                f"({','.join('?' * len(part))})", part))
+        return out
+
     def update_incident(self, incident: str, **fields: object) -> None:
         """Set columns of an incident.
 
         Columns: ``state``, ``out_of_service_at``, ``fixed_at``, ``probation_until``,
         ``closed_at``, ``claimed``, ``note``.
+
+        Raises:
+            ValueError: Another column is named.
         """
+        self.update_incidents([incident], **fields)
+
+    def update_incidents(self, incidents: Sequence[str], **fields: object) -> None:
+        """Set the same columns of each of ``incidents`` (one round trip; see above)."""
         allowed = {
             "state", "out_of_service_at", "fixed_at", "probation_until", "closed_at",
             "claimed", "note",
@@ -526,13 +559,12 @@ class ActionStore:
         bad = set(fields) - allowed
         if bad:
             raise ValueError(f"cannot update incident columns {sorted(bad)}")
-        if not fields:
+        if not fields or not incidents:
             return
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self.transaction() as db:
-            db.execute(
-                f"UPDATE incidents SET {sets} WHERE incident = ?", (*fields.values(), incident)
-            )
+            db.executemany(f"UPDATE incidents SET {sets} WHERE incident = ?",
+                           [(*fields.values(), i) for i in incidents])
 
     # -- work held by an incident's node ------------------------------------------------
 

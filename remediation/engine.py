@@ -409,11 +409,12 @@ class RemediationEngine:
         out: list[AuditRecord] = []
         incidents: list[StoredIncident] = []
         plain: list[NewAction] = []
+        self._close_if_only_notified([d.incident_key for d in result.decisions
+                                      if d.request is None and d.decision == DECISION_RESOLVED],
+                                     now)
         for d in result.decisions:
             request = d.request
             if request is None:
-                if d.decision == DECISION_RESOLVED:
-                    self._close_if_only_notified(d.incident_key, now)
                 continue
             incidents.append(StoredIncident(
                 incident=d.incident_key, fingerprint=d.fingerprint, node=request.node,
@@ -1371,10 +1372,17 @@ class RemediationEngine:
     def _settle(self, now: float) -> list[AuditRecord]:
         """Close incidents whose actions a human cancelled (``gpuhealth actions cancel``)."""
         out: list[AuditRecord] = []
-        of: dict[str, list[StoredAction]] = {}
-        for action in self.store.actions(incident_states=(INCIDENT_OPEN,)):
-            of.setdefault(action.incident, []).append(action)
-        for inc in self.store.incidents(states=(INCIDENT_OPEN,)):
+        # only incidents with a step a human cancelled (one small read a tick, not every
+        # open incident's actions: a fleet has thousands of open warnings)
+        cancelled = [a.incident for a in self.store.actions(
+            phases=(ActionPhase.CANCELLED,), incident_states=(INCIDENT_OPEN,)) if a.decided_by]
+        if not cancelled:
+            return out
+        of = self.store.actions_of(cancelled)
+        for inc in sorted(self.store.incidents_named(cancelled),
+                          key=lambda i: (i.opened_at, i.incident)):
+            if inc.state != INCIDENT_OPEN:
+                continue
             actions = of.get(inc.incident, [])
             if not actions or any(a.phase not in TERMINAL for a in actions):
                 continue
@@ -1398,26 +1406,29 @@ class RemediationEngine:
             expect=(ActionPhase.PENDING,), message="the alert carries the notification",
             started_at=now, finished_at=now)
         still = self.policy.open_incidents
-        for action in actions:
-            if action.fingerprint not in still:
-                self._close_if_only_notified(action.incident, now)  # it resolved meanwhile
+        self._close_if_only_notified(  # those whose finding resolved meanwhile
+            [a.incident for a in actions if a.fingerprint not in still], now)
 
-    def _close_if_only_notified(self, incident: str, now: float) -> None:
-        """Close an open incident whose finding resolved and that only notified.
+    def _close_if_only_notified(self, incidents: Sequence[str], now: float) -> None:
+        """Close the open ones of ``incidents`` whose finding resolved and that only notified.
 
         A warning's incident is one ``notify`` step: nothing of the node changed, so
         nothing waits for a resume or a probation, and it closes when its finding is gone
         (else every warning of a fleet would stay an open incident for ever). One with
-        any other step, or a step not finished yet, stays as it is.
+        any other step, or a step not finished yet, stays as it is. Two reads and one
+        write for all of them (a burst resolves thousands).
         """
-        inc = self.store.incident(incident)
-        if inc is None or inc.state != INCIDENT_OPEN:
+        if not incidents:
             return
-        actions = self.store.actions(incident=incident)
-        if actions and all(a.step == RemediationStep.NOTIFY and a.phase in TERMINAL
-                           for a in actions):
-            self.store.update_incident(incident, state=INCIDENT_CLOSED, closed_at=now,
-                                       note="the finding is gone")
+        still = [i.incident for i in self.store.incidents_named(incidents)
+                 if i.state == INCIDENT_OPEN]
+        if not still:
+            return
+        of = self.store.actions_of(still)
+        done = [i for i in still if of.get(i) and all(
+            a.step == RemediationStep.NOTIFY and a.phase in TERMINAL for a in of[i])]
+        self.store.update_incidents(done, state=INCIDENT_CLOSED, closed_at=now,
+                                    note="the finding is gone")
 
     def _adapter_for(self, action: StoredAction) -> SchedulerAdapter:
         if action.step == RemediationStep.RESET_GPU and self.node_agent is not None:
