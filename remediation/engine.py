@@ -573,24 +573,24 @@ class RemediationEngine:
                 return await self._work_on(action, now, breaker,
                                            checked.setdefault(incident, set()))
 
-        async def round_of(waiting: dict[str, list[StoredAction]]) -> list[list[AuditRecord]]:
-            picked, done = self._pick(waiting, now)
+        async def round_of(waiting: dict[str, list[StoredAction]]
+                           ) -> tuple[list[list[AuditRecord]], set[str]]:
+            picked, done, notified = self._pick(waiting, now)
             # the incidents of higher-priority work go first (a tier at a time), so they
             # take the rate limit's tokens first; one tier when no priority is known
             for tier in self._tiers({i: waiting[i] for i in picked}):
                 results = await asyncio.gather(*(work_on(i, picked[i]) for i in tier))
                 for incident, records in zip(tier, results, strict=True):
                     done[incident].extend(records)
-            return [done[i] for i in waiting]
+            return [done[i] for i in waiting], notified
 
         # Breadth first: every incident takes its next step in one concurrent round (a
         # burst of 100 nodes is one round trip, not 100), and steps that finished at once
         # are followed in the next round of the same tick, so one incident's drain never
-        # delays another's cordon.
+        # delays another's cordon (nor a notify step the cordon after it).
         waiting = by_incident
         for _ in range(16):
-            rounds = await round_of(waiting)
-            succeeded: set[str] = set()
+            rounds, succeeded = await round_of(waiting)
             for incident, records in zip(waiting, rounds, strict=True):
                 out.extend(records)
                 if any(r.decision == SUCCEEDED for r in records):
@@ -871,8 +871,11 @@ class RemediationEngine:
         return [bundled, *started] if bundled is not None else started
 
     def _pick(self, waiting: Mapping[str, list[StoredAction]], now: float
-              ) -> tuple[dict[str, StoredAction], dict[str, list[AuditRecord]]]:
+              ) -> tuple[dict[str, StoredAction], dict[str, list[AuditRecord]], set[str]]:
         """The action each incident of ``waiting`` works on now, and what was done already.
+
+        Returns the action by incident, the audit records by incident, and the incidents
+        whose ``notify`` step succeeded here (their next step follows in this tick).
 
         One read of the incidents' histories, and one commit for what needs no adapter:
         the later steps of a failed one cancelled, the due ``notify`` steps succeeded (a
@@ -898,7 +901,7 @@ class RemediationEngine:
                 else:
                     picked[incident] = action
             self._notified(notified, now)
-        return picked, done
+        return picked, done, {a.incident for a in notified}
 
     def _next_action(self, live: list[StoredAction], history: list[StoredAction],
                      now: float) -> tuple[list[AuditRecord], StoredAction | None]:

@@ -8,6 +8,7 @@ escalation, breaker, rate limit, approvals, budget, fail-over.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -381,6 +382,20 @@ def test_every_incident_takes_its_first_step_before_any_takes_its_second(tmp_pat
     assert steps == ["cordon"] * 6 + ["drain"] * 6 + ["reboot"] * 6
     assert [node for _, node in cluster.history[:6]] == [f"n{i:03d}" for i in range(6)]
 
+
+
+def test_the_step_after_a_notify_runs_in_the_same_tick(tmp_path):
+    # A critical network fault is notify, cordon, drain: the notify succeeds without an
+    # adapter, and the cordon must not wait for the next tick (fleet_sim's time to cordon).
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(4)
+    p = make(tmp_path, cluster, clock)
+    fault = replace(xid79("n001"), kind="ib_port", code="down", entity=EntityId("mlx5_0/1"),
+                    action=Action.CHECK_NETWORK)
+    p.observe_findings([fault], hold_seconds=1e6)
+    p.evaluate()  # one evaluation, one (inline) tick
+    assert [step for step, _ in cluster.history][:1] == ["cordon"]
+    assert steps_of(p, "n001")[:2] == [("notify", "succeeded"), ("cordon", "succeeded")]
 
 def test_placement_waits_while_steps_are_being_submitted(tmp_path):
     # Publishing weights is a hint; a burst's steps come first, for at most one interval.
