@@ -738,6 +738,8 @@ class Probes:
     missed: int = 0
     used: set[int] = field(default_factory=set)
     timeout: float = 30.0
+    trials: list[tuple[str, float, float | None]] = field(default_factory=list)
+    """``(node, sent at, cordoned at or None)``, epoch seconds."""
 
     def pick(self) -> int:
         while True:
@@ -765,7 +767,33 @@ class Probes:
             self.missed += 1
         else:
             self.times.append(took)
+        self.trials.append((node_name(i), at, None if took is None else at + took))
         return at, took
+
+    def stages(self, dsn: str) -> dict[str, float]:
+        """Where the time to cordon went, p50 of each stage in ms (from the shared store).
+
+        ``accept``: the agent's record to its acceptance; ``decide``: to the cordon step
+        stored (consumed, evaluated, decided); ``submit``: to the step submitted (the
+        tick); ``apply``: to the node seen cordoned in the stand-in.
+        """
+        parts: dict[str, list[float]] = {"accept": [], "decide": [], "submit": [],
+                                         "apply": []}
+        for node, at, cordoned in self.trials:
+            rows = sql(dsn, "SELECT min(accepted_at) FROM fleet_records WHERE node = %s AND "
+                       "kind = 'finding' AND at >= %s", (node, at - 1.0))
+            steps = sql(dsn, "SELECT created_at, started_at FROM actions WHERE node = %s AND "
+                        "step = 'cordon' AND created_at >= %s ORDER BY id LIMIT 1",
+                        (node, at - 1.0))
+            if not rows or rows[0][0] is None or not steps or cordoned is None:
+                continue
+            accepted, (decided, submitted) = float(rows[0][0]), steps[0]
+            parts["accept"].append(accepted - at)
+            parts["decide"].append(float(decided) - accepted)
+            if submitted is not None:
+                parts["submit"].append(float(submitted) - float(decided))
+                parts["apply"].append(cordoned - float(submitted))
+        return {k: pct(v, 0.5) * 1e3 for k, v in parts.items()}
 
     def run_for(self, seconds: float, *, gap: float = 0.3) -> None:
         until = time.monotonic() + seconds
@@ -863,11 +891,13 @@ def run_size(args: argparse.Namespace, nodes: int, say: Any) -> dict[str, Any]:
         out["cordon"] = {"trials": len(probes.times), "missed": probes.missed,
                          "p50_ms": pct(probes.times, 0.5) * 1e3,
                          "p99_ms": pct(probes.times, 0.99) * 1e3,
-                         "max_ms": max(probes.times, default=float("nan")) * 1e3}
+                         "max_ms": max(probes.times, default=float("nan")) * 1e3,
+                         "stages_p50_ms": probes.stages(pg.dsn) if api is not None else {}}
         say(f"  steady {elapsed:.0f} s: {out['steady']['accepted_events_per_s']:.0f} events/s "
             f"accepted of {background:.0f} offered, cordon p50 {out['cordon']['p50_ms']:.0f} ms "
             f"p99 {out['cordon']['p99_ms']:.0f} ms ({len(probes.times)} trials, "
-            f"{probes.missed} missed)")
+            f"{probes.missed} missed); stages p50 " + ", ".join(
+                f"{k} {v:.0f} ms" for k, v in out["cordon"]["stages_p50_ms"].items()))
 
         # 3. fail-over
         if failover and api is not None:
@@ -1023,7 +1053,9 @@ def report(results: list[dict[str, Any]]) -> str:
                      f"depth at end {s['outbox_depth_end']}   goal: {GOALS['sustained']}")
         lines.append(f"  cordon     p50 {c['p50_ms']:.0f} ms p99 {c['p99_ms']:.0f} ms max "
                      f"{c['max_ms']:.0f} ms ({c['trials']} single faults, {c['missed']} not "
-                     f"cordoned in 30 s)   goal: {GOALS['cordon']}")
+                     f"cordoned in 30 s; p50 by stage: " + ", ".join(
+                         f"{k} {v:.0f} ms" for k, v in c.get("stages_p50_ms", {}).items())
+                     + f")   goal: {GOALS['cordon']}")
         lines.append(f"  burst      {b['stored']} of {b['made']} stored ({b['nodes']} nodes, "
                      f"{b['offered_events_per_s']:.0f}/s for {b['seconds']:.0f} s); "
                      f"event-to-decision p50 {b['decision_p50_ms']:.0f} ms p99 "

@@ -644,21 +644,21 @@ class RemediationEngine:
         """
         if not isinstance(self.scheduler, PriorityScheduler):
             return
-        todo: list[StoredIncident] = []
-        asked = None  # read once a tick, and only when some incident is not known here
-        for incident in live:
-            if incident in self._work:
-                continue
-            if asked is None:
-                asked = self.store.works()
+        # a notify-only incident (a warning) changes nothing on the node: nothing to ask
+        new = [i for i, actions in live.items() if i not in self._work
+               and any(a.step != RemediationStep.NOTIFY for a in actions)]
+        if not new:
+            return
+        asked = self.store.works()  # one read a tick, and only for an incident not known
+        unknown: list[str] = []
+        for incident in new:
             if incident in asked:
                 self._work[incident] = work_from_json(asked[incident])
-                continue
-            inc = self.store.incident(incident)
-            if inc is not None and inc.state == INCIDENT_OPEN:
-                todo.append(inc)
-            if len(todo) >= WORK_PER_TICK:
-                break
+            else:
+                unknown.append(incident)
+        order = {incident: n for n, incident in enumerate(unknown[:WORK_PER_TICK])}
+        todo = sorted((inc for inc in self.store.incidents_named(list(order))
+                       if inc.state == INCIDENT_OPEN), key=lambda i: order[i.incident])
         if not todo:
             return
         scheduler = self.scheduler
@@ -673,10 +673,12 @@ class RemediationEngine:
                 self._work_said = True
             return
         self._work_said = False
-        for inc, items in zip(todo, answers, strict=True):
-            ordered = by_priority(items)
-            self.store.set_work(inc.incident, work_to_json(ordered), at=now, who=self.identity)
-            self._work[inc.incident] = ordered
+        with self.store.transaction():  # one commit for all
+            for inc, items in zip(todo, answers, strict=True):
+                ordered = by_priority(items)
+                self.store.set_work(inc.incident, work_to_json(ordered), at=now,
+                                    who=self.identity)
+                self._work[inc.incident] = ordered
 
     async def _read_held_work(self, now: float) -> None:
         """Read the top priority of the work on the nodes of held findings, for the policy.

@@ -57,9 +57,11 @@ class RemediationCollector:
             TemporaryError: The store cannot be read now (the last figures stay).
         """
         engine = self.engine
-        self._incidents = collections.Counter(
-            (inc.severity or "none", inc.state)
-            for inc in engine.store.incidents(states=("open", "probation")))
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        for (severity, state), n in engine.store.incident_counts(
+                states=("open", "probation")).items():
+            counts[(severity or "none", state)] += n
+        self._incidents = counts
         self._breaker = engine.breaker_open
 
     def describe(self) -> list[Any]:
