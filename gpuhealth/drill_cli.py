@@ -80,10 +80,6 @@ logger = logging.getLogger(__name__)
 
 EXIT_FAILED, EXIT_REFUSED, EXIT_CONFIG = 1, 3, 78
 
-SETTLE_SECONDS = 30.0
-"""After a drill failed, how long the steps already decided (a hand-off) are still
-carried out, so that what the drill did is complete, seconds."""
-
 DRILLS_FOLDER = "drills"
 """Folder of the drills' own state inside ``[node] data_dir``."""
 
@@ -387,8 +383,8 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
         DrillAuditLog,
         DrillTimeline,
         check_acted_on,
+        drive,
         end_incidents,
-        in_flight,
         judge,
         passed,
     )
@@ -421,33 +417,11 @@ def _drive(settings: Any, outcome: DrillOutcome, *, loop: asyncio.AbstractEventL
                              injected_at=injected_at, validating=validating)
     echo(f"drill {drill_id}: {fault.name} on {node} "
          f"({'LIVE' if outcome.live else 'dry-run'}), injected")
-    evaluate_every = settings.drill.evaluate_seconds
     deadline = time.monotonic() + timeout_seconds
-    evaluated = float("-inf")
     try:
         try:
-            while True:
-                if time.monotonic() - evaluated >= evaluate_every:
-                    if batches:
-                        batch = batches.pop(0)
-                        pipeline.observe(batch)
-                        pipeline.observe_readings(batch)
-                    out = loop.run_until_complete(pipeline.aevaluate())
-                    now = time.time()
-                    evaluated = time.monotonic()
-                    timeline.saw_findings(out.findings, at=now)
-                    timeline.saw_alerts(out.alerts, at=now)
-                    timeline.saw_audit(out.audit)
-                    timeline.saw_actions(pipeline.actions.actions())  # steps audited tersely
-                timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
-                if timeline.finished() or time.monotonic() >= deadline:
-                    break
-                time.sleep(min(0.1, evaluate_every))
-            if timeline.problems:  # let the steps already decided (a hand-off) reach it
-                settle = min(deadline, time.monotonic() + SETTLE_SECONDS)
-                while in_flight(pipeline.actions) and time.monotonic() < settle:
-                    timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
-                    time.sleep(0.1)
+            drive(pipeline, timeline, batches, loop=loop,
+                  evaluate_seconds=settings.drill.evaluate_seconds, deadline=deadline)
         except DrillInterrupted as exc:
             outcome.interrupted = str(exc)
             echo(f"drill {drill_id}: interrupted ({exc}), ending its incident")

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from collectors.kernel_log import KernelLogCollector
 from core import drill as core_drill
@@ -906,3 +906,71 @@ def held_from_actions(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
         if incident not in back:
             held.setdefault(node, incident)
     return held
+
+
+SETTLE_SECONDS = 30.0
+"""After a drill failed, how long the steps already decided (a hand-off) are still
+carried out, so that what the drill did is complete, seconds."""
+
+
+class DrivenPipeline(Protocol):
+    """What :func:`drive` needs of the pipeline (``gpuhealth.pipeline.Pipeline``)."""
+
+    @property
+    def actions(self) -> Any: ...  # noqa: D102 (an ActionStore)
+
+    def observe(self, records: Iterable[Record]) -> None: ...  # noqa: D102
+
+    def observe_readings(self, samples: Iterable[Record]) -> None: ...  # noqa: D102
+
+    async def aevaluate(self) -> Any: ...  # noqa: D102
+
+    async def atick(self) -> list[AuditRecord]: ...  # noqa: D102
+
+
+def drive(pipeline: DrivenPipeline, timeline: DrillTimeline, batches: list[list[Record]], *,
+          loop: asyncio.AbstractEventLoop, evaluate_seconds: float, deadline: float,
+          settle_seconds: float = SETTLE_SECONDS) -> None:
+    """Run a drill on its own pipeline until its timeline finishes or ``deadline``.
+
+    Every ``evaluate_seconds`` the next batch of the injected fault is observed and the
+    pipeline evaluated (what it found, alerted and decided goes into ``timeline``);
+    remediation ticks in between. After a problem (a stage that cannot happen), the steps
+    already decided get up to ``settle_seconds`` more (a hand-off must reach its human).
+
+    Args:
+        pipeline: The drill's pipeline (its own action store, the drill's adapters).
+        timeline: Filled in as the stages happen.
+        batches: The fault's records, one batch per evaluation (``DrillFault.inject``).
+        loop: The event loop the pipeline's coroutines run on.
+        evaluate_seconds: Seconds between evaluations, > 0.
+        deadline: ``time.monotonic()`` at which the drill stops, finished or not.
+        settle_seconds: See above, seconds.
+
+    Raises:
+        Whatever interrupts the drill (a signal's exception) propagates; the caller ends
+        the drill's incident.
+    """
+    evaluated = float("-inf")
+    while True:
+        if time.monotonic() - evaluated >= evaluate_seconds:
+            if batches:
+                batch = batches.pop(0)
+                pipeline.observe(batch)
+                pipeline.observe_readings(batch)
+            out = loop.run_until_complete(pipeline.aevaluate())
+            now = time.time()
+            evaluated = time.monotonic()
+            timeline.saw_findings(out.findings, at=now)
+            timeline.saw_alerts(out.alerts, at=now)
+            timeline.saw_audit(out.audit)
+            timeline.saw_actions(pipeline.actions.actions())  # steps audited tersely
+        timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
+        if timeline.finished() or time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.1, evaluate_seconds))
+    if timeline.problems:  # let the steps already decided (a hand-off) reach it
+        settle = min(deadline, time.monotonic() + settle_seconds)
+        while in_flight(pipeline.actions) and time.monotonic() < settle:
+            timeline.saw_audit(loop.run_until_complete(pipeline.atick()))
+            time.sleep(0.1)
