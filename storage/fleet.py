@@ -29,15 +29,17 @@ agent may resend).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from core.codec import CodecError, finding_from_json
+from core.errors import TemporaryError
 from core.records import Finding
 from storage.sql import (
     Database,
@@ -72,6 +74,28 @@ FLEET_RECORD_KINDS = frozenset(
 
 ACCEPT_LOCK_KEY = 0x67707568_6661  # "gpuh" "fa": the accept order lock
 """``pg_advisory_xact_lock`` key that orders the accepting transactions."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentBatch:
+    """One agent's batch for :meth:`FleetStore.accept_batches`.
+
+    Attributes:
+        node: The authenticated agent's node.
+        records: Its records, in its order.
+        heartbeat_at: When its registry row is refreshed (epoch seconds), or ``None``
+            for no heartbeat.
+        version: The agent's version (with a heartbeat).
+        gpus: Its GPUs (``[{"entity": ...}]``).
+        facts: Its ``[inventory]`` facts.
+    """
+
+    node: str
+    records: Sequence[FleetRecord]
+    heartbeat_at: float | None = None
+    version: str = ""
+    gpus: Sequence[Mapping[str, str]] = ()
+    facts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,11 +242,38 @@ class FleetStore:
         """
         if not records:
             return AcceptResult(0, 0)
-        rows = [(r.key, node, r.kind, r.at, _json(dict(r.body))) for r in records]
+        return self.accept_batches([AgentBatch(node=node, records=records)])[0]
+
+    def accept_batches(self, batches: Sequence[AgentBatch]) -> list[AcceptResult]:
+        """Store many agents' batches and heartbeats in one transaction (a group commit).
+
+        What :meth:`accept` and :meth:`heartbeat` do for each batch, in order, with one
+        ``BEGIN``, one accept-order lock and one ``COMMIT`` for all: at 10,000 agents a
+        controller takes about 1,000 batches a second, and two transactions each (six
+        round trips and the lock twice) were its ingest limit.
+
+        Returns:
+            Each batch's result, in the order given.
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached (nothing was stored;
+                every agent resends).
+            TypeError: A body is not JSON-able (nothing was stored).
+        """
+        if not batches:
+            return []
+        rows = [[(r.key, b.node, r.kind, r.at, _json(dict(r.body))) for r in b.records]
+                for b in batches]
+        beats = [(b.node, b.version, _json([dict(g) for g in b.gpus]), _json(dict(b.facts)),
+                  b.heartbeat_at, b.heartbeat_at) for b in batches if b.heartbeat_at is not None]
+        out: list[AcceptResult] = []
         with self.db.transaction(lock=ACCEPT_LOCK_KEY) as db:
             now = self.clock()
-            accepted = db.executemany(_INSERT_RECORD, [(*row, now) for row in rows])
-        return AcceptResult(accepted, len(records) - accepted)
+            for batch, part in zip(batches, rows, strict=True):
+                accepted = db.executemany(_INSERT_RECORD, [(*row, now) for row in part])
+                out.append(AcceptResult(accepted, len(batch.records) - accepted))
+            db.executemany(_HEARTBEAT, beats)
+        return out
 
     def read_after(self, seq: int, *, limit: int = 1000) -> list[StoredFleetRecord]:
         """Return up to ``limit`` accepted records with a ``seq`` above ``seq``, by ``seq``.
@@ -273,6 +324,82 @@ class FleetStore:
     def close(self) -> None:
         """Close the database."""
         self.db.close()
+
+
+class GroupCommit:
+    """Agents' batches that arrive together are stored in one transaction (asyncio).
+
+    One transaction runs at a time; the batches that arrive meanwhile wait and go into the
+    next one, up to ``max_batches`` (no added wait when the store is idle). A batch the
+    store refuses (its content, not the store being away) fails alone: the group is
+    stored again one batch at a time.
+
+    Args:
+        write: Stores a group (:meth:`FleetStore.accept_batches` of the current store).
+        run: Runs a blocking call off the event loop (``loop.run_in_executor``'s way).
+        max_batches: Batches per transaction, >= 1.
+
+    Raises:
+        ValueError: ``max_batches`` < 1.
+    """
+
+    def __init__(self, write: Callable[[list[AgentBatch]], list[AcceptResult]],
+                 run: Callable[[Callable[..., Any], Any], Awaitable[Any]], *,
+                 max_batches: int = 256) -> None:
+        if max_batches < 1:
+            raise ValueError(f"max_batches must be >= 1, got {max_batches!r}")
+        self.write = write
+        self.run = run
+        self.max_batches = max_batches
+        self._waiting: list[tuple[AgentBatch, asyncio.Future[AcceptResult]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def accept(self, batch: AgentBatch) -> AcceptResult:
+        """Store ``batch`` (with the others waiting); return its result once committed.
+
+        Raises:
+            TemporaryError: The store cannot be reached (nothing of the group was stored).
+            Exception: What the store raised for this batch's content.
+        """
+        future: asyncio.Future[AcceptResult] = asyncio.get_running_loop().create_future()
+        self._waiting.append((batch, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
+        return await future
+
+    async def _write(self) -> None:
+        while self._waiting:
+            group = self._waiting[:self.max_batches]
+            del self._waiting[:len(group)]
+            try:
+                results = await self.run(self.write, [b for b, _ in group])
+            except TemporaryError as exc:
+                for _, future in group:
+                    _fail(future, exc)
+            except Exception as exc:  # one batch's content: the others must not fail
+                if len(group) == 1:
+                    _fail(group[0][1], exc)
+                    continue
+                for batch, future in group:
+                    try:
+                        [one] = await self.run(self.write, [batch])
+                    except Exception as alone:
+                        _fail(future, alone)
+                    else:
+                        _settle(future, one)
+            else:
+                for (_, future), result in zip(group, results, strict=True):
+                    _settle(future, result)
+
+
+def _settle(future: asyncio.Future[AcceptResult], result: AcceptResult) -> None:
+    if not future.done():  # else its request went away (the agent hung up)
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[AcceptResult], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
 
 
 class SqliteFleetStore(FleetStore):

@@ -43,6 +43,7 @@ from remediation.actions import ActionStore, StoredAction, StoredIncident
 from remediation.audit import AuditLog, AuditStore, open_audit
 from storage.fleet import (
     AcceptResult,
+    AgentBatch,
     FleetRecord,
     FleetStore,
     SqliteFleetStore,
@@ -280,6 +281,28 @@ def test_duplicates_are_counted_not_stored(target: str, request: pytest.FixtureR
     assert [r.key for r in b.read_after(got[4].seq, limit=2)] == ["gpu-01:0005", "gpu-01:0006"]
     assert b.read_after(got[-1].seq) == []
 
+
+
+def test_a_group_of_batches_is_each_batch_accepted_and_its_heartbeat(
+        target: str, request: pytest.FixtureRequest) -> None:
+    store = open_fleet_store(target)
+    _closing(request, store.close)
+    store.accept("gpu-01", [_rec("gpu-01", 0)])  # stored before: a duplicate below
+    results = store.accept_batches([
+        AgentBatch(node="gpu-01", records=[_rec("gpu-01", 0), _rec("gpu-01", 1)],
+                   heartbeat_at=50.0, version="1.2", gpus=[{"entity": "GPU-a"}],
+                   facts={"rack": "r1"}),
+        AgentBatch(node="gpu-02", records=[], heartbeat_at=51.0),
+        AgentBatch(node="gpu-03", records=[_rec("gpu-03", 0)])])  # no heartbeat
+    assert results == [AcceptResult(1, 1), AcceptResult(0, 0), AcceptResult(1, 0)]
+    assert [r.key for r in store.read_after(0)] == ["gpu-01:0000", "gpu-01:0001",
+                                                    "gpu-03:0000"]
+    agents = {a.node: a for a in store.agents()}
+    assert sorted(agents) == ["gpu-01", "gpu-02"]
+    assert (agents["gpu-01"].version, agents["gpu-01"].last_heartbeat_at) == ("1.2", 50.0)
+    assert dict(agents["gpu-01"].facts) == {"rack": "r1"}
+    assert [dict(g) for g in agents["gpu-01"].gpus] == [{"entity": "GPU-a"}]
+    assert store.accept_batches([]) == []
 
 def test_accepted_records_keep_their_order(single: str | None,
                                            request: pytest.FixtureRequest) -> None:
