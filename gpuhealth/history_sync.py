@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 from core.errors import GpuHealthError
 from core.records import ActionPhase, Prediction, Sample
-from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, ActionStore, StoredAction
+from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, ActionStore
 from remediation.priority import history_attrs
 from storage.fleet import AgentRow
 from storage.history import (
@@ -144,11 +144,17 @@ class HistoryRecorder:
                 self._written[record.incident_id] = record
 
     def _incidents(self, store: ActionStore) -> list[IncidentRecord]:
-        # three reads in all, not two per incident (a controller's store holds thousands)
-        incidents = store.incidents()
-        by_incident: dict[str, list[StoredAction]] = {}
-        for action in store.actions():
-            by_incident.setdefault(action.incident, []).append(action)
+        # A few reads in all, not two per incident (a controller's store holds 10^5), and
+        # the actions of an incident written closed are not read again: it cannot change
+        # but for its state or note (a human's), which the incidents' read shows.
+        incidents = []
+        for inc in store.incidents():
+            written = self._written.get(f"{inc.node}/{inc.incident}")
+            if (written is None or written.resolved_at is None
+                    or written.attrs.get("state") != inc.state
+                    or written.attrs.get("note", "") != inc.note):
+                incidents.append(inc)
+        by_incident = store.actions_of([inc.incident for inc in incidents])
         works = store.works()
         out: list[IncidentRecord] = []
         for inc in incidents:
