@@ -258,14 +258,31 @@ class AuditStore:
         Raises:
             TemporaryError: The PostgreSQL server cannot be reached.
         """
+        return self.read_after(0)[0]
+
+    def read_after(self, after: int) -> tuple[list[AuditRecord], int]:
+        """Return the records appended after id ``after``, oldest first, and the last id.
+
+        Ids commit in order (see the class), so a reader that passes back the id it got
+        sees every record exactly once (a standby keeping its policy warm).
+
+        Returns:
+            ``(records, last id read)``; the id is ``after`` when there are none.
+
+        Raises:
+            TemporaryError: The PostgreSQL server cannot be reached.
+        """
         out: list[AuditRecord] = []
-        for row_id, text in self.db.execute("SELECT id, record FROM audit_records ORDER BY id"):
+        last = after
+        for row_id, text in self.db.execute(
+                "SELECT id, record FROM audit_records WHERE id > ? ORDER BY id", (after,)):
+            last = int(row_id)
             try:
                 out.append(audit_from_json(json.loads(text)))
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("audit_records id %s: skipping unreadable record: %s",
                                row_id, exc)
-        return out
+        return out, last
 
     def close(self) -> None:
         """Release the connections (unless the database was passed in)."""

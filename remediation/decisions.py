@@ -17,10 +17,10 @@ alert changes into the policy's decisions (``docs/remediation.md``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from core.drill import DRILL, drill_of_evidence
-from core.records import Alert, AlertState, AuditRecord, Finding
+from core.records import Alert, AlertState, Finding
 from remediation.drill import mark_drill_decisions
 from remediation.engine import RemediationEngine
 from remediation.policy import DECISION_DUPLICATE, PolicyResult, RemediationPolicy
@@ -73,22 +73,20 @@ def decide_on_alerts(policy: RemediationPolicy, engine: RemediationEngine,
     return mark_drill_decisions(decided, drills) if drills else decided
 
 
-def take_over(new_policy: Callable[[], RemediationPolicy], audit: Iterable[AuditRecord],
-              active: Sequence[tuple[Finding, str]]) -> tuple[RemediationPolicy, PolicyResult]:
-    """Rebuild the policy from the audit trail and decide every active alert.
+def take_over(policy: RemediationPolicy, active: Sequence[tuple[Finding, str]]
+              ) -> PolicyResult:
+    """Decide every active alert with a policy rebuilt from the audit trail.
 
     Args:
-        new_policy: Makes a fresh policy with this controller's guards.
-        audit: The (shared) audit trail, oldest first.
+        policy: This controller's policy, restored from the (shared) audit trail
+            (:meth:`RemediationPolicy.restore`), whole or kept warm as it grew.
         active: ``(finding, fingerprint)`` of every alert firing now.
 
     Returns:
-        The rebuilt policy and its decisions, without the duplicates (steps the old
-        leader already took stay its own).
+        Its decisions, without the duplicates (steps the old leader already took stay
+        its own).
     """
-    policy = new_policy()
-    policy.restore(audit)
     decided = policy.decide_worst_first(active)
     decided.decisions = [d for d in decided.decisions if d.decision != DECISION_DUPLICATE]
     drills = {fp: drill for f, fp in active if (drill := drill_of_evidence(f.evidence))}
-    return policy, mark_drill_decisions(decided, drills) if drills else decided
+    return mark_drill_decisions(decided, drills) if drills else decided

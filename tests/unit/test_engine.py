@@ -28,7 +28,7 @@ from core.records import (
 )
 from gpuhealth.pipeline import Pipeline
 from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, INCIDENT_PROBATION, ActionStore
-from remediation.audit import read_audit_log
+from remediation.audit import AuditStore, read_audit_log
 from remediation.engine import approve, cancel, undo
 from tests.fake_scheduler import FakeCluster, FakeNode, FakeScheduler
 
@@ -60,7 +60,8 @@ def make(tmp_path: Path | None, cluster: FakeCluster, clock: FakeClock, **kw):
     return Pipeline(
         facts={},
         notifiers=kw.pop("notifiers", []),
-        audit_log_path=str(tmp_path / "audit.jsonl") if tmp_path else None,
+        audit_log_path=kw.pop("audit_log_path",
+                              str(tmp_path / "audit.jsonl") if tmp_path else None),
         dry_run=False,
         scheduler=FakeScheduler(cluster, **kw.pop("fake", {})),
         clock=clock,
@@ -312,6 +313,50 @@ def test_failover_resubmits_and_completes_exactly_once(tmp_path):
                  if r.decision == "requested"]
     assert len(requested) == len({r.idempotency_key for r in requested})
 
+
+def test_a_standby_keeps_its_policy_warm_and_reads_only_the_tail_on_taking_over(
+        tmp_path, monkeypatch):
+    # A shared audit store (a controller pair's): the standby applies the trail as it
+    # grows, so taking over reads only what the old leader appended since; the outcome
+    # is the whole-trail take-over's (every effect once, no step requested twice).
+    reads: list[tuple[int, int]] = []
+    real = AuditStore.read_after
+
+    def spy(self, after):  # type: ignore[no-untyped-def]
+        records, last = real(self, after)
+        reads.append((after, len(records)))
+        return records, last
+
+    monkeypatch.setattr(AuditStore, "read_after", spy)
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    leader = {"who": "a"}
+    trail = str(tmp_path / "audit.sqlite")
+    a = make(tmp_path, cluster, clock, fake={"drain_polls": 5}, audit_log_path=trail,
+             is_leader=lambda: leader["who"] == "a")
+    b = make(tmp_path, cluster, clock, fake={"drain_polls": 5}, audit_log_path=trail,
+             is_leader=lambda: leader["who"] == "b")
+    f = xid79("n001")
+    for p in (a, b):
+        p.observe_findings([f], hold_seconds=1e6)
+    a.evaluate()
+    b.evaluate()  # the standby tracks the alert and warms its policy on the trail so far
+    assert reads
+    assert reads[-1][0] == 0  # the first warm-up reads the trail so far
+    assert reads[-1][1] > 0
+    warmed = sum(n for _, n in reads)
+    run(a, 2, clock)  # the old leader goes on: cordon done, drain running
+    total = len(AuditStore(trail).read())
+    leader["who"] = "b"
+    reads.clear()
+    b.evaluate()
+    assert reads[0][0] > 0  # the tail only
+    assert reads[0][1] == total - warmed
+    run(b, 12, clock)
+    assert cluster.effects == dict.fromkeys(cluster.effects, 1)
+    assert [h[0] for h in cluster.history] == ["cordon", "drain", "reboot"]
+    requested = [r for r in AuditStore(trail).read() if r.decision == "requested"]
+    assert len(requested) == len({r.idempotency_key for r in requested})
 
 @settings(max_examples=25, deadline=None)
 @given(
