@@ -181,13 +181,17 @@ class Controller:
         self.store = store or open_fleet_store(settings.fleet_state, pool_size=c.pool_size + 1)
         self.elector = build_leader_loop(settings)
         self.facts: dict[str, dict[str, str]] = {}
-        """Per node, the facts its agent reports (``[inventory]``: switch, rack, links)."""
+        """Per node, the facts its agent reports (``[inventory]``: switch, rack, links).
+
+        Written on the API's loop (a batch's facts, each entry replaced whole) and read on
+        the consumer's thread, which takes copies (a dict is copied in one step): iterating
+        it there raised "dictionary changed size during iteration" at 10,000 nodes."""
         # On PostgreSQL the action store and the audit trail are the pair's, shared: the
         # standby resumes the leader's actions from them (each exactly once, by its key).
         self.pipeline: Pipeline = service_pipeline(
             settings, identity=self.elector.identity, is_leader=self.elector.is_leader_now,
             shared_state=settings.fleet_state if is_postgres(settings.fleet_state) else None,
-            notify_as_standby=False, fleet_facts=lambda: self.facts, journal_held=False)
+            notify_as_standby=False, fleet_facts=lambda: dict(self.facts), journal_held=False)
         # Decisions never wait behind notifications: the outbox has its own task.
         self.pipeline.deliver_inline = False
         recover_ingests(self.pipeline, window_seconds=settings.analytics.event_window_seconds)
@@ -509,7 +513,7 @@ class Controller:
         Runs before the evaluation that would decide the nodes' own steps, so the breaker
         holds them instead of N drains.
         """
-        for event in self.correlator.update(self.pipeline.held_findings(), self.facts,
+        for event in self.correlator.update(self.pipeline.held_findings(), dict(self.facts),
                                             now=time.time()):
             logger.error("controller: fleet incident: %s", event.finding.summary)
             self.pipeline.observe_findings(
