@@ -322,10 +322,8 @@ class Outbox:
                         updates.append((body, row[0]))
                     else:
                         inserts.append((name, alert.fingerprint, alert.state.value, body, now))
-                db.executemany("UPDATE outbox SET body = ?, revision = revision + 1 "
-                               "WHERE seq = ?", updates)
-                db.executemany("INSERT INTO outbox (notifier, fingerprint, state, body, "
-                               "enqueued_at) VALUES (?, ?, ?, ?, ?)", inserts)
+                db.executemany(_UPDATE_BODY, updates)
+                db.executemany(_INSERT_ENTRY, inserts)
             else:
                 for alert in alerts:
                     body = _body(alert)
@@ -333,13 +331,10 @@ class Outbox:
                         "SELECT seq, state FROM outbox WHERE notifier = ? AND fingerprint = ? "
                         "ORDER BY seq DESC LIMIT 1", (name, alert.fingerprint)).fetchone()
                     if row is not None and row[1] == alert.state.value:
-                        db.execute("UPDATE outbox SET body = ?, revision = revision + 1 "
-                                   "WHERE seq = ?", (body, row[0]))
+                        db.execute(_UPDATE_BODY, (body, row[0]))
                     else:
-                        db.execute(
-                            "INSERT INTO outbox (notifier, fingerprint, state, body, "
-                            "enqueued_at) VALUES (?, ?, ?, ?, ?)",
-                            (name, alert.fingerprint, alert.state.value, body, now))
+                        db.execute(_INSERT_ENTRY,
+                                   (name, alert.fingerprint, alert.state.value, body, now))
             over = int(db.execute("SELECT COUNT(*) FROM outbox WHERE notifier = ?",
                                   (name,)).fetchone()[0]) - self.max_per_notifier
             if over > 0:
@@ -553,3 +548,8 @@ def outbox_to_json(outbox: Outbox) -> dict[str, Any]:
 
 def _body(alert: Alert) -> str:
     return json.dumps(alert_to_json(alert), sort_keys=True, separators=(",", ":"))
+
+
+_UPDATE_BODY = "UPDATE outbox SET body = ?, revision = revision + 1 WHERE seq = ?"
+_INSERT_ENTRY = ("INSERT INTO outbox (notifier, fingerprint, state, body, enqueued_at) "
+                 "VALUES (?, ?, ?, ?, ?)")

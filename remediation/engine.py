@@ -409,6 +409,13 @@ class RemediationEngine:
         out: list[AuditRecord] = []
         incidents: list[StoredIncident] = []
         plain: list[NewAction] = []
+
+        def flush() -> None:
+            self.store.open_incidents(incidents)
+            self.store.add_many(plain, now=now)
+            incidents.clear()
+            plain.clear()
+
         self._close_if_only_notified([d.incident_key for d in result.decisions
                                       if d.request is None and d.decision == DECISION_RESOLVED],
                                      now)
@@ -424,9 +431,7 @@ class RemediationEngine:
                 plain.append(NewAction(request, d.incident_key, d.fingerprint, d.severity,
                                        ActionPhase.PENDING))
                 continue
-            self.store.open_incidents(incidents)
-            self.store.add_many(plain, now=now)
-            incidents, plain = [], []
+            flush()
             message = "waits for a human's approval (gpuhealth actions approve)"
             stored = self.store.add(request, incident=d.incident_key,
                                     fingerprint=d.fingerprint, severity=d.severity,
@@ -435,8 +440,7 @@ class RemediationEngine:
             if stored is not None:
                 out.append(self._audit(stored, AWAITING_APPROVAL, message, now))
                 self._count_held("approval")
-        self.store.open_incidents(incidents)
-        self.store.add_many(plain, now=now)
+        flush()
         return out
 
     def _needs_approval(self, request: ActionRequest, severity: str) -> bool:
