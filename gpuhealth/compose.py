@@ -705,6 +705,7 @@ def prediction_stage(an: AnalyticsSettings, *, role: str,
     return PredictionStage(checkpoint_path=checkpoint_path,
                            horizon_seconds=an.predictor_horizon_seconds,
                            interval_seconds=an.predictor_interval_seconds,
+                           sustain_seconds=an.predictor_sustain_seconds,
                            min_positives=an.predictor_min_positives,
                            vector_detector=an.vector_detector, refit=refit,
                            prior=PRIOR_PATH)  # not blind before its first failure

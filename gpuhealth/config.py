@@ -385,6 +385,11 @@ class AnalyticsSettings(BaseModel):
     predictor_interval_seconds: Duration = Field(default=300.0, gt=0)
     """One prediction per entity at most this often."""
 
+    predictor_sustain_seconds: Duration = Field(default=1800.0, ge=0)
+    """A published probability is the lowest the model gave the GPU or port over this
+    window (``analytics.prediction_stage.SustainedProbability``): a half-hour burst of
+    evidence is no warning. 0 publishes every prediction as the model gives it."""
+
     vector_detector: StrictBool = False
     """Also score each GPU's and port's whole feature vector with river's HalfSpaceTrees
     (``warning`` anomalies); off by default: its precision on the labelled stream is low

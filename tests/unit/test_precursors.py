@@ -17,7 +17,7 @@ import pytest
 
 from analytics.features import GPU_MODEL_INPUT, MODEL_INPUTS, PORT_MODEL_INPUT, FeatureBuilder
 from analytics.precursors import EvidenceCalibration, HourlyCounter, gaussian_tail, poisson_rise
-from analytics.prediction_stage import PredictionStage, WarningEpisodes
+from analytics.prediction_stage import PredictionStage, SustainedProbability, WarningEpisodes
 from analytics.predictor import OnlineFailurePredictor
 from core.records import (
     Action,
@@ -307,3 +307,50 @@ def test_a_bad_or_older_checkpoint_never_stops_the_stage(tmp_path, caplog) -> No
         assert isinstance(stage.predictor.model_state()[1], EvidenceCalibration)
     assert "older model" in caplog.text
     assert "ModuleNotFoundError" in caplog.text
+
+
+def test_a_probability_is_published_only_as_high_as_it_held() -> None:
+    """Issue #15 (false warnings from corrected-error bursts: evidence 30 for 20-80 minutes
+    on GPUs that never failed, seeds 11 and 12 of the held-out fleet): the published
+    probability is the lowest of the last 30 minutes, so a 25-minute burst is no warning
+    and a precursor that holds is one, at most one window late."""
+    sustain = SustainedProbability(window_seconds=1800.0)
+    published = [sustain.update(_prediction(p, i * 300.0)).probability
+                 for i, p in enumerate([0.01] + [0.9] * 5 + [0.02] * 3)]
+    assert max(published) < 0.5  # five predictions at 0.9: a burst
+    held = [sustain.update(_prediction(0.9, (9 + i) * 300.0)).probability for i in range(8)]
+    assert held[:5] == [0.02] * 5
+    assert held[5:] == [0.9] * 3  # the sixth at 0.9 publishes
+    # another entity has its own window; a failure forgets the entity's
+    assert sustain.update(_prediction(0.7, 0.0, entity="GPU-b")).probability == 0.7
+    sustain.forget("n1", "GPU-a")
+    assert sustain.update(_prediction(0.95, 99_000.0)).probability == 0.95
+    # a clock that went back starts over; window 0 publishes as given
+    assert sustain.update(_prediction(0.3, 50.0)).probability == 0.3
+    assert SustainedProbability(window_seconds=0).update(_prediction(0.9, 0.0)).probability == 0.9
+    with pytest.raises(ValueError, match="window_seconds"):
+        SustainedProbability(window_seconds=-1)
+
+
+def test_the_stage_publishes_the_sustained_probability(monkeypatch) -> None:
+    """What ``run``, ``agent`` and ``replay`` publish and alert on: the model says 0.9 for
+    20 minutes and nothing is published at 0.5 or above, nor is a warning opened; held for
+    30 minutes, one warning."""
+    stage = PredictionStage(checkpoint_path=None, min_positives=0, refit=False,
+                            interval_seconds=300.0)
+    schedule = iter([0.05] + [0.9] * 4 + [0.05] * 2 + [0.9] * 8)
+
+    def model(vector: FeatureVector) -> Prediction:
+        return Prediction(node=vector.node, entity=vector.entity, probability=next(schedule),
+                          horizon_seconds=86_400.0, top_features={},
+                          predicted_at=vector.window_end_at)
+
+    monkeypatch.setattr(stage.predictor, "predict", model)
+    out: list[Prediction] = []
+    for i in range(15):
+        at = i * 300.0
+        stage.observe([_sample("gpu_temperature_celsius", 60.0, at, "GPU-a")])
+        out.extend(stage.step(at))
+    assert len(out) == 15
+    assert [p.probability >= 0.5 for p in out] == [False] * 12 + [True] * 3
+    assert [w.predicted_at for w in stage.take_warnings()] == [12 * 300.0]
