@@ -301,7 +301,13 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
             **live_options,
         )
     if as_json:
-        click.echo(json.dumps(to_json(report), indent=2))
+        # written as it is encoded: a month of a fleet is hundreds of MB of JSON, which
+        # json.dumps would hold twice over (its pieces, then the string)
+        out = sys.stdout
+        for chunk in json.JSONEncoder(indent=2).iterencode(to_json(report)):
+            out.write(chunk)
+        out.write("\n")
+        out.flush()
     else:
         click.echo(render_text(report, errors=False), nl=False)
         for line in render_errors(report):  # on stderr, as diagnose puts them
