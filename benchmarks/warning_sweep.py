@@ -1,0 +1,113 @@
+"""How the sustain window of the published probability trades precision for recall (issue #15).
+
+Reads the ``prediction`` lines of a ``gpuhealth replay FILE.lp --events EVENTS`` stream made
+with ``[analytics] predictor_sustain_seconds = 0`` (every probability as the model gave it),
+passes them through :class:`analytics.prediction_stage.SustainedProbability` for each window
+asked, and scores the predictions at or above 0.5 as ``benchmarks/replay_eval.py`` does
+(:func:`analytics.replay_score.score` against the held-out labels). The model does not learn
+from what is published, so one replay serves every window: the figures are those a replay
+with that window would give.
+
+Usage::
+
+    .venv/bin/python benchmarks/warning_sweep.py --heldout DIR --events EVENTS.jsonl
+        [--windows 0,900,1800,3600,7200] [--threshold 0.5] [--json OUT]
+
+``DIR`` holds ``labels.json`` (``benchmarks/heldout_fleet.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from analytics.prediction_stage import SustainedProbability  # noqa: E402
+from analytics.replay_score import Warning, heldout_truth, hint_of, score  # noqa: E402
+from core.records import EntityId, NodeName, Prediction  # noqa: E402
+
+PREFIX = '{"type":"prediction"'
+
+
+def read_predictions(path: Path) -> list[tuple[Prediction, tuple[str, ...], str]]:
+    """The stream's predictions in order: each with its aliases and the hint of its driver."""
+    out = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.startswith(PREFIX):
+                continue
+            e = json.loads(line)
+            features = e.get("top_features") or {}
+            top = max(features, key=lambda k: abs(float(features[k])), default="")
+            out.append((Prediction(node=NodeName(e["node"]), entity=EntityId(e["entity"]),
+                                   probability=float(e["probability"]),
+                                   horizon_seconds=float(e["horizon_seconds"]),
+                                   top_features={}, predicted_at=float(e["predicted_at"])),
+                        tuple(e.get("aliases") or ()), hint_of(top)))
+    return out
+
+
+def sweep(predictions: list[tuple[Prediction, tuple[str, ...], str]], labels: dict[str, Any],
+          windows: list[float], threshold: float) -> list[dict[str, Any]]:
+    """Score the predictions published with each window."""
+    truth = heldout_truth(labels)
+    rows = []
+    for window in windows:
+        sustain = SustainedProbability(window_seconds=window)
+        warnings = []
+        for p, aliases, hint in predictions:
+            published = sustain.update(p)
+            if published.probability >= threshold:
+                warnings.append(Warning(node=p.node, names=(p.entity, *aliases),
+                                        at=p.predicted_at, hint=hint))
+        result = score(warnings, truth)
+        o = result["overall"]
+        rows.append({"window_seconds": window, **{k: o[k] for k in (
+            "true_episodes", "false_episodes", "precision", "recall", "recall_with_precursor",
+            "median_lead_hours", "false_per_1000_gpu_days")},
+            "per_kind": {k: {"precision": v["precision"], "recall": v["recall"]}
+                         for k, v in result["per_kind"].items()}})
+    return rows
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Read, sweep, print a table (and ``--json``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heldout", type=Path, required=True, help="folder with labels.json")
+    parser.add_argument("--events", type=Path, required=True, help="replay --events output")
+    parser.add_argument("--windows", default="0,900,1800,3600,7200",
+                        help="seconds, comma-separated")
+    parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--json", dest="json_out", type=Path)
+    args = parser.parse_args(argv)
+    labels = json.loads((args.heldout / "labels.json").read_text(encoding="utf-8"))
+    predictions = read_predictions(args.events)
+    rows = sweep(predictions, labels, [float(w) for w in args.windows.split(",")],
+                 args.threshold)
+    print(f"{len(predictions):,} predictions; published >= {args.threshold:g}, by sustain window")
+    print("window s | true | false | precision | recall | with precursor | median lead h | "
+          "false/1k GPU-days | per kind precision/recall")
+    for r in rows:
+        kinds = " ".join(f"{k} {_f(v['precision'])}/{_f(v['recall'])}"
+                         for k, v in r["per_kind"].items())
+        print(f"{r['window_seconds']:8.0f} | {r['true_episodes']:4d} | {r['false_episodes']:5d} | "
+              f"{_f(r['precision']):>9} | {_f(r['recall']):>6} | "
+              f"{_f(r['recall_with_precursor']):>14} | {_f(r['median_lead_hours']):>13} | "
+              f"{_f(r['false_per_1000_gpu_days']):>17} | {kinds}")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
