@@ -590,7 +590,13 @@ def replay_summary(replay: Mapping[str, Any]) -> dict[str, Any]:
             "anomalies_total": sum((analytics.get("anomalies") or {}).values())}
 
 
-def _f(value: float | None, digits: int = 2) -> str:
+def fmt(value: float | None, digits: int = 2) -> str:
+    """A figure of the score tables: ``digits`` decimals, ``-`` for none.
+
+    Examples:
+        >>> fmt(0.734), fmt(None), fmt(12.34, 1)
+        ('0.73', '-', '12.3')
+    """
     return "-" if value is None else f"{value:.{digits}f}"
 
 
@@ -615,17 +621,17 @@ def render_scores(result: Mapping[str, Any]) -> str:
         for kind, k in s["per_kind"].items():
             lines.append(
                 f"{name:<32} {kind:<9} {k['failures']:>4} {k['with_precursor']:>3} "
-                f"{k['detected']:>3} {_f(k['precision']):>5} {_f(k['recall']):>6} "
-                f"{_f(k['recall_with_precursor']):>7} {_f(k['median_lead_hours'], 1):>6} "
+                f"{k['detected']:>3} {fmt(k['precision']):>5} {fmt(k['recall']):>6} "
+                f"{fmt(k['recall_with_precursor']):>7} {fmt(k['median_lead_hours'], 1):>6} "
                 f"{k['true_episodes']:>5} {k['false_episodes_attributed']:>5} "
-                f"{_f(k['false_attributed_per_1000_gpu_days'], 1):>14}")
+                f"{fmt(k['false_attributed_per_1000_gpu_days'], 1):>14}")
         o = s["overall"]
         with_pre = sum(k["with_precursor"] for k in s["per_kind"].values())
         lines.append(
             f"{name:<32} {'all':<9} {o['failures']:>4} {with_pre:>3} {o['detected']:>3} "
-            f"{_f(o['precision']):>5} {_f(o['recall']):>6} {_f(o['recall_with_precursor']):>7} "
-            f"{_f(o['median_lead_hours'], 1):>6} {o['true_episodes']:>5} "
-            f"{o['false_episodes']:>5} {_f(o['false_per_1000_gpu_days'], 1):>14}")
+            f"{fmt(o['precision']):>5} {fmt(o['recall']):>6} {fmt(o['recall_with_precursor']):>7} "
+            f"{fmt(o['median_lead_hours'], 1):>6} {o['true_episodes']:>5} "
+            f"{o['false_episodes']:>5} {fmt(o['false_per_1000_gpu_days'], 1):>14}")
         extra = [f"{o['node_level_warnings']} node-level warnings apart"
                  if o["node_level_warnings"] else "",
                  _goals_text(result["goals"][name]) if "goals" in result else ""]

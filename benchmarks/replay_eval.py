@@ -45,6 +45,7 @@ from analytics.replay_score import (  # noqa: E402
     RULES,
     Truth,
     evaluate,
+    fmt,
     heldout_truth,
     render_scores,
     replay_summary,
@@ -117,18 +118,15 @@ def run_replay(lp: Path, out_json: Path, *, timeout: float | None = None,
 # --- report --------------------------------------------------------------------------------
 
 
-def _f(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
 
 def render(result: Mapping[str, Any]) -> str:
     """The replay's figures, the input, then every source's table (``render_scores``)."""
     lines = []
     r = result.get("replay") or {}
     if r:
-        lines.append(f"replay: {_f(r.get('wall_seconds'), 1)} s wall, peak RSS "
-                     f"{_f(r.get('peak_rss_mb'), 0)} MB, {r.get('samples') or 0:,} samples "
-                     f"({_f(r.get('samples_per_second'), 0)} samples/s), exit "
+        lines.append(f"replay: {fmt(r.get('wall_seconds'), 1)} s wall, peak RSS "
+                     f"{fmt(r.get('peak_rss_mb'), 0)} MB, {r.get('samples') or 0:,} samples "
+                     f"({fmt(r.get('samples_per_second'), 0)} samples/s), exit "
                      f"{r.get('exit_status')}; predictions made {r.get('predictions_made')}, "
                      f"withheld {r.get('withheld')}, positives learned "
                      f"{r.get('positives_learned')}, listed >= 0.5: "

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from analytics.prediction_stage import SustainedProbability  # noqa: E402
-from analytics.replay_score import Warning, heldout_truth, hint_of, score  # noqa: E402
+from analytics.replay_score import Warning, fmt, heldout_truth, hint_of, score  # noqa: E402
 from core.records import EntityId, NodeName, Prediction  # noqa: E402
 
 PREFIX = '{"type":"prediction"'
@@ -76,10 +76,6 @@ def sweep(predictions: list[tuple[Prediction, tuple[str, ...], str]], labels: di
     return rows
 
 
-def _f(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Read, sweep, print a table (and ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -98,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     print("window s | true | false | precision | recall | with precursor | median lead h | "
           "false/1k GPU-days | per kind precision/recall")
     for r in rows:
-        kinds = " ".join(f"{k} {_f(v['precision'])}/{_f(v['recall'])}"
+        kinds = " ".join(f"{k} {fmt(v['precision'])}/{fmt(v['recall'])}"
                          for k, v in r["per_kind"].items())
         print(f"{r['window_seconds']:8.0f} | {r['true_episodes']:4d} | {r['false_episodes']:5d} | "
-              f"{_f(r['precision']):>9} | {_f(r['recall']):>6} | "
-              f"{_f(r['recall_with_precursor']):>14} | {_f(r['median_lead_hours']):>13} | "
-              f"{_f(r['false_per_1000_gpu_days']):>17} | {kinds}")
+              f"{fmt(r['precision']):>9} | {fmt(r['recall']):>6} | "
+              f"{fmt(r['recall_with_precursor']):>14} | {fmt(r['median_lead_hours']):>13} | "
+              f"{fmt(r['false_per_1000_gpu_days']):>17} | {kinds}")
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     return 0
