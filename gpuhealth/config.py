@@ -82,7 +82,8 @@ def parse_duration(value: object) -> object:
         Float seconds; values of other types are returned unchanged for pydantic to reject.
 
     Raises:
-        ValueError: A string that is not a duration, or a negative or infinite number.
+        ValueError: A string that is not a duration, a boolean, or a negative or infinite
+            number.
 
     Examples:
         >>> parse_duration("5m")
@@ -92,8 +93,9 @@ def parse_duration(value: object) -> object:
         >>> parse_duration("250ms")
         0.25
     """
-    if isinstance(value, bool):
-        return value
+    if isinstance(value, bool):  # pydantic would read true as 1 s
+        raise ValueError(f"not a duration: the boolean {str(value).lower()} (write e.g. 30s, "  # noqa: TRY004
+                         "5m, 1h, 7d or a number of seconds)")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -388,7 +390,8 @@ class AnalyticsSettings(BaseModel):
     predictor_sustain_seconds: Duration = Field(default=1800.0, ge=0)
     """A published probability is the lowest the model gave the GPU or port over this
     window (``analytics.prediction_stage.SustainedProbability``): a half-hour burst of
-    evidence is no warning. 0 publishes every prediction as the model gives it."""
+    evidence is no warning. 0 publishes every prediction as the model gives it; shorter
+    than ``predictor_horizon_seconds`` (a window as long would outlast every warning)."""
 
     vector_detector: StrictBool = False
     """Also score each GPU's and port's whole feature vector with river's HalfSpaceTrees
@@ -406,6 +409,13 @@ class AnalyticsSettings(BaseModel):
     add ~40 MiB to every node (issue #13) for a model of one node's few failures; the
     online predictor runs either way."""
 
+    @model_validator(mode="after")
+    def _sustain_within_horizon(self) -> AnalyticsSettings:
+        if self.predictor_sustain_seconds >= self.predictor_horizon_seconds:
+            raise ValueError(
+                f"predictor_sustain_seconds = {self.predictor_sustain_seconds:g} must be "
+                f"shorter than predictor_horizon_seconds = {self.predictor_horizon_seconds:g}")
+        return self
 
 class AlertPolicySettings(BaseModel):
     """``[alerting.policies."<class>"]``: when one fault class (``xid:13``) alerts."""

@@ -224,8 +224,8 @@ def test_parse_duration(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5 minutes", "-1s", "nan"])
-def test_parse_duration_rejects(text: str) -> None:
+@pytest.mark.parametrize("text", ["", "5 minutes", "-1s", "nan", True, False])
+def test_parse_duration_rejects(text: str | bool) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
 
