@@ -32,25 +32,48 @@ from analytics.prediction_stage import SustainedProbability  # noqa: E402
 from analytics.replay_score import Warning, fmt, heldout_truth, hint_of, score  # noqa: E402
 from core.records import EntityId, NodeName, Prediction  # noqa: E402
 
-PREFIX = '{"type":"prediction"'
-
 
 def read_predictions(path: Path) -> list[tuple[Prediction, tuple[str, ...], str]]:
-    """The stream's predictions in order: each with its aliases and the hint of its driver."""
+    """The stream's predictions in order: each with its aliases and the hint of its driver.
+
+    Raises:
+        SystemExit: The file cannot be read, or a line is not JSON or is a ``prediction``
+            without its keys (the message names the file and line).
+    """
     out = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if not line.startswith(PREFIX):
-                continue
-            e = json.loads(line)
-            features = e.get("top_features") or {}
-            top = max(features, key=lambda k: abs(float(features[k])), default="")
-            out.append((Prediction(node=NodeName(e["node"]), entity=EntityId(e["entity"]),
-                                   probability=float(e["probability"]),
-                                   horizon_seconds=float(e["horizon_seconds"]),
-                                   top_features={}, predicted_at=float(e["predicted_at"])),
-                        tuple(e.get("aliases") or ()), hint_of(top)))
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise SystemExit(f"error: --events {path}: cannot read: {exc.strerror or exc}") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            if b'"prediction"' not in raw:
+                continue  # other kinds (anomaly, alert, finding...) are not scored here
+            try:
+                read = _prediction(json.loads(raw.decode("utf-8")))
+            except UnicodeDecodeError as exc:
+                raise SystemExit(f"error: {path}:{number}: not UTF-8 ({exc.reason})") from None
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise SystemExit(f"error: {path}:{number}: {what}") from None
+            if read is not None:
+                out.append(read)
     return out
+
+
+def _prediction(e: Any) -> tuple[Prediction, tuple[str, ...], str] | None:
+    """One event line's prediction, or ``None`` for another kind of line."""
+    if not isinstance(e, dict):
+        raise TypeError("not a JSON object")
+    if e.get("type") != "prediction":
+        return None
+    features = e.get("top_features") or {}
+    top = max(features, key=lambda k: abs(float(features[k])), default="")
+    prediction = Prediction(
+        node=NodeName(str(e["node"])), entity=EntityId(str(e["entity"])),
+        probability=float(e["probability"]), horizon_seconds=float(e["horizon_seconds"]),
+        top_features={}, predicted_at=float(e["predicted_at"]))
+    return prediction, tuple(e.get("aliases") or ()), hint_of(top)
 
 
 def sweep(predictions: list[tuple[Prediction, tuple[str, ...], str]], labels: dict[str, Any],
@@ -86,10 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--json", dest="json_out", type=Path)
     args = parser.parse_args(argv)
-    labels = json.loads((args.heldout / "labels.json").read_text(encoding="utf-8"))
+    labels_path = args.heldout / "labels.json"
+    try:
+        labels = json.loads(labels_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        parser.error(f"--heldout {labels_path}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        windows = [float(w) for w in args.windows.split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--windows {args.windows!r}: not comma-separated seconds")
+    if not windows or any(not 0 <= w <= 86400 for w in windows):
+        parser.error(f"--windows {args.windows!r}: each window 0..86400 seconds")
     predictions = read_predictions(args.events)
-    rows = sweep(predictions, labels, [float(w) for w in args.windows.split(",")],
-                 args.threshold)
+    rows = sweep(predictions, labels, windows, args.threshold)
     print(f"{len(predictions):,} predictions; published >= {args.threshold:g}, by sustain window")
     print("window s | true | false | precision | recall | with precursor | median lead h | "
           "false/1k GPU-days | per kind precision/recall")

@@ -49,3 +49,39 @@ def test_a_burst_is_false_without_a_window_and_gone_with_one(tmp_path: Path) -> 
     rows = sweep.sweep(sweep.read_predictions(events), _labels(), [0.0, 1800.0], 0.5)
     assert [(r["true_episodes"], r["false_episodes"]) for r in rows] == [(1, 1), (1, 0)]
     assert rows[1]["median_lead_hours"] == 10.0 - 0.5 + 300 / HOUR
+
+
+def test_bad_input_is_named_not_a_traceback(tmp_path: Path, capsys) -> None:
+    """A broken events line names its file and line; a missing labels file or bad windows
+    is a usage error; a prediction spelled with spaces (``json.dumps`` defaults) is read."""
+    import pytest
+
+    sweep = _sweep_module()
+    spaced = tmp_path / "spaced.jsonl"
+    spaced.write_text(json.dumps({"type": "prediction", "node": "n1", "entity": "GPU-a",
+                                  "probability": 0.7, "horizon_seconds": 86400.0,
+                                  "predicted_at": 5.0}) + "\n"
+                      + json.dumps({"type": "anomaly", "note": "prediction"}) + "\n",
+                      encoding="utf-8")
+    assert [p.probability for p, _, _ in sweep.read_predictions(spaced)] == [0.7]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_bytes(b'{"type": "prediction", "node": "n1"}\n'
+                       b'{"type": "prediction", "node": "n1", "entity"\n')
+    with pytest.raises(SystemExit, match=r"broken.jsonl:1: missing key 'entity'"):
+        sweep.read_predictions(broken)
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'\xff\xfe"prediction"\n')
+    with pytest.raises(SystemExit, match=r"binary.jsonl:1: not UTF-8"):
+        sweep.read_predictions(binary)
+    with pytest.raises(SystemExit, match="cannot read"):
+        sweep.read_predictions(tmp_path / "absent.jsonl")
+    for argv in (["--heldout", str(tmp_path), "--events", str(spaced)],
+                 ["--heldout", str(tmp_path), "--events", str(spaced), "--windows", "x"]):
+        if argv[-1] == "x":
+            (tmp_path / "labels.json").write_text(json.dumps(_labels()), encoding="utf-8")
+        with pytest.raises(SystemExit) as exited:
+            sweep.main(argv)
+        assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "labels.json" in err
+    assert "--windows 'x'" in err
