@@ -268,7 +268,7 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     import contextlib
 
     from gpuhealth.compose import site_rules
-    from gpuhealth.replay import load_node_facts, render_errors, render_text, to_json
+    from gpuhealth.replay import load_node_facts, render_errors, render_text, write_json
     from gpuhealth.replay import replay as run_replay
 
     live_options: dict[str, Any] = {}
@@ -300,14 +300,8 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
             precision=cast(Any, precision),
             **live_options,
         )
-    if as_json:
-        # written as it is encoded: a month of a fleet is hundreds of MB of JSON, which
-        # json.dumps would hold twice over (its pieces, then the string)
-        out = sys.stdout
-        for chunk in json.JSONEncoder(indent=2).iterencode(to_json(report)):
-            out.write(chunk)
-        out.write("\n")
-        out.flush()
+    if as_json:  # as it is encoded: a month of a fleet is hundreds of MB of JSON
+        write_json(report, sys.stdout)
     else:
         click.echo(render_text(report, errors=False), nl=False)
         for line in render_errors(report):  # on stderr, as diagnose puts them

@@ -72,9 +72,15 @@ from gpuhealth.diagnose import (
 )
 from gpuhealth.pipeline import Pipeline
 from remediation.policy import DECISION_HELD, describe, describe_request
+from storage import spill
 from storage.lineprotocol import CONVERSIONS, DecodeReport, Precision, read_lines
+from storage.spill import SpillList
 
 SCHEMA_VERSION = 1
+
+NODE_ITEMS = 256
+"""Alerts (and pages) of one node kept in memory; the rest wait on disk for the report
+(a month of a busy node is tens of thousands of alert changes)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -88,10 +94,11 @@ class NodeReplay:
         findings_seen: Every finding the node had at any evaluation, one per episode (from
             the evaluation that first saw it to the last one), in the order they opened;
             the open ones as of the end.
-        alerts: Alerts sent for the node, in order.
+        alerts: Alerts sent for the node, in order (every change; past the first
+            :data:`NODE_ITEMS` on disk: :class:`~storage.spill.SpillList`).
         actions: Dry-run action requests for the node, in order.
         held: Audit records of steps held back for the node (budget, opt-out...).
-        pages: Pages (node-group notifications) sent for the node, in order.
+        pages: Pages (node-group notifications) sent for the node, in order (as ``alerts``).
         healthy_files: Files that showed the node healthy and cleared its earlier state.
     """
 
@@ -99,10 +106,10 @@ class NodeReplay:
     files: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     findings_seen: list[Finding] = field(default_factory=list)
-    alerts: list[Alert] = field(default_factory=list)
+    alerts: SpillList[Alert] = field(default_factory=lambda: SpillList(memory_items=NODE_ITEMS))
     actions: list[ActionRequest] = field(default_factory=list)
     held: list[AuditRecord] = field(default_factory=list)
-    pages: list[Alert] = field(default_factory=list)
+    pages: SpillList[Alert] = field(default_factory=lambda: SpillList(memory_items=NODE_ITEMS))
     healthy_files: list[str] = field(default_factory=list)
 
     @property
@@ -126,7 +133,8 @@ class StreamAnalysis:
         samples: Samples analysed.
         anomalies: Count per ``"<kind> <detector> <metric>"`` (kinds as in
             :class:`~analytics.online.OnlineResult`; gap closures not counted).
-        listed: Every anomaly, gap and peer outlier, in time order (JSON-ready dicts).
+        listed: Every anomaly, gap and peer outlier, in time order (JSON-ready dicts; past
+            the first few thousand on disk: :class:`~storage.spill.SpillList`).
         predictions: Published predictions at or above ``threshold``, in time order.
         predictions_made: Predictions published (any probability).
         withheld: Predictions withheld while the model had learned too few failures.
@@ -141,7 +149,7 @@ class StreamAnalysis:
 
     samples: int = 0
     anomalies: dict[str, int] = field(default_factory=dict)
-    listed: list[dict[str, Any]] = field(default_factory=list)
+    listed: SpillList[dict[str, Any]] = field(default_factory=SpillList)
     predictions: list[Prediction] = field(default_factory=list)
     predictions_made: int = 0
     withheld: int = 0
@@ -976,12 +984,12 @@ def prediction_to_json(p: Prediction, aliases: Sequence[str] = ()) -> dict[str, 
     }
 
 
-def analysis_to_json(a: StreamAnalysis) -> dict[str, Any]:
-    """Return the stream analysis as a JSON object."""
+def analysis_to_json(a: StreamAnalysis, *, lazy: bool = False) -> dict[str, Any]:
+    """Return the stream analysis as a JSON object (its long lists iterables if ``lazy``)."""
     return {
         "samples": a.samples,
         "anomalies": dict(sorted(a.anomalies.items())),
-        "anomalies_listed": a.listed,
+        "anomalies_listed": a.listed if lazy else list(a.listed),
         "threshold": a.threshold,
         "predictions_made": a.predictions_made,
         "withheld": a.withheld,
@@ -1008,8 +1016,16 @@ def action_to_json(request: ActionRequest) -> dict[str, Any]:
     }
 
 
-def to_json(report: ReplayReport) -> dict[str, Any]:
-    """Return the replay as a JSON object (``schema_version`` 1)."""
+def to_json(report: ReplayReport, *, lazy: bool = False) -> dict[str, Any]:
+    """Return the replay as a JSON object (``schema_version`` 1).
+
+    With ``lazy``, the long lists (every alert and page of a node, every anomaly listed) are
+    iterables made as they are read, for :func:`write_json`; otherwise lists.
+    """
+
+    def each(encode: Any, items: Iterable[Any]) -> Any:
+        return map(encode, items) if lazy else [encode(i) for i in items]
+
     return {
         "schema_version": SCHEMA_VERSION,
         "dry_run": report.dry_run,
@@ -1021,8 +1037,8 @@ def to_json(report: ReplayReport) -> dict[str, Any]:
                 "worst_severity": n.worst_severity.value,
                 "findings": [finding_to_json(f) for f in n.findings],
                 "findings_seen": [finding_to_json(f) for f in n.findings_seen],
-                "alerts": [alert_to_json(a) for a in n.alerts],
-                "pages": [alert_to_json(a) for a in n.pages],
+                "alerts": each(alert_to_json, n.alerts),
+                "pages": each(alert_to_json, n.pages),
                 "healthy_files": n.healthy_files,
                 "actions": [action_to_json(a) for a in n.actions],
                 "held": [
@@ -1039,5 +1055,18 @@ def to_json(report: ReplayReport) -> dict[str, Any]:
         ],
         "errors": [{"file": i.file, "line": i.line, "reason": i.reason} for i in report.issues],
         "undelivered": dict(report.undelivered),
-        "analytics": None if report.analysis is None else analysis_to_json(report.analysis),
+        "analytics": (None if report.analysis is None
+                      else analysis_to_json(report.analysis, lazy=lazy)),
     }
+
+
+def write_json(report: ReplayReport, out: IO[str]) -> None:
+    """Write :func:`to_json` of ``report`` to ``out`` as it is encoded (indent 2, a newline).
+
+    A month of a fleet is hundreds of MB of JSON: its alerts and anomalies are read back
+    from disk one at a time (:func:`storage.spill.write_json`) instead of being built into
+    one document first.
+    """
+    spill.write_json(to_json(report, lazy=True), out, indent=2)
+    out.write("\n")
+    out.flush()

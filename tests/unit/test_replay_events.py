@@ -24,8 +24,10 @@ from gpuhealth.replay import (
     analysis_to_json,
     replay,
     to_json,
+    write_json,
 )
 from storage import LineEncoder
+from storage.spill import SpillList
 
 T0 = 1_767_225_600.0  # 2026-01-01, the recording's start
 WALL = 1_900_000_000.0  # the replay's own clock: far from every recorded time
@@ -124,6 +126,14 @@ def test_every_anomaly_is_listed_not_the_first_thousand(tmp_path: Path) -> None:
     assert len(analysis_to_json(analysis)["anomalies_listed"]) == total
     lines = [json.loads(line) for line in events.getvalue().splitlines()]
     assert sum(1 for line in lines if line["type"] == "anomaly") == total
+    # the long lists wait on disk past their first items, and the JSON written from them
+    # is the document's, byte for byte
+    analysis.listed = SpillList(analysis.listed, memory_items=100, block_items=64)
+    assert "on disk" in repr(analysis.listed)
+    written = io.StringIO()
+    write_json(report, written)
+    assert written.getvalue() == json.dumps(to_json(report), indent=2) + "\n"
+    assert len(json.loads(written.getvalue())["analytics"]["anomalies_listed"]) == total
 
 
 def test_events_stream_every_prediction_anomaly_finding_and_alert(tmp_path: Path) -> None:
