@@ -193,6 +193,10 @@ _SEVERITY_ORDER = {s: i for i, s in enumerate(Severity)}
 HELD_WORK_SECONDS = 60.0
 """How often the work on the node of a held finding is read again, seconds."""
 
+WORK_PRUNE_SECONDS = 300.0
+"""How often the work cached for incidents no longer open is forgotten, seconds (the store
+keeps it; :meth:`RemediationEngine.work_of` reads it again if asked)."""
+
 WORK_PER_TICK = 128
 """New incidents whose node's work is read per tick (one ``squeue --json`` serves all on
 Slurm; Kubernetes lists each node's pods): a burst is read before its drains start."""
@@ -310,6 +314,9 @@ class RemediationEngine:
         self.preemption = preemption or PreemptionPolicy()
         self.work_timeout_seconds = work_timeout_seconds
         self._work: dict[str, list[WorkItem]] = {}
+        """The work each incident's node held, cached (the store has it): live incidents,
+        and open or in-probation ones where preemption reads them."""
+        self._work_pruned_at = float("-inf")
         """Incident -> the work its node held when it opened (read from the store once)."""
         self._work_said = False
         self._held_read: dict[str, float] = {}
@@ -613,6 +620,7 @@ class RemediationEngine:
         out.extend(self._probation(now))
         out.extend(self._settle(now))
         out.extend(await self._preempt(now, breaker))
+        self._forget_work(by_incident, now)
         await self._read_held_work(now)
         if now - self._placed_at >= self.placement_interval_seconds:
             # Scores are hints for the scheduler; the steps come first: a tick that
@@ -638,6 +646,22 @@ class RemediationEngine:
                 return []
             self._work[incident] = work_from_json(stored)
         return self._work[incident]
+
+    def _forget_work(self, live: Mapping[str, list[StoredAction]], now: float) -> None:
+        """Drop the cached work of incidents neither live nor (for preemption) open.
+
+        Every :data:`WORK_PRUNE_SECONDS`: a controller that runs for months would otherwise
+        keep the work of every incident it ever saw.
+        """
+        if not self._work or now - self._work_pruned_at < WORK_PRUNE_SECONDS:
+            return
+        self._work_pruned_at = now
+        keep = set(live)
+        if self.preemption.enabled:
+            keep.update(inc.incident for inc in self.store.incidents(
+                states=(INCIDENT_OPEN, INCIDENT_PROBATION)))
+        for incident in [i for i in self._work if i not in keep]:
+            del self._work[incident]
 
     async def _record_work(self, now: float, live: Mapping[str, list[StoredAction]]) -> None:
         """Ask the scheduler what ran on the node of each incident not asked yet.

@@ -291,3 +291,24 @@ def test_the_disruption_budget_goes_to_the_node_of_the_critical_job_first(tmp_pa
     run(p, clock, 5)
     cordons = [node for step, node in cluster.history if step == "cordon"]
     assert cordons == ["n1", "n2"]  # the critical job's node, though n3 waited longer
+
+
+def test_the_work_of_closed_incidents_is_not_kept_in_memory(tmp_path):
+    """#18 (the leader's memory): the engine cached the work of every incident it ever saw;
+    once an incident is closed only the store keeps it, and it is still read from there."""
+    clock = FakeClock(now=1000.0)
+    p, sched, _ = make(tmp_path, 4, clock)
+    sched.add_job("12", "n1", priority=900, qos="high", gpus=4)
+    p.observe_findings([xid79("n1")], hold_seconds=120.0)  # gone after the reboot
+    p.evaluate()
+    run(p, clock, 3)
+    (inc,) = p.actions.incidents()
+    assert p.engine._work  # cached while the incident is live
+    for _ in range(40):  # validated, probation (600 s), closed; pruned every 300 s
+        clock.advance(60.0)
+        p.evaluate()
+        run(p, clock, 1)
+    assert p.actions.incidents()[0].state == "closed"
+    assert not p.engine._work
+    assert [w.id for w in p.engine.work_of(inc.incident)] == ["12"]  # from the store
+    assert sched.asked == 1
