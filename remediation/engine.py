@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -200,6 +201,17 @@ keeps it; :meth:`RemediationEngine.work_of` reads it again if asked)."""
 WORK_PER_TICK = 128
 """New incidents whose node's work is read per tick (one ``squeue --json`` serves all on
 Slurm; Kubernetes lists each node's pods): a burst is read before its drains start."""
+
+PUBLISH_PER_TICK = 256
+"""Reliability scores published per tick at most (``concurrency`` at a time); the rest wait
+for the next tick. A new leader knows nothing of what the old one published, so its first
+placement changes every scored node (10^4 label updates at 10,000 nodes): one at a time in
+one tick, that held its first ticks for 20-26 s and its first cordon with them."""
+
+PUBLISHED_DECIMALS = 2
+"""A score is published again only when it changes at this precision (the Kubernetes
+label's): the half-life decay moves every scored node's fourth decimal at each placement,
+and each of those was a node update."""
 
 
 def incident_of(key: str) -> str:
@@ -378,6 +390,8 @@ class RemediationEngine:
         """Highest current failure probability per node (set by the pipeline)."""
         self._placed_at = float("-inf")
         self._place_deferred_at: float | None = None
+        self._published: dict[str, float] = {}  # node -> score published (PUBLISHED_DECIMALS)
+        self._unpublished: dict[str, float] = {}  # node -> score to publish, oldest first
         self.stats = EngineStats()
         self._lock = lock or threading.RLock()
         self._tick_lock = threading.Lock()
@@ -633,7 +647,8 @@ class RemediationEngine:
                     self.placement_interval_seconds:
                 self._placed_at = now
                 self._place_deferred_at = None
-                await self._place(now)
+                self._place(now)
+        await self._publish(gate)
         return out
 
     # -- priorities ----------------------------------------------------------------
@@ -870,24 +885,45 @@ class RemediationEngine:
             entity="node",  # type: ignore[arg-type]
             reason=reason, idempotency_key=key, dry_run=self.policy.dry_run, details=details)
 
-    async def _place(self, now: float) -> None:
-        """Recompute reliability scores; publish changed ones through the scheduler."""
+    def _place(self, now: float) -> None:
+        """Recompute reliability scores (the metric); queue the changed ones to publish."""
         scores = reliability_scores(
-            self.store.incidents(), predictions=self.predictions,
+            self.store.incident_marks(), predictions=self.predictions,
             nodes=self.stats.reliability, now=now,
         )
-        publisher = self.scheduler
+        self.stats.reliability.update(scores)
+        if self.policy.dry_run or not isinstance(self.scheduler, ReliabilityPublisher):
+            return
         for node, score in sorted(scores.items()):
-            if self.stats.reliability.get(node) == score:
-                continue
-            self.stats.reliability[node] = score
-            if self.policy.dry_run or not isinstance(publisher, ReliabilityPublisher):
-                continue
-            try:
-                await publisher.set_reliability(NodeName(node), score)
-            except GpuHealthError as exc:
-                self.stats.reliability.pop(node, None)  # retried at the next interval
-                logger.warning("cannot publish the reliability of %s: %s", node, exc)
+            shown = round(score, PUBLISHED_DECIMALS)
+            if self._published.get(node) == shown:
+                self._unpublished.pop(node, None)
+            else:
+                self._unpublished[node] = shown
+
+    async def _publish(self, gate: asyncio.Semaphore) -> None:
+        """Publish at most :data:`PUBLISH_PER_TICK` queued scores, ``concurrency`` at a time.
+
+        A score that cannot be published is queued again for the next placement.
+        """
+        publisher = self.scheduler
+        if not self._unpublished or not isinstance(publisher, ReliabilityPublisher):
+            return
+        batch = list(itertools.islice(self._unpublished.items(), PUBLISH_PER_TICK))
+        for node, _ in batch:
+            del self._unpublished[node]
+
+        async def one(node: str, score: float) -> None:
+            async with gate:
+                try:
+                    await publisher.set_reliability(NodeName(node), score)
+                except GpuHealthError as exc:
+                    self._published.pop(node, None)  # published again at the next placement
+                    logger.warning("cannot publish the reliability of %s: %s", node, exc)
+                else:
+                    self._published[node] = score
+
+        await asyncio.gather(*(one(node, score) for node, score in batch))
 
     async def _work_on(self, action: StoredAction, now: float, breaker: bool,
                        checked: set[str] | None = None) -> list[AuditRecord]:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from remediation.actions import StoredIncident
+from remediation.actions import IncidentMark, StoredIncident
 
 SEVERITY_WEIGHT: Mapping[str, float] = {"critical": 1.0, "major": 0.5, "warning": 0.1}
 """Weight of an incident in the score, by the severity of its finding."""
 
 
 def reliability_scores(
-    incidents: Iterable[StoredIncident],
+    incidents: Iterable[StoredIncident | IncidentMark],
     *,
     predictions: Mapping[str, float] | None = None,
     nodes: Iterable[str] = (),
@@ -38,7 +38,8 @@ def reliability_scores(
     """Return a score in [0, 1] per node (1 = most stable); see the module docstring.
 
     Args:
-        incidents: Incident history (any age; older ones weigh less).
+        incidents: Incident history (any age; older ones weigh less): stored incidents
+            or their marks (:meth:`~remediation.actions.ActionStore.incident_marks`).
         predictions: Highest current failure probability per node, in [0, 1].
         nodes: Nodes to score even without incidents or predictions (they score 1).
         now: Epoch seconds.
@@ -48,12 +49,14 @@ def reliability_scores(
         ValueError: ``half_life_seconds`` <= 0.
 
     Examples:
-        >>> from remediation.actions import StoredIncident
+        >>> from remediation.actions import IncidentMark, StoredIncident
         >>> inc = StoredIncident(incident="f", fingerprint="f", node="n1", entity="node",
         ...                      kind="xid", code="79", severity="critical", state="closed",
         ...                      opened_at=0.0)
         >>> reliability_scores([inc], nodes=["n2"], now=0.0)
         {'n2': 1.0, 'n1': 0.5}
+        >>> reliability_scores([IncidentMark("n1", "warning", 0.0)], now=0.0)
+        {'n1': 0.933}
     """
     if half_life_seconds <= 0:
         raise ValueError(f"half_life_seconds must be > 0, got {half_life_seconds}")

@@ -398,6 +398,40 @@ def test_reliability_scores_are_published_for_placement(tmp_path):
     assert p.engine.stats.reliability["n001"] == 0.5
 
 
+
+def test_a_fleet_of_scores_is_published_a_bounded_number_per_tick_and_only_when_it_shows(
+        tmp_path, monkeypatch):
+    # A new leader scores every node at once; one tick must not publish them all (at
+    # 10,000 nodes that held its first ticks for 20-26 s), yet all are published within
+    # a few ticks; the decay's fourth-decimal change is not published again.
+    from remediation import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PUBLISH_PER_TICK", 4)
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(10)
+    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
+    p.evaluate()
+    calls: list[str] = []
+    scheduler = p.engine.scheduler
+    real = scheduler.set_reliability
+
+    async def counted(node, score):  # type: ignore[no-untyped-def]
+        calls.append(node)
+        await real(node, score)
+
+    monkeypatch.setattr(scheduler, "set_reliability", counted)
+    clock.advance(61)
+    run(p, 1)
+    assert len(calls) == 4
+    run(p, 2)
+    assert sorted(calls) == sorted(cluster.nodes)  # each once, within three ticks
+    assert set(scheduler.weights.values()) == {0.5}
+    clock.advance(3600)  # the decay moves the score's fourth decimal, not its second
+    run(p, 3)
+    assert p.engine.stats.reliability["n001"] != 0.5
+    assert len(calls) == 10
+
 def test_an_old_copy_of_the_event_is_not_a_recurrence(tmp_path):
     """Two backlog lines of one old Xid (kernel log read at start) must not escalate."""
     clock = FakeClock(now=10_000.0)
