@@ -37,16 +37,21 @@ def read_predictions(path: Path) -> list[tuple[Prediction, tuple[str, ...], str]
     """The stream's predictions in order: each with its aliases and the hint of its driver.
 
     Raises:
-        SystemExit: The file cannot be read, or a line is not JSON or is a ``prediction``
-            without its keys (the message names the file and line).
+        SystemExit: The file cannot be read, its first line is not an event (an empty,
+            binary or other file), or a line is not JSON or is a ``prediction`` without
+            its keys (the message names the file and line).
     """
     out = []
     try:
         handle = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError as exc:
         raise SystemExit(f"error: --events {path}: cannot read: {exc.strerror or exc}") from None
+    first = True
     with handle:
         for number, raw in enumerate(handle, 1):
+            if first and raw.strip():  # one look at the start: is it an events stream?
+                first = False
+                _check_event(path, number, raw)
             if b'"prediction"' not in raw:
                 continue  # other kinds (anomaly, alert, finding...) are not scored here
             try:
@@ -58,7 +63,23 @@ def read_predictions(path: Path) -> list[tuple[Prediction, tuple[str, ...], str]
                 raise SystemExit(f"error: {path}:{number}: {what}") from None
             if read is not None:
                 out.append(read)
+    if first:
+        raise SystemExit(f"error: --events {path}: no events (an empty file): give the file "
+                         "`gpuhealth replay --events` wrote")
     return out
+
+
+def _check_event(path: Path, number: int, raw: bytes) -> None:
+    """Refuse a file whose first line is not an event line of ``gpuhealth replay --events``."""
+    try:
+        event = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SystemExit(f"error: {path}:{number}: not UTF-8 ({exc.reason})") from None
+    except ValueError:
+        event = None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise SystemExit(f"error: {path}:{number}: not an event line of `gpuhealth replay "
+                         "--events` (a JSON object with a \"type\")")
 
 
 def _prediction(e: Any) -> tuple[Prediction, tuple[str, ...], str] | None:
@@ -68,6 +89,8 @@ def _prediction(e: Any) -> tuple[Prediction, tuple[str, ...], str] | None:
     if e.get("type") != "prediction":
         return None
     features = e.get("top_features") or {}
+    if not isinstance(features, dict):
+        raise TypeError(f"top_features is not an object of numbers: {features!r}")
     top = max(features, key=lambda k: abs(float(features[k])), default="")
     prediction = Prediction(
         node=NodeName(str(e["node"])), entity=EntityId(str(e["entity"])),
@@ -78,7 +101,12 @@ def _prediction(e: Any) -> tuple[Prediction, tuple[str, ...], str] | None:
 
 def sweep(predictions: list[tuple[Prediction, tuple[str, ...], str]], labels: dict[str, Any],
           windows: list[float], threshold: float) -> list[dict[str, Any]]:
-    """Score the predictions published with each window."""
+    """Score the predictions published with each window.
+
+    Raises:
+        KeyError, TypeError, ValueError: ``labels`` is not a labels JSON of
+            ``benchmarks/heldout_fleet.py``.
+    """
     truth = heldout_truth(labels)
     rows = []
     for window in windows:
@@ -120,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--windows {args.windows!r}: not comma-separated seconds")
     if not windows or any(not 0 <= w <= 86400 for w in windows):
         parser.error(f"--windows {args.windows!r}: each window 0..86400 seconds")
+    try:
+        heldout_truth(labels)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        parser.error(f"--heldout {labels_path}: not a labels file of "
+                     f"benchmarks/heldout_fleet.py ({what})")
     predictions = read_predictions(args.events)
     rows = sweep(predictions, labels, windows, args.threshold)
     print(f"{len(predictions):,} predictions; published >= {args.threshold:g}, by sustain window")
@@ -133,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(r['recall_with_precursor']):>14} | {fmt(r['median_lead_hours']):>13} | "
               f"{fmt(r['false_per_1000_gpu_days']):>17} | {kinds}")
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        try:
+            args.json_out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            print(f"error: --json {args.json_out}: cannot write: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 74  # EX_IOERR, as gpuhealth's commands
     return 0
 
 

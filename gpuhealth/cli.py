@@ -6,11 +6,13 @@ Commands only parse arguments, load settings and call a library function
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
 import time
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -26,6 +28,25 @@ EXIT_USAGE = 64
 
 EXIT_CONFIG = 78
 """Exit status of ``run`` for an invalid configuration (BSD sysexits EX_CONFIG)."""
+
+EXIT_IOERR = 74
+"""Exit status when the output cannot be written (BSD sysexits EX_IOERR): a full disk or a
+closed pipe is not a finding's severity (0-4)."""
+
+
+def _output_failed(exc: OSError, what: str = "the output") -> NoReturn:
+    """Say that ``what`` could not be written and exit with :data:`EXIT_IOERR`.
+
+    Standard output is pointed at ``/dev/null`` first, so the interpreter's own flush at
+    exit does not fail a second time (the ``BrokenPipeError`` recipe of Python's
+    ``signal`` documentation).
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    where = exc.filename or what
+    click.echo(f"error: cannot write {where}: {exc.strerror or exc}", err=True)
+    sys.exit(EXIT_IOERR)
 
 
 def _parse_context(values: tuple[str, ...]) -> dict[str, str]:
@@ -119,11 +140,21 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
     left out.
 
     Exit status: 0 worst is info, 1 warning, 2 major, 3 critical, 4 nothing could
-    be parsed, 64 usage error.
+    be parsed, 64 usage error, 74 the output could not be written.
     """
     from gpuhealth.diagnose import diagnose as run_diagnose
 
     result = run_diagnose(list(paths), _parse_context(context), now=time.time())
+    try:
+        _print_diagnosis(result, as_json)
+    except OSError as exc:
+        _output_failed(exc)
+    if summary := result.walk.summary():  # what a folder's walk left out, in one line
+        click.echo(f"note: {summary}", err=True)
+    sys.exit(result.exit_status)
+
+
+def _print_diagnosis(result: Any, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
@@ -144,9 +175,7 @@ def diagnose(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...]) ->
         for issue in result.issues:
             where = f"{issue.file}:{issue.line}" if issue.line is not None else issue.file
             click.echo(f"error: {where}: {issue.reason}", err=True)
-    if summary := result.walk.summary():  # what a folder's walk left out, in one line
-        click.echo(f"note: {summary}", err=True)
-    sys.exit(result.exit_status)
+    sys.stdout.flush()  # a full disk fails here, inside the caller's try
 
 
 @main.command()
@@ -263,47 +292,68 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
     [analytics] settings of --config; their predictions are listed.
 
     Exit status, as diagnose: 0 worst finding at the end is info, 1 warning, 2 major,
-    3 critical, 4 nothing could be read, 64 usage error.
+    3 critical, 4 nothing could be read, 64 usage error (a bad --node-facts file, --json
+    with --events -), 74 the output (stdout, --events, --audit-log) could not be written,
+    78 an invalid --config.
     """
-    import contextlib
-
     from gpuhealth.compose import site_rules
     from gpuhealth.replay import load_node_facts, render_errors, render_text, write_json
     from gpuhealth.replay import replay as run_replay
 
+    if audit_log and os.path.exists(audit_log) and not os.path.isfile(audit_log):
+        click.echo(f"error: --audit-log {audit_log}: not a regular file", err=True)
+        sys.exit(EXIT_USAGE)
+    if as_json and events_path == "-":
+        click.echo("error: --json and --events - both write to stdout: give --events a file",
+                   err=True)
+        sys.exit(EXIT_USAGE)
+    try:
+        facts_of_nodes = load_node_facts(node_facts) if node_facts else None
+    except (OSError, ValueError) as exc:
+        click.echo(f"error: --node-facts {exc}", err=True)
+        sys.exit(EXIT_USAGE)
     live_options: dict[str, Any] = {}
     if live:
         live_options = _live_remediation(config_path, cluster_size=cluster_size,
                                          max_disrupted_fraction=max_disrupted_fraction)
         audit_log = audit_log or live_options.pop("audit_log")
     settings = _replay_settings(config_path)
-    with contextlib.ExitStack() as stack:
-        try:
-            events = (stack.enter_context(click.open_file(events_path, "w", encoding="utf-8"))
-                      if events_path else None)
-        except OSError as exc:  # a usage error, as for any other path given
-            click.echo(f"error: --events {events_path}: cannot write: "
-                       f"{exc.strerror or exc}", err=True)
-            sys.exit(64)
-        report = run_replay(
-            list(paths),
-            facts=_parse_context(context),
-            audit_log_path=audit_log,
-            max_disrupted_fraction=(max_disrupted_fraction if max_disrupted_fraction is not None
-                                    else 0.10),
-            cluster_size=cluster_size,
-            node_facts=load_node_facts(node_facts) if node_facts else None,
-            wait_seconds=wait_seconds if live else 0.0,
-            analytics=settings.analytics if settings is not None else None,
-            policy=site_rules(settings) if settings is not None else None,
-            events=events,
-            precision=cast(Any, precision),
-            **live_options,
-        )
-    if as_json:  # as it is encoded: a month of a fleet is hundreds of MB of JSON
-        write_json(report, sys.stdout)
-    else:
-        click.echo(render_text(report, errors=False), nl=False)
+    try:  # the inputs' read errors are the report's: an OSError here is a write
+        with contextlib.ExitStack() as stack:
+            try:
+                events = (stack.enter_context(click.open_file(events_path, "w",
+                                                              encoding="utf-8"))
+                          if events_path else None)
+            except OSError as exc:  # a usage error, as for any other path given
+                click.echo(f"error: --events {events_path}: cannot write: "
+                           f"{exc.strerror or exc}", err=True)
+                sys.exit(EXIT_USAGE)
+            report = run_replay(
+                list(paths),
+                facts=_parse_context(context),
+                audit_log_path=audit_log,
+                max_disrupted_fraction=(max_disrupted_fraction
+                                        if max_disrupted_fraction is not None else 0.10),
+                cluster_size=cluster_size,
+                node_facts=facts_of_nodes,
+                wait_seconds=wait_seconds if live else 0.0,
+                analytics=settings.analytics if settings is not None else None,
+                policy=site_rules(settings) if settings is not None else None,
+                events=events,
+                precision=cast(Any, precision),
+                **live_options,
+            )
+    except OSError as exc:  # the events file's last flush fails on closing, too
+        _output_failed(exc, f"--events {events_path}" if events_path else "the audit log")
+    try:
+        if as_json:  # as it is encoded: a month of a fleet is hundreds of MB of JSON
+            write_json(report, sys.stdout)
+        else:
+            click.echo(render_text(report, errors=False), nl=False)
+        sys.stdout.flush()
+    except OSError as exc:
+        _output_failed(exc)
+    if not as_json:
         for line in render_errors(report):  # on stderr, as diagnose puts them
             click.echo(line, err=True)
     if not report.parsed_lines:
@@ -323,8 +373,9 @@ def _replay_settings(config_path: str | None) -> Any:
 
     try:
         return load_settings(config_path)
-    except (ConfigError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    except (ConfigError, ValueError) as exc:  # as run reports it
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
 
 
 def _silence_store(config_path: str | None) -> Any:

@@ -224,28 +224,49 @@ def node_of_file(path: str) -> str:
 def load_node_facts(path: str) -> dict[str, dict[str, str]]:
     """Read facts per node from a JSON file shaped like the cases' ``expected.json``.
 
-    The file is ``{name: {"context": {key: value}}}`` or ``{name: {key: value}}``;
-    a name with a file extension stands for its stem's node.
+    The file is ``{name: {"context": {key: value}}}`` or ``{name: {key: value}}``; an
+    ``expected.json`` entry (one with ``worst_severity``) gives only its ``context``; a name
+    with a file extension stands for its stem's node. Facts are checked as ``--context``
+    checks them (:func:`analytics.fault_model.check_facts`).
 
     Raises:
         OSError: The file cannot be read.
-        ValueError: It is not such a JSON object.
+        ValueError: It is not JSON (the message names the line and column), not such an
+            object, or a fact is unknown or invalid (the message names the entry).
     """
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
+    from analytics.fault_model import check_facts
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON: {exc.msg} (column {exc.colno})"
+                         ) from exc
     if not isinstance(data, dict):
         raise ValueError(  # noqa: TRY004 (bad file content, not a bad argument)
-            f"{path}: expected a JSON object of node names"
+            f"{path}: expected a JSON object of node names, got {type(data).__name__}"
         )
     out: dict[str, dict[str, str]] = {}
     for name, entry in data.items():
         if not isinstance(entry, dict):
-            continue
+            raise ValueError(f"{path}: {name!r}: expected an object of facts, got "  # noqa: TRY004
+                             f"{type(entry).__name__}")
         facts = entry.get("context", entry if "worst_severity" not in entry else {})
-        if isinstance(facts, dict) and facts:
-            out[node_of_file(str(name))] = {
-                str(k): str(v) for k, v in facts.items() if not isinstance(v, dict | list)
-            }
+        if not isinstance(facts, dict):
+            raise ValueError(f"{path}: {name!r}: 'context' must be an object of facts, got "  # noqa: TRY004
+                             f"{type(facts).__name__}")
+        nested = [k for k, v in facts.items() if isinstance(v, dict | list)]
+        if nested:
+            raise ValueError(f"{path}: {name!r}: fact {nested[0]!r} must be a string or a "
+                             "number")
+        named = {str(k): str(v) for k, v in facts.items()}
+        problems = check_facts(named)
+        if problems:
+            raise ValueError(f"{path}: {name!r}: {'; '.join(problems)}")
+        if named:
+            out[node_of_file(str(name))] = named
     return out
 
 

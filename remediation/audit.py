@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -158,13 +159,37 @@ class AuditLog:
         return read_audit_log(self.path)
 
 
+MAX_RECORD_BYTES = 1 << 20
+"""A line of the audit log longer than this (1 MiB; a record is a few hundred bytes) is not
+a record: it is skipped with a warning instead of being read whole into memory."""
+
+
 def read_audit_log(path: str) -> list[AuditRecord]:
-    """Return every record of the audit log at ``path``, oldest first; ``[]`` when it is absent."""
+    """Return every record of the audit log at ``path``, oldest first; ``[]`` when it is absent.
+
+    A line that is not a valid record (a write cut short by a crash) or is longer than
+    :data:`MAX_RECORD_BYTES` is skipped with a warning naming its line.
+
+    Raises:
+        ValueError: ``path`` is not a regular file (a device such as ``/dev/full`` reads
+            without end).
+        OSError: It cannot be read.
+    """
     if not os.path.exists(path):
         return []
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f"{path}: the audit log must be a regular file")
     records: list[AuditRecord] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        number = 0
+        while line := handle.readline(MAX_RECORD_BYTES + 1):
+            number += 1
+            if len(line) > MAX_RECORD_BYTES:
+                while line and not line.endswith(b"\n"):  # the rest of the long line
+                    line = handle.readline(MAX_RECORD_BYTES)
+                logger.warning("%s:%d: skipping a line of over %d bytes: not an audit record",
+                               path, number, MAX_RECORD_BYTES)
+                continue
             if not line.strip():
                 continue
             try:

@@ -85,3 +85,40 @@ def test_bad_input_is_named_not_a_traceback(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "labels.json" in err
     assert "--windows 'x'" in err
+
+
+def test_wrong_shapes_and_unusable_files_are_named_not_tracebacks(tmp_path, capsys):
+    """Labels of the wrong shape, a non-object ``top_features``, a file that is no events
+    stream (empty, binary) and a ``--json`` that cannot be written: each named, no traceback
+    (left from the fresh-user trial of 2026-12-04)."""
+    import pytest
+
+    sweep = _sweep_module()
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps({"type": "prediction", "node": "n1", "entity": "GPU-a",
+                                  "probability": 0.7, "horizon_seconds": 86400.0,
+                                  "predicted_at": 5.0}) + "\n", encoding="utf-8")
+    for labels in ({}, []):
+        (tmp_path / "labels.json").write_text(json.dumps(labels), encoding="utf-8")
+        with pytest.raises(SystemExit) as exited:
+            sweep.main(["--heldout", str(tmp_path), "--events", str(events)])
+        assert exited.value.code == 2
+        assert "not a labels file of benchmarks/heldout_fleet.py" in capsys.readouterr().err
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text(json.dumps({"type": "prediction", "node": "n1", "entity": "GPU-a",
+                                  "probability": 0.7, "horizon_seconds": 86400.0,
+                                  "predicted_at": 5.0, "top_features": [1]}) + "\n")
+    with pytest.raises(SystemExit, match=r"listed.jsonl:1: top_features is not an object"):
+        sweep.read_predictions(listed)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    with pytest.raises(SystemExit, match="no events"):
+        sweep.read_predictions(empty)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(1, 256)) * 8)
+    with pytest.raises(SystemExit, match=r"garbage.bin:1: not an event line"):
+        sweep.read_predictions(garbage)
+    (tmp_path / "labels.json").write_text(json.dumps(_labels()), encoding="utf-8")
+    assert sweep.main(["--heldout", str(tmp_path), "--events", str(events),
+                       "--json", str(tmp_path)]) == 74
+    assert f"--json {tmp_path}: cannot write" in capsys.readouterr().err
