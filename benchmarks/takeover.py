@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.clock import FakeClock  # noqa: E402
-from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity  # noqa: E402
-from gpuhealth.pipeline import Pipeline  # noqa: E402
-from remediation import engine as engine_module  # noqa: E402
-from tests.fake_scheduler import FakeCluster, FakeNode, FakeScheduler  # noqa: E402
+from core.clock import FakeClock
+from core.records import Action, EntityId, Evidence, Finding, NodeName, Severity
+from gpuhealth.pipeline import Pipeline
+from remediation import engine as engine_module
+from tests.fake_scheduler import FakeCluster, FakeNode, FakeScheduler
 
 
 class SlowScheduler(FakeScheduler):
