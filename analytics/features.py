@@ -80,11 +80,6 @@ PRECURSOR_FAMILIES = {
 a warning names reads as what it is: ``corrected_ecc_evidence``). Xids (application errors
 among them) and the failures' own signals (uncorrected errors, link downed) are not precursors."""
 
-CLUSTER_FAMILIES = frozenset({"corrected_ecc"})
-"""Families whose evidence counts the readings that rose, not the errors
-(:class:`~analytics.precursors.HourlyCounter` ``clusters``): corrected ECC errors come in
-clusters; symbol errors and replays are rates of many a minute on a bad link."""
-
 _REMAP_GAUGES = ("gpu_remapped_rows", "gpu_retired_pages")
 """Gauges that only grow on a healthy GPU: their increases are the ``remap`` family."""
 
@@ -323,8 +318,7 @@ class FeatureBuilder:
         if family is not None:
             counter = ent.precursors.get(family)
             if counter is None:
-                counter = ent.precursors[family] = HourlyCounter(
-                    clusters=family in CLUSTER_FAMILIES)
+                counter = ent.precursors[family] = HourlyCounter()
             slot.family = counter
 
     def forget_history(self, node: str, entity: str) -> None:

@@ -9,11 +9,10 @@ unit-free number that means the same on every fleet:
 
 * **Counters** (corrected ECC, PCIe replays, NVLink errors, Xids, remapped rows and
   retired pages, InfiniBand symbol errors, link recoveries, receive errors): the count of
-  the last few hours (for corrected ECC, of the readings that rose: a cluster of errors is
-  one, :class:`HourlyCounter` ``clusters``) against what the entity's **own baseline** (the
-  hours before, :data:`BASELINE_HOURS`) predicts. The evidence is the log10 likelihood
-  ratio of a Poisson rise, ``(n ln(n / mu) - n + mu) / ln 10`` for ``n > mu`` (the
-  Chernoff bound on the Poisson tail, ``P(N >= n) <= 10 ** -evidence``), where
+  the last few hours against what the entity's **own baseline** (the hours before,
+  :data:`BASELINE_HOURS`) predicts. The evidence is the log10 likelihood ratio of a Poisson
+  rise, ``(n ln(n / mu) - n + mu) / ln 10`` for ``n > mu`` (the Chernoff bound on the
+  Poisson tail, ``P(N >= n) <= 10 ** -evidence``), where
 
   - the baseline rate is a gamma-Poisson estimate ``(count + 0.5) / (hours + 4)`` (a GPU
     with no error yet is not certain never to have one);
@@ -132,20 +131,8 @@ def poisson_rise(n: float, mu: float) -> float:
 
 @dataclass(slots=True)
 class HourlyCounter:
-    """Increases of one counter (or of a family of counters) per clock hour.
+    """Increases of one counter (or of a family of counters) per clock hour."""
 
-    With ``clusters``, an hour counts the *readings* that rose (one per reading time, over
-    every counter of the family), not the errors: corrected ECC errors come in clusters
-    (the same weak row read again and again, a burst on one access pattern), so a few
-    clusters of 7-8 errors after a quiet day are a few incidents, not 30 errors' worth of
-    evidence, while a part going bad has them more often. Field studies count the same way
-    (Schroeder, Pinheiro and Weber, "DRAM errors in the wild", SIGMETRICS 2009: repeat
-    errors of one address are one fault). It caps at one per reading (60 an hour at one
-    reading a minute), so it is for counters that rise now and then, not for rates of many
-    a minute (InfiniBand symbol errors).
-    """
-
-    clusters: bool = False
     hours: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_HOURS))
     hour_at: float = 0.0
     """Start of the newest bucket."""
@@ -161,10 +148,7 @@ class HourlyCounter:
         if not (self.hours and self.hour_at <= at < self.hour_at + HOUR):
             self.hour_at = advance_hours((self.hours,), self.hour_at, at)
         if increase > 0:  # a late reading of an older hour counts in the newest
-            if not self.clusters:
-                self.hours[-1] += increase
-            elif at != self.last_error_at:  # another counter's reading of the same time
-                self.hours[-1] += 1.0
+            self.hours[-1] += increase
             self.last_error_at = at
 
     def evidence(self, now: float) -> tuple[float, float] | None:

@@ -110,55 +110,6 @@ def test_clumpy_errors_are_judged_by_their_own_dispersion() -> None:
     assert _peak(out, "corrected_ecc_evidence", 20) < 3.0
 
 
-def _cluster_stream(errors_at, hours: float, *, seed: int = 0) -> dict[float, dict]:
-    """Corrected errors, ``errors_at(hour, rng)`` of them at each minute's reading."""
-    rng = random.Random(seed)
-    fb = FeatureBuilder(interval_seconds=600.0)
-    value, out = 0.0, {}
-    for minute in range(int(hours * 60) + 1):
-        at = minute * 60.0
-        value += errors_at(at / HOUR, rng)
-        fb.observe([_sample("gpu_ecc_errors_total", value, at, "GPU-a", **CE)])
-        if minute % 10 == 0:
-            for v in fb.vectors(at):
-                out[at] = dict(v.values)
-    return out
-
-
-def test_a_few_clusters_after_a_quiet_day_are_a_few_incidents_not_a_rise() -> None:
-    """Issue #15 (held-out false warnings): after a day of almost nothing, four clusters of
-    7-8 corrected errors in four hours gave evidence 30 (30 errors where 0.3 were expected);
-    counted as the four incidents they are, they weigh what four single errors weigh.
-    Clusters of the same sizes that come more and more often are strong evidence."""
-    def four(size: int):
-        def errors_at(h: float, rng: random.Random) -> int:
-            background = 1 if rng.random() < 0.02 / 60 else 0
-            return size if h in (31.5, 32.5, 33.5, 34.5) else background
-        return errors_at
-
-    clusters = _peak(_cluster_stream(four(8), 36, seed=8), "corrected_ecc_evidence", 31)
-    singles = _peak(_cluster_stream(four(1), 36, seed=8), "corrected_ecc_evidence", 31)
-    assert clusters == singles
-    assert clusters < 6.0  # (the errors' count gave 30, the cap)
-
-    def rising(h: float, rng: random.Random) -> int:
-        per_hour = 0.05 if h < 30 else 0.05 + (h - 30)
-        return rng.choice((7, 8)) if rng.random() < per_hour / 60 else 0
-
-    assert _peak(_cluster_stream(rising, 40, seed=9), "corrected_ecc_evidence", 36) > 10.0
-
-
-def test_a_cluster_read_by_two_counters_of_the_family_is_one_incident() -> None:
-    """The volatile and aggregate ECC counters of one GPU rise at the same reading: one."""
-    counter = HourlyCounter(clusters=True)
-    counter.add(0.0, 0.0)
-    counter.add(60.0, 8.0)
-    counter.add(60.0, 8.0)  # the aggregate counter's reading of the same time
-    counter.add(120.0, 3.0)
-    assert list(counter.hours) == [2.0]
-    assert counter.hours_since_error(180.0) == pytest.approx(1 / 60)
-
-
 def test_no_evidence_without_a_baseline_nor_from_a_lifetime_counter() -> None:
     """Issue #15 item 9 for the model: a counter already at 50,000 at start is not a rise,
     and nothing is judged before MIN_BASELINE_HOURS."""
