@@ -16,13 +16,14 @@ take 20-26 s; this isolates that cost (no agents, no PostgreSQL, no HTTP).
 
 Usage::
 
-    .venv/bin/python benchmarks/takeover.py --nodes 10000 [--update-ms 2]
+    .venv/bin/python benchmarks/takeover.py --nodes 10000 [--update-ms 2] [--postgres]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -59,24 +60,29 @@ def finding(node: str, entity: str, *, critical: bool = False) -> Finding:
 
 
 def pipeline(folder: Path, cluster: FakeCluster, clock: FakeClock, leader: dict[str, str],
-             who: str) -> Pipeline:
+             who: str, dsn: str | None) -> Pipeline:
     return Pipeline(
-        facts={}, notifiers=[], audit_log_path=str(folder / "audit.sqlite"), dry_run=False,
-        scheduler=SlowScheduler(cluster), clock=clock, rules=[],
+        facts={}, notifiers=[], audit_log_path=dsn or str(folder / "audit.sqlite"),
+        dry_run=False, scheduler=SlowScheduler(cluster), clock=clock, rules=[],
         cluster_size=len(cluster.nodes), max_disrupted_fraction=1.0,
-        action_store_path=str(folder / "actions.db"),
+        action_store_path=dsn or str(folder / "actions.db"),
         engine_options={"probation_seconds": 600.0}, is_leader=lambda: leader["who"] == who)
 
 
-def take_over(nodes: int, *, baseline: bool) -> tuple[float, float, int]:
+def take_over(nodes: int, *, baseline: bool, postgres: bool) -> tuple[float, float, int]:
     """Seconds of the take-over evaluation, seconds until every score is out, ticks."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        dsn = None
+        if postgres:  # a fresh server per run: the pair's shared state, as in production
+            from tests.pg_server import start_postgres
+
+            dsn = stack.enter_context(start_postgres()).dsn
         clock = FakeClock(now=1000.0)
         cluster = FakeCluster(nodes={f"n{i:05d}": FakeNode() for i in range(nodes)})
         leader = {"who": "a"}
-        a = pipeline(folder, cluster, clock, leader, "a")
-        b = pipeline(folder, cluster, clock, leader, "b")
+        a = pipeline(folder, cluster, clock, leader, "a", dsn)
+        b = pipeline(folder, cluster, clock, leader, "b", dsn)
         names = sorted(cluster.nodes)
         held = ([finding(n, "GPU-0") for n in names] + [finding(n, "GPU-1") for n in names]
                 + [finding(n, "GPU-2", critical=True) for n in names[:5]])
@@ -106,17 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--update-ms", type=float, default=2.0,
                         help="milliseconds per node label update")
+    parser.add_argument("--postgres", action="store_true",
+                        help="the shared state on a real PostgreSQL (tests/pg_server.py) "
+                        "instead of SQLite files")
     args = parser.parse_args(argv)
     SlowScheduler.update_seconds = args.update_ms / 1000.0
     per_tick = engine_module.PUBLISH_PER_TICK
-    now = take_over(args.nodes, baseline=False)
+    now = take_over(args.nodes, baseline=False, postgres=args.postgres)
     engine_module.PUBLISH_PER_TICK = 10**9
     try:
-        before = take_over(args.nodes, baseline=True)
+        before = take_over(args.nodes, baseline=True, postgres=args.postgres)
     finally:
         engine_module.PUBLISH_PER_TICK = per_tick
     print(f"take-over at {args.nodes:,} nodes ({2 * args.nodes:,} warnings, "
-          f"{args.update_ms:g} ms a node update)")
+          f"{args.update_ms:g} ms a node update, state on "
+          f"{'PostgreSQL' if args.postgres else 'SQLite'})")
     print("             | take-over evaluation (first tick) | all scores published | ticks")
     for name, (evaluated, published, ticks) in (("now", now), ("baseline", before)):
         print(f"{name:12} | {evaluated:30.2f} s | {published:18.2f} s | {ticks:5d}")
