@@ -913,17 +913,22 @@ class RemediationEngine:
         for node, _ in batch:
             del self._unpublished[node]
 
+        failed: list[tuple[str, GpuHealthError]] = []
+
         async def one(node: str, score: float) -> None:
             async with gate:
                 try:
                     await publisher.set_reliability(NodeName(node), score)
                 except GpuHealthError as exc:
                     self._published.pop(node, None)  # published again at the next placement
-                    logger.warning("cannot publish the reliability of %s: %s", node, exc)
+                    failed.append((node, exc))
                 else:
                     self._published[node] = score
 
         await asyncio.gather(*(one(node, score) for node, score in batch))
+        if failed:  # one line a tick, not one per node, when the API server is away
+            logger.warning("cannot publish the reliability of %d node(s), retried at the next "
+                           "placement (%s: %s)", len(failed), failed[0][0], failed[0][1])
 
     async def _work_on(self, action: StoredAction, now: float, breaker: bool,
                        checked: set[str] | None = None) -> list[AuditRecord]:

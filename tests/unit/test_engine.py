@@ -432,6 +432,40 @@ def test_a_fleet_of_scores_is_published_a_bounded_number_per_tick_and_only_when_
     assert p.engine.stats.reliability["n001"] != 0.5
     assert len(calls) == 10
 
+
+def test_a_score_that_cannot_be_published_is_said_once_and_published_at_the_next_placement(
+        tmp_path, monkeypatch, caplog):
+    from core.errors import SchedulerUnavailable
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
+    p.evaluate()
+    scheduler = p.engine.scheduler
+    real = scheduler.set_reliability
+    away = {"on": True}
+
+    async def flaky(node, score):  # type: ignore[no-untyped-def]
+        if away["on"]:
+            raise SchedulerUnavailable("the API server is away")
+        await real(node, score)
+
+    monkeypatch.setattr(scheduler, "set_reliability", flaky)
+    clock.advance(61)
+    with caplog.at_level("WARNING", logger="remediation.engine"):
+        run(p, 1)
+    said = [r for r in caplog.records if "cannot publish the reliability" in r.getMessage()]
+    assert len(said) == 1
+    assert "3 node(s)" in said[0].getMessage()
+    assert scheduler.weights == {}
+    away["on"] = False
+    run(p, 1)
+    assert scheduler.weights == {}  # not before the next placement
+    clock.advance(61)
+    run(p, 1)
+    assert set(scheduler.weights) == set(cluster.nodes)
+
 def test_an_old_copy_of_the_event_is_not_a_recurrence(tmp_path):
     """Two backlog lines of one old Xid (kernel log read at start) must not escalate."""
     clock = FakeClock(now=10_000.0)
