@@ -344,7 +344,9 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
                 **live_options,
             )
     except OSError as exc:  # the events file's last flush fails on closing, too
-        _output_failed(exc, f"--events {events_path}" if events_path else "the audit log")
+        _output_failed(exc, " or ".join(
+            [*([f"--events {events_path}"] if events_path else []),
+             *([f"--audit-log {audit_log}"] if audit_log else [])]) or "the output")
     try:
         if as_json:  # as it is encoded: a month of a fleet is hundreds of MB of JSON
             write_json(report, sys.stdout)
