@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -69,25 +69,31 @@ class Matcher:
     name: str
     op: MatchOp
     value: str
+    # worked out once: inhibition matches every firing alert against every rule (a new
+    # leader's first round: 10^4 alerts), and the operator's tuple tests were its hot spot
+    _pattern: re.Pattern[str] | None = field(default=None, init=False, repr=False,
+                                             compare=False)
+    _equal: bool = field(default=True, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _LABEL_NAME.match(self.name):
             raise ValueError(f"invalid label name {self.name!r}")
         if self.op in (MatchOp.REGEX, MatchOp.NOT_REGEX):
             try:
-                re.compile(self.value)
+                object.__setattr__(self, "_pattern", _compiled(self.value))
             except re.error as exc:
                 raise ValueError(f"invalid regular expression {self.value!r}: {exc}") from exc
+        object.__setattr__(self, "_equal", self.op in (MatchOp.EQUAL, MatchOp.REGEX))
 
     @property
     def is_regex(self) -> bool:
         """Whether the value is a regular expression."""
-        return self.op in (MatchOp.REGEX, MatchOp.NOT_REGEX)
+        return self._pattern is not None
 
     @property
     def is_equal(self) -> bool:
         """Whether the matcher selects matching labels (``=``, ``=~``) rather than others."""
-        return self.op in (MatchOp.EQUAL, MatchOp.REGEX)
+        return self._equal
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Return whether ``labels`` satisfy the matcher (a missing label is the empty string).
@@ -108,11 +114,10 @@ class Matcher:
         return self._verdict(labels.get(self.name, ""))
 
     def _verdict(self, actual: str) -> bool:
-        if self.is_regex:
-            hit = _compiled(self.value).fullmatch(actual) is not None
-        else:
-            hit = actual == self.value
-        return hit if self.is_equal else not hit
+        pattern = self._pattern
+        hit = (pattern.fullmatch(actual) is not None if pattern is not None
+               else actual == self.value)
+        return hit if self._equal else not hit
 
     def __str__(self) -> str:
         return f"{self.name}{self.op.value}{json.dumps(self.value)}"
