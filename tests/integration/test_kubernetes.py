@@ -669,7 +669,7 @@ def test_100_nodes_cordoned_and_drained_at_the_configured_rate(api: K8sApi) -> N
     sched = KubernetesScheduler(host=api.url, workers=32, evictions_per_second=rate,
                                 poll_seconds=0.05, drain_timeout_seconds=30)
 
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[float, float, float]:
         started = time.monotonic()
         refs = await asyncio.gather(*(sched.submit(request(RemediationStep.CORDON, node=n))
                                       for n in nodes))
@@ -680,16 +680,20 @@ def test_100_nodes_cordoned_and_drained_at_the_configured_rate(api: K8sApi) -> N
                                       for n in nodes))
         statuses = await sched.wait(refs, timeout=30)
         assert all(s.phase == ActionPhase.SUCCEEDED for s in statuses)
-        return cordon_s, time.monotonic() - started
+        return cordon_s, started, time.monotonic() - started
 
-    cordon_s, drain_s = run(scenario())
+    cordon_s, drain_started, drain_s = run(scenario())
     sched.close()
     assert all(api.node(n)["spec"]["unschedulable"] for n in nodes)
     assert len(api.evictions) == 200
     assert set(api.evictions.values()) == {1}
-    times = sorted(api.eviction_times)
+    times = sorted(api.eviction_times)  # the stand-in's clock: this process's monotonic
     achieved = (len(times) - 1) / (times[-1] - times[0])
     print(f"\n100 nodes cordoned concurrently in {cordon_s:.2f} s; 200 evictions in "  # noqa: T201
           f"{drain_s:.2f} s at {achieved:.1f}/s (configured {rate:g}/s; client-go default 5/s)")
-    assert achieved <= rate * 1.15
+    # The limiter spaces the sends 1/rate apart with no burst, so the last eviction comes at
+    # least 199/rate after the drains were asked for. The server's first-to-last spacing is
+    # not a bound: on a loaded machine the first requests can wait and arrive bunched
+    # (128/s was seen in CI against 100/s configured).
+    assert (len(times) - 1) / (times[-1] - drain_started) <= rate * 1.02
     assert achieved >= rate * 0.5
