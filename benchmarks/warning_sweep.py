@@ -29,7 +29,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from analytics.prediction_stage import SustainedProbability  # noqa: E402
-from analytics.replay_score import Warning, fmt, heldout_truth, hint_of, score  # noqa: E402
+from analytics.replay_score import (  # noqa: E402
+    Truth,
+    Warning,
+    fmt,
+    heldout_truth,
+    hint_of,
+    score,
+)
 from core.records import EntityId, NodeName, Prediction  # noqa: E402
 
 
@@ -99,15 +106,10 @@ def _prediction(e: Any) -> tuple[Prediction, tuple[str, ...], str] | None:
     return prediction, tuple(e.get("aliases") or ()), hint_of(top)
 
 
-def sweep(predictions: list[tuple[Prediction, tuple[str, ...], str]], labels: dict[str, Any],
+def sweep(predictions: list[tuple[Prediction, tuple[str, ...], str]], truth: Truth,
           windows: list[float], threshold: float) -> list[dict[str, Any]]:
-    """Score the predictions published with each window.
-
-    Raises:
-        KeyError, TypeError, ValueError: ``labels`` is not a labels JSON of
-            ``benchmarks/heldout_fleet.py``.
-    """
-    truth = heldout_truth(labels)
+    """Score the predictions published with each window against ``truth``
+    (:func:`analytics.replay_score.heldout_truth` of the labels JSON)."""
     rows = []
     for window in windows:
         sustain = SustainedProbability(window_seconds=window)
@@ -149,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     if not windows or any(not 0 <= w <= 86400 for w in windows):
         parser.error(f"--windows {args.windows!r}: each window 0..86400 seconds")
     try:
-        heldout_truth(labels)
+        truth = heldout_truth(labels)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
         parser.error(f"--heldout {labels_path}: not a labels file of "
                      f"benchmarks/heldout_fleet.py ({what})")
     predictions = read_predictions(args.events)
-    rows = sweep(predictions, labels, windows, args.threshold)
+    rows = sweep(predictions, truth, windows, args.threshold)
     print(f"{len(predictions):,} predictions; published >= {args.threshold:g}, by sustain window")
     print("window s | true | false | precision | recall | with precursor | median lead h | "
           "false/1k GPU-days | per kind precision/recall")

@@ -46,7 +46,8 @@ def test_a_burst_is_false_without_a_window_and_gone_with_one(tmp_path: Path) -> 
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(lines) + "\n", encoding="utf-8")
     sweep = _sweep_module()
-    rows = sweep.sweep(sweep.read_predictions(events), _labels(), [0.0, 1800.0], 0.5)
+    rows = sweep.sweep(sweep.read_predictions(events), sweep.heldout_truth(_labels()),
+                       [0.0, 1800.0], 0.5)
     assert [(r["true_episodes"], r["false_episodes"]) for r in rows] == [(1, 1), (1, 0)]
     assert rows[1]["median_lead_hours"] == 10.0 - 0.5 + 300 / HOUR
 
