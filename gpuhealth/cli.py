@@ -359,7 +359,8 @@ def replay(paths: tuple[str, ...], as_json: bool, context: tuple[str, ...],
         for line in render_errors(report):  # on stderr, as diagnose puts them
             click.echo(line, err=True)
     if not report.parsed_lines:
-        click.echo("error: nothing in the input could be replayed", err=True)
+        click.echo(f"error: nothing in {', '.join(paths)} could be replayed (line-protocol "
+                   "files, logs or tool output)", err=True)
     sys.exit(report.exit_status)
 
 

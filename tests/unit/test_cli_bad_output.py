@@ -117,3 +117,10 @@ def test_an_overlong_audit_line_is_skipped_and_the_records_around_it_kept(tmp_pa
     path.write_bytes(good + b"x" * (MAX_RECORD_BYTES * 2 + 10) + b"\n" + good)
     records = read_audit_log(str(path))
     assert len(records) == 2 * good.count(b"\n")
+
+
+def test_a_folder_with_nothing_to_replay_is_named(tmp_path: Path):
+    (tmp_path / "labels.json").write_text("{}")
+    result = CliRunner().invoke(main, ["replay", str(tmp_path)])
+    assert result.exit_code == 4, result.output
+    assert f"nothing in {tmp_path} could be replayed" in result.output
