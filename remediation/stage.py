@@ -214,6 +214,20 @@ class RemediationStage:
             :meth:`queue_pending`.
         """
         leader = self.is_leader()
+        taken = PolicyResult()
+        if leader and not self._was_leader:
+            # Lead first, then decide: the standby's own policy is stale (its budget knows
+            # nothing of the incidents the old leader opened since this process started),
+            # so deciding with it before the tick's take-over doubled the budget after a
+            # fail-over. The take-over decides every alert firing now, these new ones too.
+            try:
+                taken = self._take_over()
+            except TemporaryError as exc:  # the trail cannot be read now: lead at the tick
+                logger.warning("cannot take over remediation yet: %s", exc)
+                leader = False
+            else:
+                changed = [a for a in changed
+                           if a.state == AlertState.RESOLVED or a.fingerprint in before]
         pending = self._undecided
         if pending.changed:
             latest = {a.fingerprint: a for a in changed}
@@ -235,7 +249,7 @@ class RemediationStage:
                                    finding_of=finding_of, leader=leader)
         if not decided.decisions:
             self._undecided = _Undecided()
-            return decided
+            return taken if taken.decisions else decided
         try:
             if self.audit is not None:
                 self.audit.extend(decided.audit)
@@ -251,6 +265,9 @@ class RemediationStage:
                                  if d.escalated_from}:
             self.engine.end_probation(fingerprint, why=f"escalated: {why}")
         self._unqueued.extend(decided)
+        if taken.decisions:
+            taken.extend(decided)
+            return taken
         return decided
 
     def queue_pending(self) -> list[AuditRecord]:
@@ -316,23 +333,38 @@ class RemediationStage:
         if not leader:
             self._keep_warm()
         elif not self._was_leader:
-            logger.warning("this controller is leader now: taking over remediation")
-            firing = self._active()
-            with self._lock:
-                if self._warm is not None and isinstance(self.audit, AuditStore):
-                    policy, after = self._warm  # only the tail is read (10^5 records at 10k)
-                    policy.restore(self.audit.read_after(after)[0])
-                else:
-                    policy = self._new_policy()
-                    policy.restore(self.audit.read() if self.audit is not None else ())
-                decided = take_over(policy, firing)
-                self.engine.policy = policy
-                self._warm = None
-            if self.write(decided.audit):
-                self._unqueued.extend(decided)
-                records = [*decided.audit, *self.queue_pending()]
+            records = [*self._take_over().audit, *self.queue_pending()]
         self._was_leader = leader
         return records
+
+    def _take_over(self) -> PolicyResult:
+        """Rebuild the policy from the audit trail and decide every active alert with it.
+
+        Returns:
+            The decisions written to the trail (their requests wait for
+            :meth:`queue_pending`); empty when they could not be written.
+
+        Raises:
+            TemporaryError: The shared audit trail cannot be read now (nothing changed:
+                this controller takes over at the next call).
+        """
+        logger.warning("this controller is leader now: taking over remediation")
+        with self._lock:
+            firing = self._active()
+            if self._warm is not None and isinstance(self.audit, AuditStore):
+                policy, after = self._warm  # only the tail is read (10^5 records at 10k)
+                policy.restore(self.audit.read_after(after)[0])
+            else:
+                policy = self._new_policy()
+                policy.restore(self.audit.read() if self.audit is not None else ())
+            decided = take_over(policy, firing)
+            self.engine.policy = policy
+            self._warm = None
+            self._was_leader = True
+        if not self.write(decided.audit):
+            return PolicyResult()
+        self._unqueued.extend(decided)
+        return decided
 
     def _keep_warm(self) -> None:
         """A standby applies the shared audit trail as it grows, every :data:`WARM_SECONDS`.

@@ -314,6 +314,33 @@ def test_failover_resubmits_and_completes_exactly_once(tmp_path):
     assert len(requested) == len({r.idempotency_key for r in requested})
 
 
+def test_the_first_evaluation_as_leader_decides_with_the_policy_it_took_over(tmp_path):
+    # The budget is one node of ten. The old leader has n001 out (draining); the standby
+    # leads, and its first evaluation as leader brings a new fault on n002. It decided that
+    # with its own stale policy (restored at its start, knowing nothing of n001), before the
+    # tick's take-over rebuilt the policy: both nodes went out. It takes over first now.
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(10)
+    leader = {"who": "a"}
+    a, b = (make(tmp_path, cluster, clock, fraction=0.1, fake={"drain_polls": 100},
+                 is_leader=lambda who=who: leader["who"] == who) for who in ("a", "b"))
+    for p in (a, b):
+        p.observe_findings([xid79("n001")], hold_seconds=1e6)
+    a.evaluate()
+    run(a, 2, clock)
+    b.evaluate()  # the standby tracks the alert, decides nothing
+    assert cluster.out_of_service_by_gpuhealth() == {"n001"}
+    leader["who"] = "b"  # A is gone
+    b.observe_findings([xid79("n002")], hold_seconds=1e6)
+    out = b.evaluate()
+    run(b, 5, clock)
+    assert cluster.out_of_service_by_gpuhealth() == {"n001"}  # n002 waits for the budget
+    assert {r.node for r in out.audit} == {"n002"}  # decided once, in the take-over
+    requested = [r for r in read_audit_log(str(tmp_path / "audit.jsonl"))
+                 if r.decision == "requested"]
+    assert len(requested) == len({r.idempotency_key for r in requested})
+
+
 def test_a_standby_keeps_its_policy_warm_and_reads_only_the_tail_on_taking_over(
         tmp_path, monkeypatch):
     # A shared audit store (a controller pair's): the standby applies the trail as it
