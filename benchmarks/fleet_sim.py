@@ -58,6 +58,7 @@ import math
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -540,7 +541,8 @@ class Controller:
 
     def start(self) -> None:
         with self.log.open("ab") as handle:
-            # FLEET_SIM_LOG=-v: the controllers' info log in <tmp>/ctl-*.log
+            # FLEET_SIM_LOG=-v: the controllers' info log in <tmp>/ctl-*.log, copied to
+            # FLEET_SIM_KEEP=DIR at the end
             verbosity = os.environ.get("FLEET_SIM_LOG", "-q")
             self.proc = subprocess.Popen([GPUHEALTH, verbosity, "controller", "--config",
                                           str(self.config)], stdout=handle,
@@ -1028,6 +1030,10 @@ def run_size(args: argparse.Namespace, nodes: int, say: Any) -> dict[str, Any]:
         out["memory"]["total_bytes"] = sum(sampler.rss_max.values()) + sampler.pg_max + int(size)
         out["simulator_cpu_seconds"] = final["cpu_seconds"]
         out["wall_seconds"] = time.monotonic() - started
+        if keep := os.environ.get("FLEET_SIM_KEEP"):  # the controllers' logs, to read after
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            for c in controllers:
+                shutil.copy(c.log, Path(keep) / f"{nodes}-{c.log.name}")
     return out
 
 

@@ -349,6 +349,7 @@ class RemediationStage:
                 this controller takes over at the next call).
         """
         logger.warning("this controller is leader now: taking over remediation")
+        started = time.monotonic()
         with self._lock:
             firing = self._active()
             if self._warm is not None and isinstance(self.audit, AuditStore):
@@ -364,6 +365,9 @@ class RemediationStage:
         if not self.write(decided.audit):
             return PolicyResult()
         self._unqueued.extend(decided)
+        logger.info("taken over in %.2f s: %d active alert(s), %d new decision(s), "
+                    "%d request(s)", time.monotonic() - started, len(firing),
+                    len(decided.decisions), len(decided.requests))
         return decided
 
     def _keep_warm(self) -> None:
