@@ -84,6 +84,9 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 HISTORY_INTERVAL_SECONDS = 30.0
 """How often the leader writes changed incidents and inventory into the history (s)."""
+
+SLOW_ROUND_SECONDS = 2.0
+"""A consumer round (read, evaluate, tick) this long is logged with its parts (info)."""
 METRICS_REFRESH_SECONDS = 2.0
 """How often the incident gauges are read from the action store (s); a scrape reads the
 last figures."""
@@ -400,6 +403,7 @@ class Controller:
         pending = 0  # changes not evaluated yet
         while not stop.is_set():
             changed = 0
+            started = time.monotonic()
             try:
                 while True:
                     batch = await self._consumer_call(self.store.read_after, self.cursor)
@@ -408,6 +412,7 @@ class Controller:
                     changed += self._apply(batch)
                     self.cursor = batch[-1].seq
                 now = time.monotonic()
+                read = now - started
                 if now >= next_silent:
                     next_silent = now + min(5.0, c.agent_silent_seconds / 2)
                     changed += await self._check_silent()
@@ -428,7 +433,13 @@ class Controller:
                     next_eval = now + self.settings.analytics.evaluate_interval_seconds
                     pending = 0
                     await self.pipeline.aevaluate()
+                evaluated = time.monotonic()
                 await self.pipeline.atick()
+                ticked = time.monotonic()
+                if ticked - started >= SLOW_ROUND_SECONDS:  # what a decision waited behind
+                    logger.info("controller: a slow round: %.1f s (reading %.1f s, "
+                                "evaluating %.1f s, remediation tick %.1f s)",
+                                ticked - started, read, evaluated - now, ticked - evaluated)
                 if now >= next_metrics:  # a scrape reads the last figures
                     next_metrics = now + METRICS_REFRESH_SECONDS
                     self.remediation_metrics.refresh()
