@@ -539,6 +539,10 @@ class Outbox:
                 return claimed
             stats.sent[name] = stats.sent.get(name, 0) + len(head)
             self._delete([(h.seq, h.revision) for h in head])
+            # Give the loop back between batches even where nothing above awaited (a
+            # notifier that never waits): a controller delivers on its consumer's loop,
+            # and a backlog after a fail-over must not hold a cordon decision behind it.
+            await asyncio.sleep(0)
 
 
 def outbox_to_json(outbox: Outbox) -> dict[str, Any]:

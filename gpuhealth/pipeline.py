@@ -340,6 +340,15 @@ class Pipeline:
         """The action store."""
         return self._stage.actions
 
+    def store_pending(self) -> list[AuditRecord]:
+        """Store every audited request still waiting in memory (the end of a replay).
+
+        Returns:
+            The audit records written.
+        """
+        with self._lock:
+            return self._stage.queue_pending(everything=True)
+
     async def atick(self) -> list[AuditRecord]:
         """Advance remediation once (poll running steps, start the next ones); audit it.
 

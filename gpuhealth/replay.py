@@ -860,6 +860,7 @@ def replay(
         if on_file is not None:
             on_file(path, index)
     record_clock.release()
+    report.audit.extend(pipeline.store_pending())  # notify steps a tick had left for later
     deadline = time.monotonic() + wait_seconds
     while wait_seconds > 0 and time.monotonic() < deadline:
         live = pipeline.actions.actions(phases=(ActionPhase.PENDING, ActionPhase.RUNNING))

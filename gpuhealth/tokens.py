@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -165,10 +166,25 @@ class AgentTokens:
         self._stamp: tuple[int, int, int, int] | None = None
         self._by_node: dict[str, tuple[bytes, ...]] = {}
         self._by_hash: dict[bytes, str] = {}
+        self._checked_at = float("-inf")
         self.reload()
 
-    def reload(self) -> None:
-        """Read the file again when its size or modification time changed."""
+    def reload(self, *, unless_checked_within: float = 0.0) -> None:
+        """Read the file again when its size or modification time changed.
+
+        Args:
+            unless_checked_within: Skip the check when the file was checked this many
+                seconds ago or less (the controller checks before every batch; a
+                ``stat`` per batch showed as 9 % of the API thread's samples in a
+                py-spy profile at 2,000 nodes).
+
+        Raises:
+            ConfigError: As the constructor.
+        """
+        now = time.monotonic()
+        if unless_checked_within > 0 and now - self._checked_at <= unless_checked_within:
+            return
+        self._checked_at = now
         try:
             stamp = _stamp(self.path)
             if stamp == self._stamp:

@@ -58,6 +58,13 @@ from remediation.policy import Decision, PolicyResult, RemediationPolicy
 WARM_SECONDS = 2.0
 """How often a standby applies the audit trail's new records to its warm policy."""
 
+NOTIFY_INCIDENTS_PER_TICK = 500
+"""Most notify-only incidents whose requests one tick stores. A take-over decides every
+active alert at once (3,500 notify steps at 2,000 nodes), and storing them all in one
+tick delayed the first cordon after a fail-over by over a second; the rest wait in
+memory, audited, for the next ticks (a crash meanwhile: :meth:`RemediationStage.reconcile`
+stores them at the next start)."""
+
 logger = logging.getLogger(__name__)
 
 WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, TemporaryError)
@@ -270,22 +277,27 @@ class RemediationStage:
             return taken
         return decided
 
-    def queue_pending(self) -> list[AuditRecord]:
+    def queue_pending(self, *, everything: bool = False) -> list[AuditRecord]:
         """Store the audited requests not stored yet; audit what the engine did with them.
+
+        Every incident with a disruptive step is stored; of those that only notify, at
+        most :data:`NOTIFY_INCIDENTS_PER_TICK` per call unless ``everything`` (the end
+        of a replay), the rest at the next calls.
 
         Returns:
             The engine's audit records (breaker opened, approvals awaited), written.
         """
         if not self._unqueued.decisions:
             return []
-        result, self._unqueued = self._unqueued, PolicyResult()
+        limit = len(self._unqueued.decisions) if everything else NOTIFY_INCIDENTS_PER_TICK
+        result, self._unqueued = urgent_first(self._unqueued, limit)
         return self._queue(result)
 
     def _queue(self, result: PolicyResult) -> list[AuditRecord]:
         try:
             records = self.engine.enqueue(result)
-        except WRITE_ERRORS as exc:
-            self._unqueued.extend(result)
+        except WRITE_ERRORS as exc:  # they go first again, ahead of what was deferred
+            self._unqueued = PolicyResult([*result.decisions, *self._unqueued.decisions])
             self._failed(ACTIONS, exc, f"{len(result.requests)} request(s) stay queued")
             return []
         self._ok(ACTIONS)
@@ -450,3 +462,29 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, sqlite3.Error) and "full" in str(exc):
         return f"{exc}: free space"
     return str(exc) or type(exc).__name__
+
+
+def urgent_first(result: PolicyResult, notify_incidents: int) -> tuple[PolicyResult, PolicyResult]:
+    """Split ``result`` into what to store now and what can wait for a later tick.
+
+    Every decision of an incident with a step other than ``notify`` goes now; of the
+    incidents that only notify, the first ``notify_incidents`` go now and the rest wait.
+    An incident's decisions are never split, and both parts keep the order they had.
+
+    Args:
+        result: The audited decisions waiting to be stored.
+        notify_incidents: Most notify-only incidents to take now (>= 0).
+
+    Returns:
+        ``(now, later)``.
+    """
+    urgent = {d.incident_key for d in result.decisions
+              if d.planned is not None and d.planned.step != RemediationStep.NOTIFY}
+    taken: set[str] = set()
+    now, later = PolicyResult(), PolicyResult()
+    for d in result.decisions:
+        key = d.incident_key
+        if key not in urgent and key not in taken and len(taken) < notify_incidents:
+            taken.add(key)
+        (now if key in urgent or key in taken else later).decisions.append(d)
+    return now, later

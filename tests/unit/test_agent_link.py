@@ -356,3 +356,26 @@ def test_config_check_knows_what_each_role_needs(tmp_path: Path) -> None:
     out = runner.invoke(main, ["config", "check", "--role", "controller", str(broken)])
     assert out.exit_code == 1
     assert "tokens:2: expected 'node token'" in out.output
+
+
+def test_agent_tokens_are_checked_at_most_once_within_the_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuhealth import tokens as tokens_module
+    from gpuhealth.tokens import AgentTokens
+
+    now = [100.0]
+    monkeypatch.setattr(tokens_module.time, "monotonic", lambda: now[0])
+    path = tmp_path / "tokens"
+    path.write_text("gpu-01 tok-one-0123456789abcdef\n")
+    tokens = AgentTokens(path)
+    path.write_text("gpu-01 tok-one-0123456789abcdef\ngpu-02 tok-two-0123456789abcdef\n")
+    now[0] += 0.1
+    tokens.reload(unless_checked_within=0.25)  # checked 0.1 s ago: the file is not read
+    assert tokens.check("gpu-02", "tok-two-0123456789abcdef") == 401
+    now[0] += 0.2
+    tokens.reload(unless_checked_within=0.25)
+    assert tokens.check("gpu-02", "tok-two-0123456789abcdef") == 200
+    path.write_text("gpu-01 tok-new-0123456789abcdef\n")
+    tokens.reload()  # no interval: a refused batch re-reads at once
+    assert tokens.check("gpu-01", "tok-new-0123456789abcdef") == 200
+    assert tokens.check("gpu-02", "tok-two-0123456789abcdef") == 401

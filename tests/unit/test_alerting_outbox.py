@@ -216,3 +216,29 @@ def test_while_the_database_is_away_notifications_wait_in_memory_in_order(monkey
     assert box.unsaved() == 0
     assert "reachable again" in caplog.text
     box.close()
+
+
+def test_a_backlog_gives_the_loop_back_between_batches():
+    # A controller delivers on its consumer's loop: a backlog (3,500 alerts after a
+    # fail-over) must let other tasks run between its batches, whatever the notifier.
+    from alerting.log import LogNotifier
+
+    box = Outbox(clock=FakeClock(), batch_size=10)
+    log = LogNotifier()
+    box.enqueue(log.name, alerts(50))
+    depths: list[int] = []
+
+    async def beside() -> None:
+        while True:
+            depths.append(box.depths().get(log.name, 0))
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        other = asyncio.create_task(beside())
+        await asyncio.sleep(0)
+        await box.deliver({log.name: log})
+        other.cancel()
+
+    asyncio.run(main())
+    assert box.depths() == {}
+    assert {40, 30, 20, 10} <= set(depths)  # the other task ran between the batches

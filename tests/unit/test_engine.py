@@ -27,6 +27,7 @@ from core.records import (
     Severity,
 )
 from gpuhealth.pipeline import Pipeline
+from remediation import stage as stage_module
 from remediation.actions import INCIDENT_CLOSED, INCIDENT_HUMAN, INCIDENT_PROBATION, ActionStore
 from remediation.audit import AuditStore, read_audit_log
 from remediation.engine import approve, cancel, undo
@@ -736,3 +737,56 @@ def test_with_delivery_apart_a_decision_never_waits_behind_a_slow_notifier(tmp_p
     p.observe_findings([sbe_warning("n000")], hold_seconds=1e6)
     with pytest.raises(TimeoutError):
         asyncio.run(evaluate_within_a_second())
+
+
+def test_a_cordon_is_stored_before_a_backlog_of_notify_steps(tmp_path, monkeypatch):
+    # Found by benchmarks/fleet_sim.py: a take-over decides every firing alert at once
+    # (3,500 notify steps at 2,000 nodes) and storing them all in one tick held the next
+    # round, and the first cordon after the fail-over, for over a second. The disruptive
+    # step goes first; the notify steps follow a few incidents per call, each once.
+    monkeypatch.setattr(stage_module, "NOTIFY_INCIDENTS_PER_TICK", 2)
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(8)
+    p = make(tmp_path, cluster, clock, tick_inline=False)
+    p.observe_findings([sbe_warning(f"n{i:03d}") for i in range(1, 7)], hold_seconds=1e6)
+    p.observe_findings([xid79("n000")], hold_seconds=1e6)
+    p.evaluate()  # one evaluation decides the seven incidents
+    stored = {(a.node, a.step) for a in p.actions.actions()}
+    assert ("n000", S.CORDON) in stored
+    assert sorted(n for n, s in stored if s == S.NOTIFY) == ["n001", "n002"]
+    run(p, 2, clock)  # two more incidents' notify steps a call
+    notified = sorted(a.node for a in p.actions.actions()
+                      if a.step == S.NOTIFY)
+    assert notified == [f"n{i:03d}" for i in range(1, 7)]
+    keys = [a.key for a in p.actions.actions()]
+    assert len(keys) == len(set(keys))
+
+
+def test_a_replay_stores_every_notify_step_it_decided(tmp_path, monkeypatch):
+    monkeypatch.setattr(stage_module, "NOTIFY_INCIDENTS_PER_TICK", 1)
+    clock = FakeClock(now=1000.0)
+    p = make(tmp_path, cluster_of(4), clock, tick_inline=False)
+    p.observe_findings([sbe_warning(f"n{i:03d}") for i in range(3)], hold_seconds=1e6)
+    p.evaluate()
+    assert len(p.actions.actions()) == 1
+    p.store_pending()
+    assert sorted(a.node for a in p.actions.actions()) == ["n000", "n001", "n002"]
+
+
+def test_urgent_first_keeps_each_incident_whole_and_in_order():
+    from remediation.policy import Decision, PlannedStep, PolicyResult
+
+    def decision(incident: str, step: RemediationStep | None) -> Decision:
+        planned = None if step is None else PlannedStep(step=step, entity=EntityId("node"))
+        return Decision(at=0.0, actor="test", decision="requested", node=NodeName("n1"),
+                        planned=planned, reason="test", idempotency_key=incident,
+                        dry_run=False, fingerprint=incident, incident=1)
+
+    result = PolicyResult([decision("a", S.NOTIFY), decision("b", S.NOTIFY),
+                           decision("c", S.CORDON), decision("a", None),
+                           decision("d", S.NOTIFY), decision("b", S.NOTIFY)])
+    now, later = stage_module.urgent_first(result, 1)
+    assert [d.incident_key for d in now.decisions] == ["a", "c", "a"]
+    assert [d.incident_key for d in later.decisions] == ["b", "d", "b"]
+    now, later = stage_module.urgent_first(result, 0)
+    assert [d.incident_key for d in now.decisions] == ["c"]
