@@ -217,6 +217,24 @@ class ReliabilityPublisher(Protocol):
 
 
 @runtime_checkable
+class ReliabilityReader(Protocol):
+    """A publisher that can read back, in one call, the scores its nodes show now.
+
+    A new leader (or a restarted controller) knows nothing of what was published before
+    it; without this it publishes every scored node again (10,000 node updates after a
+    fail-over at 10,000 nodes).
+    """
+
+    async def published_reliability(self) -> dict[NodeName, float]:
+        """Return ``{node: score}`` for every node that shows one (0-1).
+
+        Raises:
+            SchedulerUnavailable: The scheduler cannot be reached now.
+        """
+        ...
+
+
+@runtime_checkable
 class LeaderElector(Protocol):
     """Only the leader acts (entry-point group ``gpuhealth.electors``).
 

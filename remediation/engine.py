@@ -75,7 +75,7 @@ from dataclasses import dataclass, field, replace
 from core.clock import Clock, system_clock
 from core.drill import DRILL
 from core.errors import GpuHealthError, PermanentError, ReturnedToService, TemporaryError
-from core.protocols import NodeInspector, ReliabilityPublisher, SchedulerAdapter
+from core.protocols import NodeInspector, ReliabilityPublisher, ReliabilityReader, SchedulerAdapter
 from core.records import (
     NODE_ENTITY,
     ActionPhase,
@@ -392,6 +392,7 @@ class RemediationEngine:
         self._place_deferred_at: float | None = None
         self._published: dict[str, float] = {}  # node -> score published (PUBLISHED_DECIMALS)
         self._unpublished: dict[str, float] = {}  # node -> score to publish, oldest first
+        self._read_published = False  # whether _published was read back from the scheduler
         self.stats = EngineStats()
         self._lock = lock or threading.RLock()
         self._tick_lock = threading.Lock()
@@ -901,14 +902,47 @@ class RemediationEngine:
             else:
                 self._unpublished[node] = shown
 
+    def forget_published(self) -> None:
+        """Forget which scores were published (on taking over: another leader published since).
+
+        The next publishing reads them back first where the scheduler can
+        (:class:`~core.protocols.ReliabilityReader`), so a new leader does not update
+        every scored node again.
+        """
+        self._published.clear()
+        self._read_published = False
+
+    async def _read_back(self, reader: ReliabilityReader) -> None:
+        """Learn the scores the nodes show now; drop the queued ones they already show."""
+        try:
+            shown = await reader.published_reliability()
+        except GpuHealthError as exc:  # publish them all, as without a reader
+            logger.warning("cannot read the published reliability scores back (%s): "
+                           "publishing every scored node", exc)
+        else:
+            published = {str(node): score for node, score in shown.items()}
+            self._published.update(published)
+            for node in [n for n, score in self._unpublished.items()
+                         if published.get(n) == score]:
+                del self._unpublished[node]
+            logger.info("%d node(s) show a reliability score; %d to publish",
+                        len(shown), len(self._unpublished))
+        self._read_published = True
+
     async def _publish(self, gate: asyncio.Semaphore) -> None:
         """Publish at most :data:`PUBLISH_PER_TICK` queued scores, ``concurrency`` at a time.
 
+        Before the first (and after :meth:`forget_published`) the scores the scheduler
+        shows are read back where it can, and those already shown are not published again.
         A score that cannot be published is queued again for the next placement.
         """
         publisher = self.scheduler
         if not self._unpublished or not isinstance(publisher, ReliabilityPublisher):
             return
+        if not self._read_published and isinstance(publisher, ReliabilityReader):
+            await self._read_back(publisher)
+            if not self._unpublished:
+                return
         batch = list(itertools.islice(self._unpublished.items(), PUBLISH_PER_TICK))
         for node, _ in batch:
             del self._unpublished[node]

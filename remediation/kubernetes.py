@@ -39,6 +39,7 @@ connection failures, 429 and 5xx raise :class:`~core.errors.SchedulerUnavailable
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -97,6 +98,8 @@ UNHEALTHY_TAINT = f"{OWNER_KEY_PREFIX}unhealthy"
 REBOOT_LABEL = f"{OWNER_KEY_PREFIX}reboot-required"
 HARDWARE_LABEL = f"{OWNER_KEY_PREFIX}hardware-service"
 RELIABILITY_LABEL = f"{OWNER_KEY_PREFIX}reliability"
+LIST_PAGE = 500
+"""Nodes per page when listing (``limit``; the API server's own default page is unbounded)."""
 OPT_OUT_LABEL = f"{OWNER_KEY_PREFIX}opt-out"
 GPU_ANNOTATION = f"{OWNER_KEY_PREFIX}gpus"
 GPU_INDEX_ANNOTATION = f"{OWNER_KEY_PREFIX}gpu-index"
@@ -1301,6 +1304,42 @@ class KubernetesScheduler:
             raise ValueError(f"reliability score must be within 0-1, got {score}")
         await self._run(self._patch_node, node,
                         {"metadata": {"labels": {RELIABILITY_LABEL: f"{score:.2f}"}}})
+
+    async def published_reliability(self) -> dict[NodeName, float]:
+        """Read every node's ``gpuhealth.io/reliability`` label (a paged LIST).
+
+        ``GET /api/v1/nodes?labelSelector=gpuhealth.io/reliability&limit=500``, following
+        ``metadata.continue`` (Kubernetes API concepts, "Retrieving large results sets in
+        chunks"); the bodies are read as JSON, not into client models. A label that is not
+        a score in 0-1 (a person wrote it) is left out, so it is published again.
+
+        Raises:
+            SchedulerUnavailable, PermanentError: As for :meth:`submit`.
+        """
+        return await self._run(self._read_reliability)
+
+    def _read_reliability(self) -> dict[NodeName, float]:
+        shown: dict[NodeName, float] = {}
+        token: str | None = None
+        while True:
+            try:
+                response = self._core.list_node(
+                    label_selector=RELIABILITY_LABEL, limit=LIST_PAGE, _continue=token,
+                    _preload_content=False, _request_timeout=self._timeout)
+                page = json.loads(response.data)  # type: ignore[attr-defined]  # raw, not a model
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                raise translate(exc, "list nodes") from exc
+            except ValueError as exc:
+                raise SchedulerUnavailable(f"list nodes: the body is not JSON: {exc}") from exc
+            for item in page.get("items") or ():
+                meta = item.get("metadata") or {}
+                with contextlib.suppress(TypeError, ValueError):
+                    score = float((meta.get("labels") or {}).get(RELIABILITY_LABEL, ""))
+                    if 0.0 <= score <= 1.0 and meta.get("name"):
+                        shown[NodeName(meta["name"])] = score
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return shown
 
     async def wait(self, refs: Sequence[str], *, timeout: float = 60.0,
                    interval: float = 0.05) -> list[ActionStatus]:

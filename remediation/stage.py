@@ -63,7 +63,7 @@ NOTIFY_INCIDENTS_PER_TICK = 500
 active alert at once (3,500 notify steps at 2,000 nodes), and storing them all in one
 tick delayed the first cordon after a fail-over by over a second; the rest wait in
 memory, audited, for the next ticks (a crash meanwhile: :meth:`RemediationStage.reconcile`
-stores them at the next start)."""
+stores them when a controller next starts; a standby taking over does not look for them)."""
 
 logger = logging.getLogger(__name__)
 
@@ -372,6 +372,7 @@ class RemediationStage:
                 policy.restore(self.audit.read() if self.audit is not None else ())
             decided = take_over(policy, firing)
             self.engine.policy = policy
+            self.engine.forget_published()
             self._warm = None
             self._was_leader = True
         if not self.write(decided.audit):

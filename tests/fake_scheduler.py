@@ -162,6 +162,12 @@ class FakeScheduler:
         self._node(node)
         self.weights[node] = score
 
+    async def published_reliability(self) -> dict[NodeName, float]:
+        """What the nodes show (as the Kubernetes adapter reads its labels back)."""
+        if self.cluster.down:
+            raise SchedulerUnavailable("fake scheduler is down")
+        return {NodeName(n): w for n, w in self.weights.items()}
+
 
 class FakePriorityScheduler(FakeScheduler):
     """A :class:`FakeScheduler` with jobs that have priorities (``PriorityScheduler``).

@@ -6,7 +6,10 @@ documented Kubernetes API (https://kubernetes.io/docs/reference/kubernetes-api/ 
 ``api-concepts``) for the subset gpuhealth uses, with the same paths, verbs, content
 types, status codes and ``kind: Status`` error bodies:
 
-* ``GET /api/v1/nodes``, ``GET|PUT|PATCH /api/v1/nodes/{name}``: PATCH accepts
+* ``GET /api/v1/nodes`` (``labelSelector`` with ``key``, ``!key``, ``key=value`` and
+  ``key!=value`` terms; ``limit`` and ``continue`` page it, with ``metadata.continue`` and
+  ``remainingItemCount`` as the API server sends them), ``GET|PUT|PATCH
+  /api/v1/nodes/{name}``: PATCH accepts
   ``application/strategic-merge-patch+json`` (maps merge, ``null`` deletes a key,
   lists are replaced whole, as for ``spec.taints`` which has no patch-merge key),
   ``application/merge-patch+json`` (RFC 7386) and ``application/json-patch+json``
@@ -450,7 +453,7 @@ class K8sApi:
                payload: Any) -> tuple[int, JsonObj]:
         if m := re.fullmatch(r"/api/v1/nodes/?", path):
             if method == "GET":
-                return 200, self._list("NodeList", list(self.nodes.values()))
+                return 200, self._page("NodeList", self._labelled(query), query)
         elif m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path):
             return self._node(method, m.group(1), ctype, payload)
         elif re.fullmatch(r"/api/v1/pods/?", path) and method == "GET":
@@ -472,6 +475,40 @@ class K8sApi:
             return self._lease(method, m.group(1), m.group(2), payload)
         raise ApiError(404, "NotFound", f"the server could not find the requested resource "
                                         f"({method} {path})")
+
+    def _labelled(self, query: dict[str, str]) -> list[JsonObj]:
+        """The nodes matching ``labelSelector`` (``key``, ``!key``, ``key=value``, ``key!=v``)."""
+        nodes = list(self.nodes.values())
+        for term in filter(None, query.get("labelSelector", "").split(",")):
+            m = re.fullmatch(r"(!?)([\w./-]+)(?:(!=|==|=)(.*))?", term)
+            if m is None:
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+            absent, key, op, value = m.groups()
+
+            def keep(node: JsonObj, absent: str = absent, key: str = key, op: str | None = op,
+                     value: str | None = value) -> bool:
+                labels = node["metadata"].get("labels") or {}
+                if op is None:
+                    return (key in labels) != bool(absent)
+                return (labels.get(key) == value) == (op != "!=")
+            nodes = [n for n in nodes if keep(n)]
+        return nodes
+
+    def _page(self, kind: str, items: list[JsonObj], query: dict[str, str]) -> JsonObj:
+        """``limit`` and ``continue`` as the API server pages a LIST (the token is opaque)."""
+        start = 0
+        if token := query.get("continue"):
+            try:
+                start = int(token.removeprefix("page:"))
+            except ValueError:
+                raise ApiError(400, "BadRequest", "invalid continue token") from None
+        limit = int(query.get("limit") or 0)
+        end = start + limit if limit > 0 else len(items)
+        page = self._list(kind, items[start:end])
+        if end < len(items):
+            page["metadata"]["continue"] = f"page:{end}"
+            page["metadata"]["remainingItemCount"] = len(items) - end
+        return page
 
     def _list(self, kind: str, items: list[JsonObj]) -> JsonObj:
         return {"kind": kind, "apiVersion": "v1",

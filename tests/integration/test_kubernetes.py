@@ -570,6 +570,29 @@ def test_set_reliability_labels_the_node(api: K8sApi) -> None:
     sched.close()
 
 
+def test_published_scores_are_read_back_in_pages(api: K8sApi,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stand-in pages a LIST as the API server does (limit, metadata.continue).
+    from remediation import kubernetes as kubernetes_module
+
+    monkeypatch.setattr(kubernetes_module, "LIST_PAGE", 2)
+    for i in range(5):
+        api.add_node(f"n{i}")
+    api.add_node("unscored")
+    api.add_node("hand-written", labels={RELIABILITY_LABEL: "high"})  # a person's label
+    sched = KubernetesScheduler(host=api.url)
+    for i in range(5):
+        run(sched.set_reliability(NodeName(f"n{i}"), i / 4))
+    before = api.requests["GET node"]
+    shown = run(sched.published_reliability())
+    assert shown == {f"n{i}": i / 4 for i in range(5)}
+    assert api.requests["GET node"] - before == 3  # 6 labelled nodes, 2 a page
+    api.fail("GET", r"^/api/v1/nodes$", 503)
+    with pytest.raises(SchedulerUnavailable):
+        run(sched.published_reliability())
+    sched.close()
+
+
 def test_hand_off_labels_and_dry_run_changes_nothing(api: K8sApi) -> None:
     api.add_node("n1")
     sched = KubernetesScheduler(host=api.url)

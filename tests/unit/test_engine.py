@@ -461,6 +461,59 @@ def test_a_fleet_of_scores_is_published_a_bounded_number_per_tick_and_only_when_
     assert len(calls) == 10
 
 
+def test_a_new_leader_publishes_only_the_scores_the_nodes_do_not_show_yet(tmp_path, monkeypatch):
+    # After a fail-over the new leader knew nothing of what the old one had published and
+    # updated every scored node again (10,000 node updates at 10,000 nodes, competing with
+    # its first decisions); it reads the scores back once and publishes only what differs.
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(10)
+    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
+    p.evaluate()
+    scheduler = p.engine.scheduler
+    scheduler.weights = dict.fromkeys(cluster.nodes, 0.5)  # what the old leader published
+    scheduler.weights["n003"] = 0.9  # a stale one
+    calls: list[str] = []
+    real = scheduler.set_reliability
+
+    async def counted(node, score):  # type: ignore[no-untyped-def]
+        calls.append(node)
+        await real(node, score)
+
+    monkeypatch.setattr(scheduler, "set_reliability", counted)
+    clock.advance(61)
+    run(p, 2)
+    assert calls == ["n003"]
+    assert set(scheduler.weights.values()) == {0.5}
+    # Taking over again forgets what was published: another leader may have changed it.
+    scheduler.weights["n004"] = 0.7
+    p.engine.forget_published()
+    clock.advance(61)
+    run(p, 2)
+    assert calls == ["n003", "n004"]
+
+
+def test_scores_are_published_when_they_cannot_be_read_back(tmp_path, monkeypatch, caplog):
+    from core.errors import SchedulerUnavailable
+
+    clock = FakeClock(now=1000.0)
+    cluster = cluster_of(3)
+    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
+    p.evaluate()
+    scheduler = p.engine.scheduler
+
+    async def unreadable():  # type: ignore[no-untyped-def]
+        raise SchedulerUnavailable("list nodes: 503")
+
+    monkeypatch.setattr(scheduler, "published_reliability", unreadable)
+    clock.advance(61)
+    with caplog.at_level("WARNING", logger="remediation.engine"):
+        run(p, 1)
+    assert "cannot read the published reliability scores back" in caplog.text
+    assert set(scheduler.weights) == set(cluster.nodes)
+
+
 def test_a_score_that_cannot_be_published_is_said_once_and_published_at_the_next_placement(
         tmp_path, monkeypatch, caplog):
     from core.errors import SchedulerUnavailable
