@@ -224,7 +224,7 @@ def used_rules(roots: list[str] | None = None) -> set[Rule]:
 
 
 CONTROLLER_RULES = {
-    ("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "list"),
+    ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "patch"), ("", "pods", "list"),
     ("", "pods/eviction", "create"),
     ("coordination.k8s.io", "leases", "get"), ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),

@@ -130,7 +130,8 @@ async def carry_out(adapter: Any, req: ActionRequest) -> Any:
 def test_authorizer_refuses_what_rbac_does_not_grant(api: K8sApi) -> None:
     allowed = authorizer(None, "gpuhealth-controller")
     assert allowed(attributes("GET", "/api/v1/nodes/gpu-001"))
-    assert not allowed(attributes("GET", "/api/v1/nodes"))  # list nodes: not granted
+    assert allowed(attributes("GET", "/api/v1/nodes"))  # list nodes: scores read back
+    assert not allowed(attributes("DELETE", "/api/v1/nodes/gpu-001"))
     assert not allowed(attributes("DELETE", "/api/v1/namespaces/a/pods/p"))
     lease = "/apis/coordination.k8s.io/v1/namespaces/gpuhealth/leases"
     assert allowed(attributes("POST", lease))
