@@ -427,6 +427,28 @@ def test_reliability_scores_are_published_for_placement(tmp_path):
 
 
 
+def scored_fleet(tmp_path, nodes, clock):
+    """A pipeline whose every node holds an Xid 79 (so each is scored 0.5 at placement)."""
+    cluster = cluster_of(nodes)
+    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
+    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
+    p.evaluate()
+    return p, cluster
+
+
+def count_publishes(monkeypatch, scheduler) -> list[str]:
+    """The nodes ``scheduler.set_reliability`` is called for, in order (still publishing)."""
+    calls: list[str] = []
+    real = scheduler.set_reliability
+
+    async def counted(node, score):  # type: ignore[no-untyped-def]
+        calls.append(node)
+        await real(node, score)
+
+    monkeypatch.setattr(scheduler, "set_reliability", counted)
+    return calls
+
+
 def test_a_fleet_of_scores_is_published_a_bounded_number_per_tick_and_only_when_it_shows(
         tmp_path, monkeypatch):
     # A new leader scores every node at once; one tick must not publish them all (at
@@ -436,19 +458,9 @@ def test_a_fleet_of_scores_is_published_a_bounded_number_per_tick_and_only_when_
 
     monkeypatch.setattr(engine_module, "PUBLISH_PER_TICK", 4)
     clock = FakeClock(now=1000.0)
-    cluster = cluster_of(10)
-    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
-    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
-    p.evaluate()
-    calls: list[str] = []
+    p, cluster = scored_fleet(tmp_path, 10, clock)
     scheduler = p.engine.scheduler
-    real = scheduler.set_reliability
-
-    async def counted(node, score):  # type: ignore[no-untyped-def]
-        calls.append(node)
-        await real(node, score)
-
-    monkeypatch.setattr(scheduler, "set_reliability", counted)
+    calls = count_publishes(monkeypatch, scheduler)
     clock.advance(61)
     run(p, 1)
     assert len(calls) == 4
@@ -466,21 +478,11 @@ def test_a_new_leader_publishes_only_the_scores_the_nodes_do_not_show_yet(tmp_pa
     # updated every scored node again (10,000 node updates at 10,000 nodes, competing with
     # its first decisions); it reads the scores back once and publishes only what differs.
     clock = FakeClock(now=1000.0)
-    cluster = cluster_of(10)
-    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
-    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
-    p.evaluate()
+    p, cluster = scored_fleet(tmp_path, 10, clock)
     scheduler = p.engine.scheduler
     scheduler.weights = dict.fromkeys(cluster.nodes, 0.5)  # what the old leader published
     scheduler.weights["n003"] = 0.9  # a stale one
-    calls: list[str] = []
-    real = scheduler.set_reliability
-
-    async def counted(node, score):  # type: ignore[no-untyped-def]
-        calls.append(node)
-        await real(node, score)
-
-    monkeypatch.setattr(scheduler, "set_reliability", counted)
+    calls = count_publishes(monkeypatch, scheduler)
     clock.advance(61)
     run(p, 2)
     assert calls == ["n003"]
@@ -497,10 +499,7 @@ def test_scores_are_published_when_they_cannot_be_read_back(tmp_path, monkeypatc
     from core.errors import SchedulerUnavailable
 
     clock = FakeClock(now=1000.0)
-    cluster = cluster_of(3)
-    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
-    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
-    p.evaluate()
+    p, cluster = scored_fleet(tmp_path, 3, clock)
     scheduler = p.engine.scheduler
 
     async def unreadable():  # type: ignore[no-untyped-def]
@@ -519,10 +518,7 @@ def test_a_score_that_cannot_be_published_is_said_once_and_published_at_the_next
     from core.errors import SchedulerUnavailable
 
     clock = FakeClock(now=1000.0)
-    cluster = cluster_of(3)
-    p = make(tmp_path, cluster, clock, engine_options={"placement_interval_seconds": 60.0})
-    p.observe_findings([xid79(n) for n in sorted(cluster.nodes)], hold_seconds=1e6)
-    p.evaluate()
+    p, cluster = scored_fleet(tmp_path, 3, clock)
     scheduler = p.engine.scheduler
     real = scheduler.set_reliability
     away = {"on": True}
