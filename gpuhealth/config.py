@@ -188,12 +188,16 @@ class CollectorSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _durations(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            return {
-                k: (parse_duration(v) if k.endswith("_seconds") and k != "interval_seconds" else v)
-                for k, v in data.items()
-            }
-        return data
+        if not isinstance(data, Mapping):
+            return data
+        out = {}
+        for k, v in data.items():
+            try:
+                out[k] = (parse_duration(v) if k.endswith("_seconds") and k != "interval_seconds"
+                          else v)
+            except ValueError as exc:  # a model's validator: pydantic names only the table
+                raise ValueError(f"{k}: {exc}") from None
+        return out
 
     @property
     def options(self) -> dict[str, Any]:
@@ -1518,13 +1522,11 @@ def check(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.envir
             problems.append(f"{settings.source}: [collectors.{name}] type: {exc}")
             continue
         options = collector_options(settings, table, factory)
-        try:
-            inspect.signature(factory).bind(**options)
-        except TypeError as exc:
-            problems.append(f"{settings.source}: [collectors.{name}]: {exc}")
+        try:  # as `run` refuses it: the unknown key named, the valid ones listed
+            plugins.check_options("gpuhealth.collectors", table.type, options, factory)
+        except PluginError as exc:
+            problems.append(f"{settings.source}: [collectors.{name}] {exc}")
             continue
-        except ValueError:
-            pass
         # Constructors only validate and store their arguments (style.md C.3.8), so
         # building the plugin checks the values too without starting anything.
         try:

@@ -198,8 +198,18 @@ def test_check_reports_unknown_plugin_and_bad_plugin_key(tmp_path: Path) -> None
                             "[collectors.nvml]\nfast_interval = 1\n")
     problems = check(path, env={})
     assert any("[collectors.gpus] type: no plugin 'nvmll'" in p for p in problems)
-    assert any("[collectors.nvml]" in p and "fast_interval" in p for p in problems)
+    # as `run` says it: the unknown key named and the valid ones listed (not Python's
+    # "got an unexpected keyword argument")
+    assert any("[collectors.nvml]" in p and "unknown option 'fast_interval'; valid options: "
+               in p and "fast_interval_seconds" in p for p in problems)
     assert all(p.startswith(f"{path}: ") for p in problems)
+
+
+def test_a_collector_duration_that_is_not_one_names_its_key(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[collectors.nvml]\nfast_interval_seconds = "fast"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert "nvml: fast_interval_seconds: not a duration: 'fast'" in str(info.value)
 
 
 def test_check_returns_load_errors_as_lines(tmp_path: Path) -> None:
