@@ -353,6 +353,8 @@ def _read_lines(path: str, result: ArtifactResult,
             control = sum(1 for b in without_nul if b < 32 and b not in (9, 10, 13))
             if control > 0.02 * len(without_nul):
                 reason = "binary file (NUL bytes), not text"
+                if path.endswith((".gz", ".tgz")) and not head.startswith(_GZIP_MAGIC):
+                    reason = "not a gzip file though its name says so (binary, not text)"
                 result.issues.append(ParseIssue(file=path, line=None, reason=reason))
                 return
         text = io.TextIOWrapper(buffered, encoding=encoding, errors="replace", newline=None)

@@ -195,6 +195,10 @@ def test_diagnose_reads_line_protocol_files_with_the_import_checks(tmp_path: Pat
     refused = diagnose([str(binary)])
     assert not refused.parsed_anything
     assert [i.reason for i in refused.issues] == ["binary file (NUL bytes), not text"]
+    named_gz = tmp_path / "kern.log.2.gz"  # not gzip inside: said so, not merely "binary"
+    named_gz.write_bytes(b"\x00\x01\x02gpu x=1 1\n")
+    assert [i.reason for i in diagnose([str(named_gz)]).issues] == \
+        ["not a gzip file though its name says so (binary, not text)"]
 
 
 def test_diagnose_reads_line_protocol_whatever_the_file_is_named(tmp_path: Path) -> None:
