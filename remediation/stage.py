@@ -59,7 +59,8 @@ WARM_SECONDS = 2.0
 """How often a standby applies the audit trail's new records to its warm policy."""
 
 NOTIFY_INCIDENTS_PER_TICK = 500
-"""Most notify-only incidents whose requests one tick stores. A take-over decides every
+"""Most notify-only incidents whose requests one :meth:`RemediationStage.queue_pending`
+stores (an evaluation and a tick call it once each). A take-over decides every
 active alert at once (3,500 notify steps at 2,000 nodes), and storing them all in one
 tick delayed the first cordon after a fail-over by over a second; the rest wait in
 memory, audited, for the next ticks (a crash meanwhile: :meth:`RemediationStage.reconcile`
@@ -345,7 +346,7 @@ class RemediationStage:
         if not leader:
             self._keep_warm()
         elif not self._was_leader:
-            records = [*self._take_over().audit, *self.queue_pending()]
+            records = list(self._take_over().audit)  # its requests: the tick's queue_pending
         self._was_leader = leader
         return records
 
